@@ -1,0 +1,1 @@
+//! A plain file or raw block device (placeholder until implemented).
