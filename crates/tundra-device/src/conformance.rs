@@ -63,7 +63,7 @@ pub fn block_content(tag: u64, kind: u64) -> Vec<u8> {
         _ => rng.fill(&mut block),
     }
     // Stamp the tag at the start so no two writes carry the same bytes (unless all zero).
-    if kind % 4 != 0 {
+    if !kind.is_multiple_of(4) {
         block[..8].copy_from_slice(&tag.to_le_bytes());
     }
     block
@@ -288,6 +288,7 @@ pub fn crash_rounds(target: &mut dyn Crashable, seed: u64, rounds: usize, ops_pe
     let mut pending: HashMap<u64, Vec<Vec<u8>>> = HashMap::new();
     let mut struck_mid_operation = 0;
     let mut tag = seed << 32;
+    let trace: Option<u64> = std::env::var("TUNDRA_TRACE_LBA").ok().and_then(|v| v.parse().ok());
     for round in 0..rounds {
         target.arm_crash(rng.below(ops_per_round * 3));
         for _ in 0..ops_per_round {
@@ -299,6 +300,9 @@ pub fn crash_rounds(target: &mut dyn Crashable, seed: u64, rounds: usize, ops_pe
                     let count = 1 + rng.below((n - lba).min(4));
                     let kind = rng.below(4);
                     let data: Vec<u8> = (0..count).flat_map(|i| block_content(tag * 8 + i, kind + i)).collect();
+                    if trace.is_some_and(|t| (lba..lba + count).contains(&t)) {
+                        eprintln!("round {round}: write {lba}+{count} first tag {:?}", &data[..8]);
+                    }
                     // Record the write as possible before issuing it: a crash may keep it.
                     for (i, block) in data.chunks_exact(BLOCK_SIZE).enumerate() {
                         pending.entry(lba + i as u64).or_default().push(block.to_vec());
@@ -307,6 +311,9 @@ pub fn crash_rounds(target: &mut dyn Crashable, seed: u64, rounds: usize, ops_pe
                 }
                 7 | 8 => {
                     let count = 1 + rng.below((n - lba).min(8));
+                    if trace.is_some_and(|t| (lba..lba + count).contains(&t)) {
+                        eprintln!("round {round}: trim {lba}+{count}");
+                    }
                     for key in lba..lba + count {
                         pending.entry(key).or_default().push(vec![0; BLOCK_SIZE]);
                     }
@@ -319,6 +326,9 @@ pub fn crash_rounds(target: &mut dyn Crashable, seed: u64, rounds: usize, ops_pe
                     }
                 }),
             };
+            if trace.is_some() {
+                eprintln!("round {round}: op result {result:?}");
+            }
             if let Err(error) = result {
                 assert!(
                     matches!(error.kind(), ErrorKind::Closed | ErrorKind::Io),
@@ -336,7 +346,17 @@ pub fn crash_rounds(target: &mut dyn Crashable, seed: u64, rounds: usize, ops_pe
             let flushed = durable.block(lba);
             let allowed = got == flushed.as_slice()
                 || pending.get(&lba).is_some_and(|versions| versions.iter().any(|v| v == got));
-            assert!(allowed, "seed {seed} round {round}: LBA {lba} lost its flushed content or holds data never written");
+            if !allowed {
+                let describe = |data: &[u8]| format!("tag {:?}", &data[..8]);
+                let versions: Vec<String> =
+                    pending.get(&lba).map(|v| v.iter().map(|d| describe(d)).collect()).unwrap_or_default();
+                panic!(
+                    "seed {seed} round {round}: LBA {lba} lost its flushed content or holds data never written: \
+                     got {}, flushed {}, written since {versions:?}",
+                    describe(got),
+                    describe(&flushed)
+                );
+            }
         }
         // What recovery shows is the new durable state.
         dev.flush().expect("flush after recovery");

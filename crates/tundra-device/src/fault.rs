@@ -12,7 +12,7 @@
 //! loss interrupts is torn at a block boundary. One block is the unit of atomicity: this wrapper
 //! never tears inside a block, matching the assumption the format document states for the media.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use parking_lot::Mutex;
@@ -50,7 +50,7 @@ struct Unflushed {
 }
 
 struct State {
-    unflushed: HashMap<u64, Unflushed>,
+    unflushed: BTreeMap<u64, Unflushed>,
     writes_until_crash: Option<u64>,
     crashed: bool,
     faults: Vec<Fault>,
@@ -67,7 +67,7 @@ impl<D: BlockDevice> FaultyDevice<D> {
     /// Wraps `inner`, whose current content counts as durable. `seed` drives every random choice.
     pub fn new(inner: D, seed: u64) -> FaultyDevice<D> {
         let state = State {
-            unflushed: HashMap::new(),
+            unflushed: BTreeMap::new(),
             writes_until_crash: None,
             crashed: false,
             faults: Vec::new(),
@@ -142,13 +142,16 @@ impl<D: BlockDevice> FaultyDevice<D> {
 
     /// Remembers the durable content of `lba` before its first change since the last flush.
     fn note_change(&self, state: &mut State, lba: u64, version: Option<Vec<u8>>) -> Result<()> {
-        if !state.unflushed.contains_key(&lba) {
-            let mut durable = vec![0u8; BLOCK_SIZE];
-            self.inner.read(Lba(lba), &mut durable)?;
-            let durable = if crate::is_zero(&durable) { None } else { Some(durable) };
-            state.unflushed.insert(lba, Unflushed { durable, versions: Vec::new() });
-        }
-        state.unflushed.get_mut(&lba).expect("inserted above").versions.push(version);
+        let entry = match state.unflushed.entry(lba) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                let mut durable = vec![0u8; BLOCK_SIZE];
+                self.inner.read(Lba(lba), &mut durable)?;
+                let durable = if crate::is_zero(&durable) { None } else { Some(durable) };
+                slot.insert(Unflushed { durable, versions: Vec::new() })
+            }
+        };
+        entry.versions.push(version);
         Ok(())
     }
 

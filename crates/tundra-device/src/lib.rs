@@ -36,7 +36,7 @@ impl Lba {
     }
 
     /// The block `count` blocks after this one.
-    pub fn add(self, count: u64) -> Lba {
+    pub fn offset_by(self, count: u64) -> Lba {
         Lba(self.0 + count)
     }
 }
@@ -95,9 +95,7 @@ pub trait BlockDevice: Send + Sync {
 /// blocks, and returns its block count.
 pub fn check_io(block_count: u64, lba: Lba, len: usize) -> Result<u64> {
     if len == 0 || !len.is_multiple_of(BLOCK_SIZE) {
-        return Err(Error::invalid(format!(
-            "buffer length {len} is not a non-zero multiple of {BLOCK_SIZE}"
-        )));
+        return Err(Error::invalid(format!("buffer length {len} is not a non-zero multiple of {BLOCK_SIZE}")));
     }
     let count = (len / BLOCK_SIZE) as u64;
     check_range(block_count, lba, count)?;
@@ -109,10 +107,9 @@ pub fn check_range(block_count: u64, lba: Lba, count: u64) -> Result<()> {
     let end = lba.0.checked_add(count);
     match end {
         Some(end) if end <= block_count => Ok(()),
-        _ => Err(Error::invalid(format!(
-            "blocks {}..+{} are outside the device's {} blocks",
-            lba.0, count, block_count
-        ))),
+        _ => {
+            Err(Error::invalid(format!("blocks {}..+{} are outside the device's {} blocks", lba.0, count, block_count)))
+        }
     }
 }
 
@@ -121,6 +118,5 @@ pub fn is_zero(data: &[u8]) -> bool {
     // Compare eight bytes at a time; the compiler vectorises this loop.
     let words = data.chunks_exact(8);
     let tail = words.remainder();
-    words.map(|c| u64::from_ne_bytes(c.try_into().expect("chunk of 8"))).all(|w| w == 0)
-        && tail.iter().all(|&b| b == 0)
+    words.map(|c| u64::from_ne_bytes(c.try_into().expect("chunk of 8"))).all(|w| w == 0) && tail.iter().all(|&b| b == 0)
 }

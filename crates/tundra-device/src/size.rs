@@ -20,9 +20,8 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "tb" => 1_000_000_000_000,
         other => return Err(Error::invalid(format!("unknown size suffix {other:?} in {text:?}"))),
     };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| Error::invalid(format!("{text:?} is not a size like 4096, 64KiB or 4GiB")))?;
+    let value: f64 =
+        number.parse().map_err(|_| Error::invalid(format!("{text:?} is not a size like 4096, 64KiB or 4GiB")))?;
     let bytes = value * multiplier as f64;
     if !(0.0..=u64::MAX as f64).contains(&bytes) || bytes.fract() != 0.0 {
         return Err(Error::invalid(format!("{text:?} is not a whole number of bytes")));

@@ -1,0 +1,208 @@
+//! Garbage collection and the deferred compression pass: the two kinds of background work that
+//! move records between segments.
+//!
+//! Collecting a segment: pick a victim (greedy or cost-benefit), read it whole, and relocate every
+//! record the map still points at into the collector's open segment with a fresh sequence number,
+//! all under the state lock so that a concurrent overwrite either happens before (and the record
+//! is dead) or after (and wins by its higher sequence number). Trim records newer than the durable
+//! checkpoint are still needed by recovery and move with their original sequence number. The
+//! emptied segment is reused only after the relocations are flushed and no reader can still be
+//! reading it (the reuse gate).
+
+use std::sync::atomic::Ordering;
+
+use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, Error, Lba, Result};
+
+use super::deflate::{Stored, compress_block};
+use super::layout::{RecordHeader, RecordKind, SEGMENT_HEADER_BYTES, units};
+use super::map::MapEntry;
+use super::state::{GC_RESERVE_SEGMENTS, HeadKind, SegmentState, State};
+use super::{CompressionMode, DeferredBlock, Prepared, Shared};
+
+/// A record found in a victim segment.
+struct Found {
+    header: RecordHeader,
+    location: u64,
+    payload: Vec<u8>,
+}
+
+impl Shared {
+    /// Collects one segment. Returns false when no segment would free space.
+    pub(crate) fn gc_one(&self) -> Result<bool> {
+        let _one_at_a_time = self.gc_lock.lock();
+        let victim = {
+            let mut state = self.state.lock();
+            state.check_failed()?;
+            let Some(victim) = state.choose_victim(self.config.gc_policy) else { return Ok(false) };
+            state.segments[victim as usize].state = SegmentState::Collecting;
+            victim
+        };
+        match self.collect(victim) {
+            Ok(()) => {}
+            Err(error) => {
+                self.state.lock().segments[victim as usize].state = SegmentState::Sealed;
+                return Err(error);
+            }
+        }
+        self.release_pending()?;
+        Ok(true)
+    }
+
+    fn collect(&self, victim: u32) -> Result<()> {
+        let (open_seq, filled) = {
+            let state = self.state.lock();
+            let segment = state.segments[victim as usize];
+            (segment.open_seq, segment.filled_bytes as usize)
+        };
+        let found = self.read_segment_records(victim, open_seq, filled)?;
+        let deferred = self.config.compression == CompressionMode::Deferred;
+        let mut state = self.state.lock();
+        for record in found {
+            self.relocate(&mut state, record, deferred)?;
+        }
+        let segment = &mut state.segments[victim as usize];
+        if segment.live_bytes != 0 {
+            return Err(Error::corrupted(format!(
+                "segment {victim} holds {} live bytes that its records do not account for",
+                segment.live_bytes
+            )));
+        }
+        segment.state = SegmentState::PendingFree;
+        state.pending_free.push(victim);
+        state.counters.gc_segments_collected += 1;
+        Ok(())
+    }
+
+    /// Reads a sealed segment and parses its records up to the first that does not verify.
+    fn read_segment_records(&self, segment: u32, open_seq: u64, filled: usize) -> Result<Vec<Found>> {
+        let length = filled.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let mut bytes = vec![0u8; length];
+        let offset = self.geometry.segment_offset(segment);
+        self.media.read(Lba(offset / BLOCK_SIZE_BYTES), &mut bytes)?;
+        let mut found = Vec::new();
+        let mut at = SEGMENT_HEADER_BYTES;
+        while let Some((header, payload)) = RecordHeader::decode(open_seq, &bytes[at..filled.min(length)]) {
+            found.push(Found { header, location: self.geometry.location(segment, at), payload: payload.to_vec() });
+            at += header.record_bytes();
+        }
+        Ok(found)
+    }
+
+    fn relocate(&self, state: &mut State, record: Found, deferred: bool) -> Result<()> {
+        let header = record.header;
+        if header.kind == RecordKind::Trim {
+            if header.seq > state.durable_checkpoint_seq {
+                state.append(self.media.as_ref(), HeadKind::Gc, header, &record.payload)?;
+                state.counters.gc_moved_bytes += header.record_bytes() as u64;
+            }
+            return Ok(());
+        }
+        let live = state.map.get(header.lba).is_some_and(|e| e.location == record.location);
+        if !live {
+            return Ok(());
+        }
+        let compressed;
+        let prepared = match header.kind {
+            RecordKind::Raw if deferred => match compress_block(&record.payload) {
+                Stored::Deflate(payload) => {
+                    compressed = true;
+                    Prepared::Deflate(payload)
+                }
+                Stored::Raw => {
+                    compressed = false;
+                    Prepared::Raw(&record.payload)
+                }
+            },
+            RecordKind::Raw => {
+                compressed = false;
+                Prepared::Raw(&record.payload)
+            }
+            _ => {
+                compressed = false;
+                Prepared::Deflate(record.payload.clone())
+            }
+        };
+        let moved = header.record_bytes() as u64;
+        self.append_block(state, HeadKind::Gc, header.lba, prepared)?;
+        state.counters.gc_moved_bytes += moved;
+        if compressed {
+            state.counters.deferred_compressed_blocks += 1;
+        }
+        Ok(())
+    }
+
+    /// Returns emptied segments to the free pool once their relocations are durable and no
+    /// reader still holds a location inside them.
+    pub(crate) fn release_pending(&self) -> Result<()> {
+        self.flush()?;
+        let _no_readers = self.reuse_gate.write();
+        let mut state = self.state.lock();
+        let pending = std::mem::take(&mut state.pending_free);
+        for segment in pending {
+            state.segments[segment as usize].state = SegmentState::Free;
+            state.free.push(segment);
+        }
+        Ok(())
+    }
+
+    /// Compresses up to `max_blocks` blocks that deferred writes stored raw. Returns how many
+    /// queued blocks it took off the queue.
+    pub(crate) fn compress_deferred(&self, max_blocks: usize) -> Result<usize> {
+        let mut taken = 0;
+        while taken < max_blocks && !self.shutdown.load(Ordering::Relaxed) {
+            let next = {
+                let mut state = self.state.lock();
+                state.check_failed()?;
+                if state.free.len() <= GC_RESERVE_SEGMENTS {
+                    // Compressed copies go to the collector's head; leave its reserve alone.
+                    drop(state);
+                    if !self.gc_one()? {
+                        break;
+                    }
+                    continue;
+                }
+                state.deferred.pop_front()
+            };
+            let Some(block) = next else { break };
+            taken += 1;
+            self.compress_one(block)?;
+        }
+        Ok(taken)
+    }
+
+    fn compress_one(&self, block: DeferredBlock) -> Result<()> {
+        let _gate = self.reuse_gate.read();
+        let entry = {
+            let state = self.state.lock();
+            match state.map.get(block.lba) {
+                Some(entry) if self.still_queued(&state, block, entry) => entry,
+                _ => return Ok(()),
+            }
+        };
+        let bytes = match self.state.lock().record_in_head(entry.location, entry.record_bytes() as usize) {
+            Some((_, bytes)) => bytes,
+            None => self.read_record_bytes(entry)?,
+        };
+        let Some((header, payload)) = RecordHeader::decode(block.open_seq, &bytes) else {
+            return Err(Error::corrupted(format!("deferred block of LBA {} fails its checksum", block.lba)));
+        };
+        if header.kind != RecordKind::Raw || header.lba != block.lba {
+            return Err(Error::corrupted(format!("deferred block of LBA {} is not its raw record", block.lba)));
+        }
+        let Stored::Deflate(compressed) = compress_block(payload) else { return Ok(()) };
+        let mut state = self.state.lock();
+        // The block may have been overwritten, trimmed or relocated while we compressed.
+        if !state.map.get(block.lba).is_some_and(|e| self.still_queued(&state, block, e)) {
+            return Ok(());
+        }
+        debug_assert!(units(compressed.len()) < units(BLOCK_SIZE));
+        self.append_block(&mut state, HeadKind::Gc, block.lba, Prepared::Deflate(compressed))?;
+        state.counters.deferred_compressed_blocks += 1;
+        Ok(())
+    }
+
+    fn still_queued(&self, state: &State, block: DeferredBlock, entry: MapEntry) -> bool {
+        let (segment, _) = self.geometry.split_location(entry.location);
+        entry.location == block.location && entry.raw && state.segments[segment as usize].open_seq == block.open_seq
+    }
+}
