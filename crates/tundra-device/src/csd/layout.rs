@@ -12,6 +12,7 @@
 //! ..             segment 0, segment 1, ... each `segment_bytes` long
 //! ```
 
+use super::Counters;
 use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, Error, Result};
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -138,6 +139,8 @@ pub struct Superblock {
     pub next_seq: u64,
     /// Segments open for appending when the checkpoint was taken, with their incarnation.
     pub open_segments: Vec<(u32, u64)>,
+    /// Lifetime counters as of the checkpoint (what happened after it is lost in a crash).
+    pub counters: Counters,
 }
 
 const MAX_OPEN_SEGMENTS: usize = 8;
@@ -156,6 +159,9 @@ impl Superblock {
         b.extend_from_slice(&self.checkpoint_slot.to_le_bytes());
         b.extend_from_slice(&self.checkpoint_seq.to_le_bytes());
         b.extend_from_slice(&self.next_seq.to_le_bytes());
+        for value in self.counters.to_array() {
+            b.extend_from_slice(&value.to_le_bytes());
+        }
         b.extend_from_slice(&(self.open_segments.len() as u32).to_le_bytes());
         for &(segment, open_seq) in &self.open_segments {
             b.extend_from_slice(&segment.to_le_bytes());
@@ -189,13 +195,22 @@ impl Superblock {
         let checkpoint_slot = r.u32();
         let checkpoint_seq = r.u64();
         let next_seq = r.u64();
+        let counters = Counters::from_array(std::array::from_fn(|_| r.u64()));
         let open_count = r.u32() as usize;
         if open_count > MAX_OPEN_SEGMENTS || checkpoint_slot > 1 {
             return Err(Error::corrupted("superblock fields out of range"));
         }
         let open_segments = (0..open_count).map(|_| (r.u32(), r.u64())).collect();
         geometry.validate().map_err(|e| Error::corrupted(format!("superblock geometry: {}", e.message())))?;
-        Ok(Some(Superblock { geometry, generation, checkpoint_slot, checkpoint_seq, next_seq, open_segments }))
+        Ok(Some(Superblock {
+            geometry,
+            generation,
+            checkpoint_slot,
+            checkpoint_seq,
+            next_seq,
+            open_segments,
+            counters,
+        }))
     }
 }
 
@@ -408,6 +423,7 @@ mod tests {
             checkpoint_seq: 99,
             next_seq: 120,
             open_segments: vec![(3, 100), (5, 110)],
+            counters: Counters { gc_moved_bytes: 12345, checkpoints: 3, ..Counters::default() },
         };
         let mut block = sb.encode();
         assert_eq!(Superblock::decode(&block).unwrap(), Some(sb));

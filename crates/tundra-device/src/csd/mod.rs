@@ -84,7 +84,7 @@ impl Default for CsdConfig {
     }
 }
 
-/// Counters since the drive was opened.
+/// Lifetime counters, saved with every checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub host_written_blocks: u64,
@@ -97,6 +97,53 @@ pub struct Counters {
     pub gc_segments_collected: u64,
     pub deferred_compressed_blocks: u64,
     pub checkpoints: u64,
+}
+
+impl Counters {
+    pub const COUNT: usize = 8;
+
+    pub fn to_array(&self) -> [u64; Self::COUNT] {
+        [
+            self.host_written_blocks,
+            self.host_trimmed_blocks,
+            self.media_appended_bytes,
+            self.media_written_bytes,
+            self.gc_moved_bytes,
+            self.gc_segments_collected,
+            self.deferred_compressed_blocks,
+            self.checkpoints,
+        ]
+    }
+
+    pub fn from_array(values: [u64; Self::COUNT]) -> Counters {
+        let [
+            host_written_blocks,
+            host_trimmed_blocks,
+            media_appended_bytes,
+            media_written_bytes,
+            gc_moved_bytes,
+            gc_segments_collected,
+            deferred_compressed_blocks,
+            checkpoints,
+        ] = values;
+        Counters {
+            host_written_blocks,
+            host_trimmed_blocks,
+            media_appended_bytes,
+            media_written_bytes,
+            gc_moved_bytes,
+            gc_segments_collected,
+            deferred_compressed_blocks,
+            checkpoints,
+        }
+    }
+
+    /// What happened between `earlier` and these counters.
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        let now = self.to_array();
+        let then = earlier.to_array();
+        Counters::from_array(std::array::from_fn(|i| now[i].saturating_sub(then[i])))
+    }
 }
 
 /// Everything the drive reports about itself. docs/format.md and the CLI document these names.

@@ -9,13 +9,13 @@
 
 use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Error, Lba, Result};
 
-use super::Shared;
 use super::layout::{
     CheckpointHeader, Geometry, MIN_RESERVE_SEGMENTS, RecordHeader, RecordKind, SEGMENT_HEADER_BYTES, SegmentHeader,
     Superblock, units,
 };
 use super::map::{ENTRY_BYTES, Map, MapEntry};
 use super::state::{GC_RESERVE_SEGMENTS, HeadKind, MAX_RECORD_BYTES, Segment, SegmentState, State};
+use super::{Counters, Shared};
 
 /// The sizes a drive is formatted with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +117,7 @@ pub fn format(media: &dyn BlockDevice, options: &FormatOptions) -> Result<()> {
         checkpoint_seq: 0,
         next_seq: 1,
         open_segments: vec![],
+        counters: Counters::default(),
     };
     media.write(Lba(superblock_slot(1)), &superblock.encode())?;
     media.flush()
@@ -210,6 +211,7 @@ pub fn recover(media: &dyn BlockDevice) -> Result<(Geometry, State, CheckpointCu
         }
     }
     let mut state = State::new(g, map, segments, max_seq + 1, superblock.checkpoint_seq);
+    state.counters = superblock.counters;
     resume_heads(media, &mut state, tails)?;
     let cursor = CheckpointCursor { generation: superblock.generation, slot: superblock.checkpoint_slot };
     Ok((g, state, cursor))
@@ -322,14 +324,14 @@ impl Shared {
     /// Writes a checkpoint of the map as of now and makes it the one recovery starts from.
     pub(crate) fn write_checkpoint(&self) -> Result<()> {
         let mut cursor = self.checkpoint.lock();
-        let (map_bytes, checkpoint_seq, next_seq, open_segments) = {
+        let (map_bytes, checkpoint_seq, next_seq, open_segments, mut counters) = {
             let state = self.state.lock();
             state.check_failed()?;
             let open = [HeadKind::User, HeadKind::Gc]
                 .iter()
                 .filter_map(|&h| state.heads[h as usize].as_ref().map(|h| (h.segment, h.open_seq)))
                 .collect::<Vec<_>>();
-            (state.map.as_bytes().to_vec(), state.next_seq - 1, state.next_seq, open)
+            (state.map.as_bytes().to_vec(), state.next_seq - 1, state.next_seq, open, state.counters)
         };
         // Every record the snapshot reflects must be durable before the checkpoint names it.
         self.flush()?;
@@ -345,8 +347,17 @@ impl Shared {
         let mut image = header.encode();
         image.extend_from_slice(&map_bytes);
         image.resize(image.len().div_ceil(BLOCK_SIZE) * BLOCK_SIZE, 0);
-        let superblock =
-            Superblock { geometry: g, generation, checkpoint_slot: slot, checkpoint_seq, next_seq, open_segments };
+        counters.checkpoints += 1;
+        counters.media_written_bytes += (image.len() + BLOCK_SIZE) as u64;
+        let superblock = Superblock {
+            geometry: g,
+            generation,
+            checkpoint_slot: slot,
+            checkpoint_seq,
+            next_seq,
+            open_segments,
+            counters,
+        };
         let result = self
             .media
             .write(Lba(g.checkpoint_offset(slot) / BLOCK_SIZE_BYTES), &image)
