@@ -235,6 +235,8 @@ impl<'a> Prepared<'a> {
 
 /// A trim record's payload is the block count.
 const TRIM_PAYLOAD_BYTES: usize = 8;
+/// Blocks looked up under one lock acquisition when reading.
+const READ_BATCH_BLOCKS: usize = 64;
 /// Blocks appended under one lock acquisition.
 const WRITE_PIECE_BLOCKS: usize = 32;
 
@@ -359,8 +361,10 @@ impl BlockDevice for CsdDevice {
 
     fn read(&self, lba: Lba, buf: &mut [u8]) -> Result<()> {
         check_io(self.block_count(), lba, buf.len())?;
-        for (i, out) in buf.chunks_exact_mut(BLOCK_SIZE).enumerate() {
-            self.shared.read_block(lba.0 + i as u64, out)?;
+        // Bounded batches keep the memory of one read small; each batch is one map lookup under
+        // the lock and one media read per run of adjacent records.
+        for (i, chunk) in buf.chunks_mut(READ_BATCH_BLOCKS * BLOCK_SIZE).enumerate() {
+            self.shared.read_blocks(lba.0 + (i * READ_BATCH_BLOCKS) as u64, chunk)?;
         }
         Ok(())
     }
@@ -421,28 +425,64 @@ impl Shared {
         }
     }
 
-    fn read_block(&self, lba: u64, out: &mut [u8]) -> Result<()> {
+    /// Reads consecutive blocks: every map entry under one lock acquisition, then the records
+    /// from the media, one read per run of records that lie in adjacent media blocks (blocks
+    /// written together usually do), then verification and decompression of each.
+    fn read_blocks(&self, first_lba: u64, out: &mut [u8]) -> Result<()> {
         let _gate = self.reuse_gate.read();
-        let (entry, open_seq, buffered) = {
+        let mut wanted: Vec<Wanted> = Vec::with_capacity(out.len() / BLOCK_SIZE);
+        {
             let state = self.state.lock();
-            let Some(entry) = state.map.get(lba) else {
-                out.fill(0);
-                return Ok(());
-            };
-            let record_bytes = entry.record_bytes() as usize;
-            match state.record_in_head(entry.location, record_bytes) {
-                Some((open_seq, bytes)) => (entry, open_seq, Some(bytes)),
-                None => {
-                    let (segment, _) = self.geometry.split_location(entry.location);
-                    (entry, state.segments[segment as usize].open_seq, None)
-                }
+            for i in 0..(out.len() / BLOCK_SIZE) as u64 {
+                let Some(entry) = state.map.get(first_lba + i) else { continue };
+                let (segment, _) = self.geometry.split_location(entry.location);
+                let in_head = state.record_in_head(entry.location, entry.record_bytes() as usize);
+                let (open_seq, bytes) = match in_head {
+                    Some((open_seq, bytes)) => (open_seq, Some(bytes)),
+                    None => (state.segments[segment as usize].open_seq, None),
+                };
+                wanted.push(Wanted { index: i as usize, entry, open_seq, bytes });
             }
+        }
+        out.fill(0);
+        self.read_runs(&mut wanted)?;
+        for w in wanted {
+            let bytes = w.bytes.as_deref().expect("every record was read");
+            let block = &mut out[w.index * BLOCK_SIZE..][..BLOCK_SIZE];
+            decode_block(first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
+        }
+        Ok(())
+    }
+
+    /// Fills in the bytes of every wanted record that is not in memory, merging records whose
+    /// media blocks touch into one read.
+    fn read_runs(&self, wanted: &mut [Wanted]) -> Result<()> {
+        let span = |w: &Wanted| {
+            let (segment, offset) = self.geometry.split_location(w.entry.location);
+            let start = self.geometry.segment_offset(segment) + offset as u64;
+            (start, start + w.entry.record_bytes())
         };
-        let bytes = match buffered {
-            Some(bytes) => bytes,
-            None => self.read_record_bytes(entry)?,
-        };
-        decode_block(lba, entry, open_seq, &bytes, out)
+        let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i].bytes.is_none()).collect();
+        order.sort_unstable_by_key(|&i| span(&wanted[i]).0);
+        let mut at = 0;
+        while at < order.len() {
+            let first_block = span(&wanted[order[at]]).0 / BLOCK_SIZE_BYTES;
+            let mut end_block = span(&wanted[order[at]]).1.div_ceil(BLOCK_SIZE_BYTES);
+            let mut next = at + 1;
+            while next < order.len() && span(&wanted[order[next]]).0 / BLOCK_SIZE_BYTES <= end_block {
+                end_block = end_block.max(span(&wanted[order[next]]).1.div_ceil(BLOCK_SIZE_BYTES));
+                next += 1;
+            }
+            let mut run = vec![0u8; ((end_block - first_block) * BLOCK_SIZE_BYTES) as usize];
+            self.media.read(Lba(first_block), &mut run)?;
+            for &i in &order[at..next] {
+                let (start, end) = span(&wanted[i]);
+                let from = (start - first_block * BLOCK_SIZE_BYTES) as usize;
+                wanted[i].bytes = Some(run[from..from + (end - start) as usize].to_vec());
+            }
+            at = next;
+        }
+        Ok(())
     }
 
     /// Reads the media blocks that hold a record and returns exactly the record's bytes.
@@ -654,6 +694,14 @@ impl Shared {
         let reserve = (self.geometry.segment_count - self.geometry.usable_segments) as usize;
         state::GC_RESERVE_SEGMENTS + reserve.div_ceil(2)
     }
+}
+
+/// A record a read needs: where it is, and its bytes once read.
+struct Wanted {
+    index: usize,
+    entry: MapEntry,
+    open_seq: u64,
+    bytes: Option<Vec<u8>>,
 }
 
 /// A raw block waiting for the background compression pass.
