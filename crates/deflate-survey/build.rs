@@ -21,10 +21,10 @@ fn main() {
                 current = None;
             } else if let Some(v) = line.strip_prefix("name = ") {
                 current = Some(v.trim_matches('"'));
-            } else if let Some(v) = line.strip_prefix("version = ") {
-                if current == Some(name) {
-                    versions.push(v.trim_matches('"').to_string());
-                }
+            } else if let Some(v) = line.strip_prefix("version = ")
+                && current == Some(name)
+            {
+                versions.push(v.trim_matches('"').to_string());
             }
         }
         let versions = if versions.is_empty() { "unknown".to_string() } else { versions.join("+") };

@@ -29,7 +29,9 @@ fn stats(image: &Path) -> serde_json::Value {
 fn sample_file(path: &Path) -> Vec<u8> {
     let mut data = Vec::new();
     for i in 0..40_000u32 {
-        data.extend_from_slice(format!("{i:08},2013-01-01,UA,N{:05},EWR,IAH,{}\n", i * 7 % 99_991, i % 1440).as_bytes());
+        data.extend_from_slice(
+            format!("{i:08},2013-01-01,UA,N{:05},EWR,IAH,{}\n", i * 7 % 99_991, i % 1440).as_bytes(),
+        );
     }
     data.truncate(data.len() - 123);
     std::fs::write(path, &data).unwrap();
@@ -114,7 +116,8 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
 fn bench_quick_runs_and_reports_ratios() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let out = ok(&["drive", "bench", "--quick", "--dir", dir.path().to_str().unwrap(), "--json", json.to_str().unwrap()]);
+    let out =
+        ok(&["drive", "bench", "--quick", "--dir", dir.path().to_str().unwrap(), "--json", json.to_str().unwrap()]);
     assert!(out.contains("configuration: `tundra drive bench"), "{out}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let latency = report["latency"].as_array().unwrap();
