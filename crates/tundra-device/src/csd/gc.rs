@@ -24,6 +24,8 @@ struct Found {
     header: RecordHeader,
     location: u64,
     payload: Vec<u8>,
+    /// In deferred mode, a raw block compressed before the lock is taken.
+    compressed: Option<Vec<u8>>,
 }
 
 impl Shared {
@@ -54,11 +56,18 @@ impl Shared {
             let segment = state.segments[victim as usize];
             (segment.open_seq, segment.filled_bytes as usize)
         };
-        let found = self.read_segment_records(victim, open_seq, filled)?;
-        let deferred = self.config.compression == CompressionMode::Deferred;
+        let mut found = self.read_segment_records(victim, open_seq, filled)?;
+        if self.config.compression == CompressionMode::Deferred {
+            // Compress outside the lock: readers and writers must never wait for it.
+            for record in found.iter_mut().filter(|r| r.header.kind == RecordKind::Raw) {
+                if let Stored::Deflate(payload) = compress_block(&record.payload) {
+                    record.compressed = Some(payload);
+                }
+            }
+        }
         let mut state = self.state.lock();
         for record in found {
-            self.relocate(&mut state, record, deferred)?;
+            self.relocate(&mut state, record)?;
         }
         let segment = &mut state.segments[victim as usize];
         if segment.live_bytes != 0 {
@@ -82,13 +91,14 @@ impl Shared {
         let mut found = Vec::new();
         let mut at = SEGMENT_HEADER_BYTES;
         while let Some((header, payload)) = RecordHeader::decode(open_seq, &bytes[at..filled.min(length)]) {
-            found.push(Found { header, location: self.geometry.location(segment, at), payload: payload.to_vec() });
+            let location = self.geometry.location(segment, at);
+            found.push(Found { header, location, payload: payload.to_vec(), compressed: None });
             at += header.record_bytes();
         }
         Ok(found)
     }
 
-    fn relocate(&self, state: &mut State, record: Found, deferred: bool) -> Result<()> {
+    fn relocate(&self, state: &mut State, record: Found) -> Result<()> {
         let header = record.header;
         if header.kind == RecordKind::Trim {
             if header.seq > state.durable_checkpoint_seq {
@@ -101,26 +111,11 @@ impl Shared {
         if !live {
             return Ok(());
         }
-        let compressed;
-        let prepared = match header.kind {
-            RecordKind::Raw if deferred => match compress_block(&record.payload) {
-                Stored::Deflate(payload) => {
-                    compressed = true;
-                    Prepared::Deflate(payload)
-                }
-                Stored::Raw => {
-                    compressed = false;
-                    Prepared::Raw(&record.payload)
-                }
-            },
-            RecordKind::Raw => {
-                compressed = false;
-                Prepared::Raw(&record.payload)
-            }
-            _ => {
-                compressed = false;
-                Prepared::Deflate(record.payload.clone())
-            }
+        let compressed = record.compressed.is_some();
+        let prepared = match (header.kind, record.compressed) {
+            (_, Some(payload)) => Prepared::Deflate(payload),
+            (RecordKind::Raw, None) => Prepared::Raw(&record.payload),
+            _ => Prepared::Deflate(record.payload.clone()),
         };
         let moved = header.record_bytes() as u64;
         self.append_block(state, HeadKind::Gc, header.lba, prepared)?;
