@@ -286,6 +286,29 @@ mod tests {
         assert!(struck > 50, "crashes should often strike mid-operation, struck {struck}");
     }
 
+    struct FileHarness(FaultyDevice<crate::file::FileDevice>);
+
+    impl Crashable for FileHarness {
+        fn device(&self) -> &dyn BlockDevice {
+            &self.0
+        }
+        fn arm_crash(&mut self, media_writes: u64) {
+            self.0.crash_after(media_writes);
+        }
+        fn crash_and_recover(&mut self) {
+            self.0.recover().unwrap();
+        }
+    }
+
+    #[test]
+    fn crash_suite_on_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::file::FileDevice::create(dir.path().join("media.img"), 32 * 4096).unwrap();
+        let mut harness = FileHarness(FaultyDevice::new(file, 11));
+        let struck = conformance::crash_rounds(&mut harness, 11, 200, 12);
+        assert!(struck > 20, "crashes should often strike mid-operation, struck {struck}");
+    }
+
     #[test]
     fn flushed_writes_survive_and_unflushed_may_not() {
         let dev = FaultyDevice::new(MemDevice::new(8), 3);

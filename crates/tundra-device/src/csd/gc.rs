@@ -17,7 +17,11 @@ use super::deflate::{Stored, compress_block};
 use super::layout::{RecordHeader, RecordKind, SEGMENT_HEADER_BYTES, units};
 use super::map::MapEntry;
 use super::state::{GC_RESERVE_SEGMENTS, HeadKind, SegmentState, State};
-use super::{CompressionMode, DeferredBlock, Prepared, Shared};
+use super::{CompressionMode, DeferredBlock, Prepared, Shared, Wanted};
+
+/// Deferred blocks compressed per batch. Their compressed copies fit in the collector's reserve
+/// even with the smallest segments.
+const DEFERRED_BATCH_BLOCKS: usize = 16;
 
 /// A record found in a victim segment.
 struct Found {
@@ -145,7 +149,7 @@ impl Shared {
     pub(crate) fn compress_deferred(&self, max_blocks: usize) -> Result<usize> {
         let mut taken = 0;
         while taken < max_blocks && !self.shutdown.load(Ordering::Relaxed) {
-            let next = {
+            let batch: Vec<DeferredBlock> = {
                 let mut state = self.state.lock();
                 state.check_failed()?;
                 if state.free.len() <= GC_RESERVE_SEGMENTS {
@@ -156,43 +160,58 @@ impl Shared {
                     }
                     continue;
                 }
-                state.deferred.pop_front()
+                let n = DEFERRED_BATCH_BLOCKS.min(max_blocks - taken).min(state.deferred.len());
+                state.deferred.drain(..n).collect()
             };
-            let Some(block) = next else { break };
-            taken += 1;
-            self.compress_one(block)?;
+            if batch.is_empty() {
+                break;
+            }
+            taken += batch.len();
+            self.compress_batch(batch)?;
         }
         Ok(taken)
     }
 
-    fn compress_one(&self, block: DeferredBlock) -> Result<()> {
+    /// Compresses a batch of deferred blocks: one lookup under the lock, one media read per run
+    /// of adjacent records, compression outside the lock, one installation under it.
+    fn compress_batch(&self, batch: Vec<DeferredBlock>) -> Result<()> {
         let _gate = self.reuse_gate.read();
-        let entry = {
+        let mut wanted = Vec::with_capacity(batch.len());
+        {
             let state = self.state.lock();
-            match state.map.get(block.lba) {
-                Some(entry) if self.still_queued(&state, block, entry) => entry,
-                _ => return Ok(()),
+            for (index, block) in batch.iter().enumerate() {
+                let Some(entry) = state.map.get(block.lba).filter(|&e| self.still_queued(&state, *block, e)) else {
+                    continue;
+                };
+                let bytes = state.record_in_head(entry.location, entry.record_bytes() as usize).map(|(_, b)| b);
+                wanted.push(Wanted { index, entry, open_seq: block.open_seq, bytes });
             }
-        };
-        let bytes = match self.state.lock().record_in_head(entry.location, entry.record_bytes() as usize) {
-            Some((_, bytes)) => bytes,
-            None => self.read_record_bytes(entry)?,
-        };
-        let Some((header, payload)) = RecordHeader::decode(block.open_seq, &bytes) else {
-            return Err(Error::corrupted(format!("deferred block of LBA {} fails its checksum", block.lba)));
-        };
-        if header.kind != RecordKind::Raw || header.lba != block.lba {
-            return Err(Error::corrupted(format!("deferred block of LBA {} is not its raw record", block.lba)));
         }
-        let Stored::Deflate(compressed) = compress_block(payload) else { return Ok(()) };
+        self.read_runs(&mut wanted)?;
+        let mut compressed = Vec::with_capacity(wanted.len());
+        for w in &wanted {
+            let block = batch[w.index];
+            let bytes = w.bytes.as_deref().expect("every record was read");
+            let Some((header, payload)) = RecordHeader::decode(block.open_seq, bytes) else {
+                return Err(Error::corrupted(format!("deferred block of LBA {} fails its checksum", block.lba)));
+            };
+            if header.kind != RecordKind::Raw || header.lba != block.lba {
+                return Err(Error::corrupted(format!("deferred block of LBA {} is not its raw record", block.lba)));
+            }
+            if let Stored::Deflate(payload) = compress_block(payload) {
+                compressed.push((block, payload));
+            }
+        }
         let mut state = self.state.lock();
-        // The block may have been overwritten, trimmed or relocated while we compressed.
-        if !state.map.get(block.lba).is_some_and(|e| self.still_queued(&state, block, e)) {
-            return Ok(());
+        for (block, payload) in compressed {
+            // The block may have been overwritten, trimmed or relocated while we compressed.
+            if !state.map.get(block.lba).is_some_and(|e| self.still_queued(&state, block, e)) {
+                continue;
+            }
+            debug_assert!(units(payload.len()) < units(BLOCK_SIZE));
+            self.append_block(&mut state, HeadKind::Gc, block.lba, Prepared::Deflate(payload))?;
+            state.counters.deferred_compressed_blocks += 1;
         }
-        debug_assert!(units(compressed.len()) < units(BLOCK_SIZE));
-        self.append_block(&mut state, HeadKind::Gc, block.lba, Prepared::Deflate(compressed))?;
-        state.counters.deferred_compressed_blocks += 1;
         Ok(())
     }
 

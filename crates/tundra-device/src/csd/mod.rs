@@ -485,21 +485,6 @@ impl Shared {
         Ok(())
     }
 
-    /// Reads the media blocks that hold a record and returns exactly the record's bytes.
-    fn read_record_bytes(&self, entry: MapEntry) -> Result<Vec<u8>> {
-        let (segment, offset) = self.geometry.split_location(entry.location);
-        let start = self.geometry.segment_offset(segment) + offset as u64;
-        let end = start + entry.record_bytes();
-        let first = start / BLOCK_SIZE_BYTES;
-        let last = end.div_ceil(BLOCK_SIZE_BYTES);
-        let mut blocks = vec![0u8; ((last - first) * BLOCK_SIZE_BYTES) as usize];
-        self.media.read(Lba(first), &mut blocks)?;
-        let skip = (start - first * BLOCK_SIZE_BYTES) as usize;
-        blocks.drain(..skip);
-        blocks.truncate(entry.record_bytes() as usize);
-        Ok(blocks)
-    }
-
     /// Takes the state lock once the user head has room for `bytes`, collecting garbage first
     /// if it must.
     fn lock_for_append(&self, bytes: u64) -> Result<MutexGuard<'_, State>> {
@@ -697,7 +682,7 @@ impl Shared {
 }
 
 /// A record a read needs: where it is, and its bytes once read.
-struct Wanted {
+pub(crate) struct Wanted {
     index: usize,
     entry: MapEntry,
     open_seq: u64,
