@@ -313,3 +313,43 @@ fn map_costs_seven_bytes_per_lba() {
     assert_eq!(drive.stats().map_memory_bytes, 70_000);
     assert!(drive.stats().map_bytes_per_lba() <= 8.0);
 }
+
+/// Writers, readers, trims and the background collector at once, on a drive whose physical space
+/// is a fraction of its logical space: every read must return what its thread last wrote.
+#[test]
+fn garbage_collection_runs_concurrently_with_io() {
+    let config = CsdConfig { gc_policy: GcPolicy::CostBenefit, ..CsdConfig::default() };
+    let drive = Arc::new(new_drive(512, 1 << 20, config));
+    std::thread::scope(|scope| {
+        for thread in 0..4u64 {
+            let drive = drive.clone();
+            scope.spawn(move || {
+                let first = thread * 128;
+                let mut model = Model::new(128);
+                let mut rng = Rng::new(thread);
+                for op in 0..3000u64 {
+                    let lba = rng.below(128);
+                    match rng.below(10) {
+                        0 => {
+                            drive.trim(Lba(first + lba), 1).unwrap();
+                            model.trim(lba, 1);
+                        }
+                        1..=6 => {
+                            let data = block_content(thread << 32 | op, 1 + op % 3);
+                            drive.write(Lba(first + lba), &data).unwrap();
+                            model.write(lba, &data);
+                        }
+                        _ => {
+                            let mut buf = vec![0u8; 4096];
+                            drive.read(Lba(first + lba), &mut buf).unwrap();
+                            assert_eq!(buf, model.block(lba), "thread {thread} op {op} LBA {lba}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let stats = drive.stats();
+    assert!(stats.counters.gc_segments_collected > 10, "the collector should have run: {stats:?}");
+    drive.check_invariants();
+}
