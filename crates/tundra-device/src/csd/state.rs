@@ -18,6 +18,8 @@ use super::{Counters, DeferredBlock, GcPolicy};
 
 /// Free segments that user writes may not take: garbage collection relocates into them.
 pub const GC_RESERVE_SEGMENTS: usize = 2;
+/// An open segment's buffer is written to the media once this much of it is unwritten.
+const WRITE_BEHIND_BYTES: usize = 128 * 1024;
 /// The largest record: a raw block behind its header.
 pub const MAX_RECORD_BYTES: usize = RECORD_HEADER_BYTES + MAX_PAYLOAD_BYTES;
 
@@ -201,9 +203,16 @@ impl State {
         let offset = h.filled;
         header.encode_into(h.open_seq, payload, &mut h.buf[offset..offset + bytes]);
         h.filled += bytes;
+        let behind = h.filled - h.written;
+        let location = geometry.location(h.segment, offset);
         self.segments[h.segment as usize].filled_bytes = h.filled as u64;
         self.counters.media_appended_bytes += bytes as u64;
-        Ok(geometry.location(h.segment, offset))
+        if behind >= WRITE_BEHIND_BYTES {
+            // Write the buffer out in steps rather than all at sealing, so that no single
+            // append pays for writing a whole segment.
+            self.write_head(media, head)?;
+        }
+        Ok(location)
     }
 
     fn open_head(&mut self, media: &dyn BlockDevice, head: HeadKind) -> Result<()> {
