@@ -31,6 +31,9 @@ pub enum Fault {
     DropWrite(Range<u64>),
     /// Writes to these blocks land `offset` blocks away (wrapping around the device).
     Misdirect { blocks: Range<u64>, offset: u64 },
+    /// Flushes fail with an I/O error: the caller must assume that the writes since the last
+    /// good flush may be lost, as when a real device fails a cache flush.
+    FlushError,
 }
 
 /// Counters a test can read to aim a crash or check that faults fired.
@@ -243,6 +246,10 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     fn flush(&self) -> Result<()> {
         let mut state = self.state.lock();
         Self::check_power(&state)?;
+        if state.faults.contains(&Fault::FlushError) {
+            state.stats.faults_fired += 1;
+            return Err(Error::io("injected flush error", std::io::Error::other("fault injection")));
+        }
         self.inner.flush()?;
         state.unflushed.clear();
         state.stats.flushes += 1;

@@ -346,7 +346,22 @@ fn open_file(path: &Path, mode: DirectIo, purpose: Purpose) -> Result<(File, boo
             other => other,
         },
     };
-    opened.map_err(|e| Error::io(format!("opening {}", path.display()), e))
+    let (file, direct) = opened.map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    lock_exclusively(&file, path)?;
+    Ok((file, direct))
+}
+
+/// Takes an exclusive advisory lock for as long as the file is open, so that two processes
+/// never drive the same image at once (each would overwrite the other's metadata).
+fn lock_exclusively(file: &File, path: &Path) -> Result<()> {
+    use rustix::fs::{FlockOperation, flock};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            Err(Error::invalid(format!("{} is in use by another process", path.display())))
+        }
+        Err(e) => Err(Error::io(format!("locking {}", path.display()), e.into())),
+    }
 }
 
 /// Decides how to open an existing `path`, refusing anything but a regular file or a block
@@ -595,6 +610,9 @@ mod tests {
         let dev = FileDevice::open(&path).expect("reopen");
         assert_eq!(dev.block_count(), 64);
         assert_eq!(read_blocks(&dev, 30, 4), data);
+        let second = FileDevice::open(&path).err().expect("an open image is locked");
+        assert!(second.message().contains("in use"), "{second}");
+        drop(dev);
         let buffered = FileDevice::open_with(&path, options(DirectIo::Off)).expect("reopen");
         assert!(!buffered.is_direct());
         assert_eq!(read_blocks(&buffered, 30, 4), data);

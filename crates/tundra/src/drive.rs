@@ -158,7 +158,7 @@ fn load(path: &Path, file: &Path, offset: u64, deferred: bool) -> Result<()> {
     let next_chunk = AtomicU64::new(0);
     // Compression runs in the writing threads; two writers keep both cores busy.
     let writers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-    std::thread::scope(|scope| -> Result<()> {
+    let loaded = std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..writers)
             .map(|_| scope.spawn(|| load_chunks(&drive, &source, first_lba, blocks, &next_chunk, &done, &progress)))
             .collect();
@@ -166,9 +166,15 @@ fn load(path: &Path, file: &Path, offset: u64, deferred: bool) -> Result<()> {
             handle.join().expect("a load thread panicked")?;
         }
         Ok(())
-    })?;
-    drive.flush()?;
+    });
     progress.finish_and_clear();
+    if let Err(error) = loaded {
+        // Keep what was written durable, so that the drive's state after a failed load is known.
+        let flushed = drive.flush().and_then(|()| drive.close());
+        let note = if flushed.is_ok() { "the blocks written before it are flushed" } else { "flushing failed too" };
+        return Err(error.context(format!("loading {} stopped; {note}", file.display())));
+    }
+    drive.flush()?;
     if deferred {
         drive.drain_deferred()?;
     }

@@ -73,7 +73,7 @@ struct LatencyPoint {
     drive_read_cpu_us_per_4k: f64,
     plain_read_cpu_us_per_4k: f64,
     inline_4k_write_mb_per_cpu_s: f64,
-    deferred_4k_write_foreground_cpu_us: f64,
+    deferred_4k_write_foreground_cpu_us_per_4k: f64,
     deferred_background_cpu_us_per_4k: f64,
     deferred_4k_write_p50_us: f64,
     inline_4k_write_p50_us: f64,
@@ -277,7 +277,7 @@ fn latency_point(dir: &Path, size: u64, segment_bytes: u64, ratio: f64, reads: u
         drive_read_cpu_us_per_4k: dr.cpu_us_per_4k(),
         plain_read_cpu_us_per_4k: pr.cpu_us_per_4k(),
         inline_4k_write_mb_per_cpu_s: inline.mb_per_cpu_s,
-        deferred_4k_write_foreground_cpu_us: deferred.foreground_cpu_us_per_4k,
+        deferred_4k_write_foreground_cpu_us_per_4k: deferred.foreground_cpu_us_per_4k,
         deferred_background_cpu_us_per_4k: deferred.background_cpu_us_per_4k,
         deferred_4k_write_p50_us: deferred.p50_us,
         inline_4k_write_p50_us: inline.p50_us,
@@ -377,7 +377,11 @@ fn gc_point(
     let delta = after.counters.since(&before.counters);
     let host = delta.media_appended_bytes - delta.gc_moved_bytes;
     Ok(GcPoint {
-        policy: format!("{policy:?}"),
+        policy: match policy {
+            GcPolicy::Greedy => "greedy",
+            GcPolicy::CostBenefit => "cost-benefit",
+        }
+        .to_string(),
         fullness_target_percent: fullness,
         fullness_percent: 100.0 * after.physical_live_bytes as f64 / after.physical_capacity_bytes as f64,
         gc_write_amplification: delta.media_appended_bytes as f64 / host.max(1) as f64,
@@ -421,7 +425,7 @@ fn print_latency(points: &[LatencyPoint]) {
             p.inline_4k_write_mb_per_cpu_s,
             p.inline_4k_write_p50_us,
             p.deferred_4k_write_p50_us,
-            p.deferred_4k_write_foreground_cpu_us,
+            p.deferred_4k_write_foreground_cpu_us_per_4k,
             p.deferred_background_cpu_us_per_4k,
             p.map_bytes_per_lba
         );

@@ -31,9 +31,23 @@ pub const SEGMENT_HEADER_BYTES: usize = 64;
 pub const MAX_PAYLOAD_BYTES: usize = BLOCK_SIZE;
 /// A payload in 16-byte units is 1..=256 units.
 pub const MAX_PAYLOAD_UNITS: usize = MAX_PAYLOAD_BYTES / UNIT_BYTES;
-/// Sequence numbers and LBAs are 40-bit fields.
-pub const MAX_SEQ: u64 = (1 << 40) - 1;
+/// A record stores the low 40 bits of its sequence number; the full number is the one nearest
+/// to its segment's incarnation ([`widen_seq`]). Open segments are rotated long before their
+/// records' sequence numbers could drift 2^39 away from the incarnation.
+pub const SEQ_FIELD_MASK: u64 = (1 << 40) - 1;
+/// LBAs are 40-bit fields.
 pub const MAX_LBA_COUNT: u64 = 1 << 40;
+
+/// The full sequence number whose low 40 bits are `low`, nearest to `open_seq`.
+pub fn widen_seq(low: u64, open_seq: u64) -> u64 {
+    let span = SEQ_FIELD_MASK + 1;
+    let base = (open_seq & !SEQ_FIELD_MASK) | low;
+    [base.wrapping_sub(span), base, base.wrapping_add(span)]
+        .into_iter()
+        .filter(|c| c.abs_diff(open_seq) < span)
+        .min_by_key(|c| c.abs_diff(open_seq))
+        .unwrap_or(base)
+}
 
 const _: () = assert!(BLOCK_SIZE.is_multiple_of(UNIT_BYTES));
 const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(UNIT_BYTES));
@@ -314,7 +328,7 @@ impl RecordKind {
 /// ```text
 /// 0..4   crc32c of (segment open_seq, bytes 4..16, payload)
 /// 4..9   LBA (40 bits, little endian)
-/// 9..14  sequence number (40 bits)
+/// 9..14  sequence number, low 40 bits
 /// 14..16 payload length in bytes (13 bits) | kind << 13
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +350,6 @@ impl RecordHeader {
         assert_eq!(payload.len(), self.payload_len);
         assert!(self.payload_len <= MAX_PAYLOAD_BYTES);
         assert!(self.lba < MAX_LBA_COUNT);
-        assert!(self.seq <= MAX_SEQ);
         assert_eq!(out.len(), self.record_bytes());
         out[4..9].copy_from_slice(&self.lba.to_le_bytes()[..5]);
         out[9..14].copy_from_slice(&self.seq.to_le_bytes()[..5]);
@@ -359,7 +372,7 @@ impl RecordHeader {
         word[..5].copy_from_slice(&bytes[4..9]);
         let lba = u64::from_le_bytes(word);
         word[..5].copy_from_slice(&bytes[9..14]);
-        let seq = u64::from_le_bytes(word);
+        let seq = widen_seq(u64::from_le_bytes(word), open_seq);
         let len_kind = u16::from_le_bytes([bytes[14], bytes[15]]);
         let kind = RecordKind::from_bits(len_kind >> 13)?;
         let payload_len = usize::from(len_kind & 0x1fff);
@@ -435,19 +448,28 @@ mod tests {
     #[test]
     fn record_round_trip_and_incarnation() {
         let payload = b"hello, compressed world";
-        let header =
-            RecordHeader { lba: (1 << 40) - 1, seq: MAX_SEQ, kind: RecordKind::Deflate, payload_len: payload.len() };
+        let seq = (5 << 40) + 17;
+        let header = RecordHeader { lba: (1 << 40) - 1, seq, kind: RecordKind::Deflate, payload_len: payload.len() };
+        let open_seq = (5 << 40) - 3;
         let mut out = vec![0u8; header.record_bytes()];
-        header.encode_into(42, payload, &mut out);
+        header.encode_into(open_seq, payload, &mut out);
         assert_eq!(out.len(), 16 + 32);
-        let (decoded, body) = RecordHeader::decode(42, &out).unwrap();
-        assert_eq!(decoded, header);
+        let (decoded, body) = RecordHeader::decode(open_seq, &out).unwrap();
+        assert_eq!(decoded, header, "the sequence number is widened across a 40-bit boundary");
         assert_eq!(body, payload);
         // The same bytes do not verify as a record of another incarnation of the segment.
-        assert!(RecordHeader::decode(43, &out).is_none());
+        assert!(RecordHeader::decode(open_seq + 1, &out).is_none());
         out[20] ^= 0x10;
-        assert!(RecordHeader::decode(42, &out).is_none());
+        assert!(RecordHeader::decode(open_seq, &out).is_none());
         assert!(RecordHeader::decode(42, &[0u8; 64]).is_none());
+    }
+
+    #[test]
+    fn sequence_numbers_widen_to_the_nearest() {
+        assert_eq!(widen_seq(5, 3), 5);
+        assert_eq!(widen_seq(SEQ_FIELD_MASK, 1 << 40), (1 << 40) - 1);
+        assert_eq!(widen_seq(2, (1 << 40) - 2), (1 << 40) + 2);
+        assert_eq!(widen_seq(7, (3 << 40) + 9), (3 << 40) + 7);
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl Counters {
     }
 }
 
-/// Everything the drive reports about itself. docs/format.md and the CLI document these names.
+/// Everything the drive reports about itself. docs/cli.md and docs/glossary.md explain each.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CsdStats {
     pub logical_capacity_bytes: u64,
@@ -235,6 +235,8 @@ impl<'a> Prepared<'a> {
 
 /// A trim record's payload is the block count.
 const TRIM_PAYLOAD_BYTES: usize = 8;
+/// A trim record on the media: header and the padded count.
+const TRIM_RECORD_BYTES: u64 = 32;
 /// Blocks looked up under one lock acquisition when reading.
 const READ_BATCH_BLOCKS: usize = 64;
 /// Blocks appended under one lock acquisition.
@@ -381,7 +383,7 @@ impl BlockDevice for CsdDevice {
         if block_count == 0 {
             return Ok(());
         }
-        let mut state = self.shared.lock_for_append(TRIM_PAYLOAD_BYTES as u64 + 16)?;
+        let mut state = self.shared.lock_for_append(TRIM_RECORD_BYTES)?;
         self.shared.append_trim(&mut state, lba.0, block_count)?;
         state.counters.host_trimmed_blocks += block_count;
         Ok(())
@@ -503,21 +505,26 @@ impl Shared {
     }
 
     fn write_prepared(&self, first_lba: u64, prepared: Vec<Prepared<'_>>) -> Result<()> {
-        self.admit(first_lba, &prepared)?;
+        let reserved = self.admit(first_lba, &prepared)?;
         let mut lba = first_lba;
         let mut pieces = prepared.into_iter().peekable();
-        while pieces.peek().is_some() {
+        let mut result = Ok(());
+        while result.is_ok() && pieces.peek().is_some() {
             let piece: Vec<Prepared<'_>> = pieces.by_ref().take(WRITE_PIECE_BLOCKS).collect();
             let count = piece.len() as u64;
-            self.append_piece(lba, piece)?;
+            result = self.append_piece(lba, piece);
             lba += count;
         }
+        self.state.lock().reserved_bytes -= reserved;
+        result?;
         self.after_append()
     }
 
-    /// Refuses a write the physical capacity cannot hold, before anything changes. Blocks
+    /// Refuses a write the physical capacity cannot hold, before anything changes, and reserves
+    /// the physical bytes it needs so that concurrent writers cannot be admitted into the same
+    /// space. Returns the reservation, which the caller releases when the write is done. Blocks
     /// waiting for deferred compression are compressed first when that would make room.
-    fn admit(&self, first_lba: u64, prepared: &[Prepared<'_>]) -> Result<()> {
+    fn admit(&self, first_lba: u64, prepared: &[Prepared<'_>]) -> Result<u64> {
         let result = self.check_capacity(first_lba, prepared);
         let deferred = !self.state.lock().deferred.is_empty();
         match result {
@@ -529,8 +536,8 @@ impl Shared {
         }
     }
 
-    fn check_capacity(&self, first_lba: u64, prepared: &[Prepared<'_>]) -> Result<()> {
-        let state = self.state.lock();
+    fn check_capacity(&self, first_lba: u64, prepared: &[Prepared<'_>]) -> Result<u64> {
+        let mut state = self.state.lock();
         state.check_failed()?;
         let mut need: i64 = 0;
         for (i, block) in prepared.iter().enumerate() {
@@ -538,20 +545,22 @@ impl Shared {
             need -= state.map.get(first_lba + i as u64).map_or(0, |e| e.record_bytes() as i64);
         }
         let capacity = self.geometry.physical_capacity_bytes() as i64;
-        if need > 0 && state.live_bytes as i64 + need > capacity {
+        let committed = (state.live_bytes + state.reserved_bytes) as i64;
+        if need > 0 && committed + need > capacity {
             return Err(Error::drive_full(format!(
-                "writing {} blocks needs {need} more physical bytes; {} of {capacity} are in use",
+                "writing {} blocks needs {need} more physical bytes; {committed} of {capacity} are in use or promised",
                 prepared.len(),
-                state.live_bytes
             )));
         }
-        Ok(())
+        let reserved = need.max(0) as u64;
+        state.reserved_bytes += reserved;
+        Ok(reserved)
     }
 
     fn append_piece(&self, first_lba: u64, piece: Vec<Prepared<'_>>) -> Result<()> {
-        let bytes: u64 = piece.iter().map(|p| p.record_bytes().max(32)).sum();
+        let bytes: u64 = piece.iter().map(|p| p.record_bytes().max(TRIM_RECORD_BYTES)).sum();
+        let blocks = piece.len() as u64;
         let mut state = self.lock_for_append(bytes)?;
-        state.counters.host_written_blocks += piece.len() as u64;
         let mut zero_run: Option<(u64, u64)> = None;
         for (i, block) in piece.into_iter().enumerate() {
             let lba = first_lba + i as u64;
@@ -567,6 +576,7 @@ impl Shared {
         if let Some((start, n)) = zero_run {
             self.append_trim(&mut state, start, n)?;
         }
+        state.counters.host_written_blocks += blocks;
         Ok(())
     }
 
@@ -636,7 +646,14 @@ impl Shared {
             state.write_head(self.media.as_ref(), HeadKind::User)?;
             state.write_head(self.media.as_ref(), HeadKind::Gc)?;
         }
-        self.media.flush()
+        if let Err(error) = self.media.flush() {
+            // After a failed flush the media may have dropped writes it had accepted; a later
+            // flush that succeeds would not bring them back, so nothing may be called durable
+            // again until the drive is reopened and recovered.
+            self.state.lock().failed.get_or_insert_with(|| format!("flush failed: {error}"));
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// The background thread: keeps free segments above a low watermark, compresses deferred

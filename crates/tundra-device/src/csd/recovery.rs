@@ -110,6 +110,8 @@ pub fn format(media: &dyn BlockDevice, options: &FormatOptions) -> Result<()> {
     let header =
         CheckpointHeader { generation: 1, checkpoint_seq: 0, logical_blocks: geometry.logical_blocks, map_crc };
     media.write(Lba(geometry.checkpoint_offset(0) / BLOCK_SIZE_BYTES), &header.encode())?;
+    // The checkpoint must be durable before the superblock that names it.
+    media.flush()?;
     let superblock = Superblock {
         geometry,
         generation: 1,
@@ -205,7 +207,13 @@ pub fn recover(media: &dyn BlockDevice) -> Result<(Geometry, State, CheckpointCu
         segments[index].open_seq = header.map_or(0, |h| h.open_seq);
     }
     for (lba, entry) in map.iter() {
-        let (segment, _) = g.split_location(entry.location);
+        let (segment, offset) = g.split_location(entry.location);
+        let inside = segment < g.segment_count
+            && offset >= SEGMENT_HEADER_BYTES
+            && offset as u64 + entry.record_bytes() <= g.segment_bytes;
+        if !inside {
+            return Err(Error::corrupted(format!("LBA {lba} maps outside every segment: {entry:?}")));
+        }
         if headers[segment as usize].is_none() {
             return Err(Error::corrupted(format!("LBA {lba} maps into segment {segment}, which has no valid header")));
         }

@@ -10,14 +10,16 @@ use std::collections::VecDeque;
 use crate::{BlockDevice, Error, Lba, Result};
 
 use super::layout::{
-    Geometry, MAX_PAYLOAD_BYTES, MAX_SEQ, RECORD_HEADER_BYTES, RecordHeader, RecordKind, SEGMENT_HEADER_BYTES,
-    SegmentHeader,
+    Geometry, MAX_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordHeader, RecordKind, SEGMENT_HEADER_BYTES, SegmentHeader,
 };
 use super::map::{Map, MapEntry};
 use super::{Counters, DeferredBlock, GcPolicy};
 
 /// Free segments that user writes may not take: garbage collection relocates into them.
 pub const GC_RESERVE_SEGMENTS: usize = 2;
+/// An open segment is replaced after this many sequence numbers, far below the 2^39 that the
+/// 40-bit sequence field of its records can tell apart.
+const ROTATE_AFTER_SEQS: u64 = 1 << 30;
 /// An open segment's buffer is written to the media once this much of it is unwritten.
 const WRITE_BEHIND_BYTES: usize = 128 * 1024;
 /// The largest record: a raw block behind its header.
@@ -81,6 +83,8 @@ pub struct State {
     pub live_bytes: u64,
     pub payload_bytes: u64,
     pub mapped_blocks: u64,
+    /// Physical bytes promised to admitted writes that are still appending.
+    pub reserved_bytes: u64,
     pub sealed_since_checkpoint: u32,
     /// Raw records waiting for background compression: (LBA, location).
     pub deferred: VecDeque<DeferredBlock>,
@@ -103,6 +107,7 @@ impl State {
             live_bytes: 0,
             payload_bytes: 0,
             mapped_blocks: 0,
+            reserved_bytes: 0,
             sealed_since_checkpoint: 0,
             deferred: VecDeque::new(),
             failed: None,
@@ -148,9 +153,6 @@ impl State {
     }
 
     pub fn take_seq(&mut self) -> Result<u64> {
-        if self.next_seq > MAX_SEQ {
-            return Err(Error::invalid("the drive has used every 40-bit sequence number"));
-        }
         self.next_seq += 1;
         Ok(self.next_seq - 1)
     }
@@ -194,8 +196,14 @@ impl State {
         payload: &[u8],
     ) -> Result<u64> {
         let bytes = header.record_bytes();
-        let fits = self.heads[head as usize].as_ref().is_some_and(|h| h.filled + bytes <= h.buf.len());
-        if !fits {
+        let reserve = if head == HeadKind::User { GC_RESERVE_SEGMENTS } else { 0 };
+        let (fits, stale) = match self.heads[head as usize].as_ref() {
+            Some(h) => (h.filled + bytes <= h.buf.len(), h.open_seq + ROTATE_AFTER_SEQS < self.next_seq),
+            None => (false, false),
+        };
+        // A segment open for very long is rotated, so that its records' 40-bit sequence fields
+        // stay near its incarnation; if no segment is free the rotation waits.
+        if !fits || (stale && self.free.len() > reserve) {
             self.open_head(media, head)?;
         }
         let geometry = self.geometry;

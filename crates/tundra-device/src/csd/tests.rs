@@ -353,3 +353,51 @@ fn garbage_collection_runs_concurrently_with_io() {
     assert!(stats.counters.gc_segments_collected > 10, "the collector should have run: {stats:?}");
     drive.check_invariants();
 }
+
+#[test]
+fn a_failed_flush_stops_the_drive_until_reopened() {
+    let options = options(64, 1 << 20);
+    let blocks = options.geometry().unwrap().total_bytes() / 4096;
+    let media = Arc::new(FaultyDevice::new(MemDevice::new(blocks), 8));
+    let drive = CsdDevice::format(media.clone(), &options, quiet()).unwrap();
+    drive.write(Lba(1), &block_content(1, 1)).unwrap();
+    media.inject(Fault::FlushError);
+    assert_eq!(drive.flush().unwrap_err().kind(), crate::ErrorKind::Io);
+    media.clear_faults();
+    // The writes the failed flush covered may be gone; no later flush may call them durable.
+    assert_eq!(drive.flush().unwrap_err().kind(), crate::ErrorKind::Closed);
+    assert_eq!(drive.write(Lba(2), &block_content(2, 1)).unwrap_err().kind(), crate::ErrorKind::Closed);
+    drop(drive);
+    let drive = CsdDevice::open(media, quiet()).unwrap();
+    drive.check_invariants();
+}
+
+#[test]
+fn a_checkpoint_pointing_outside_the_segments_is_corruption_not_a_panic() {
+    let options = options(64, 1 << 20);
+    let media = media_for(&options);
+    let drive = CsdDevice::format(media.clone(), &options, quiet()).unwrap();
+    drive.write(Lba(0), &block_content(1, 1)).unwrap();
+    drive.close().unwrap();
+    // Rewrite the current checkpoint with LBA 0 pointing past the last segment, checksums valid.
+    let g = options.geometry().unwrap();
+    let mut superblocks = vec![0u8; 8192];
+    media.read(Lba(0), &mut superblocks).unwrap();
+    let sb = [&superblocks[..4096], &superblocks[4096..]]
+        .into_iter()
+        .filter_map(|b| layout::Superblock::decode(b).unwrap())
+        .max_by_key(|s| s.generation)
+        .unwrap();
+    let slot_lba = g.checkpoint_offset(sb.checkpoint_slot) / 4096;
+    let mut slot = vec![0u8; (g.checkpoint_blocks() * 4096) as usize];
+    media.read(Lba(slot_lba), &mut slot).unwrap();
+    let mut header = layout::CheckpointHeader::decode(&slot[..4096]).unwrap();
+    let outside = g.total_bytes() / 16 + 100;
+    let word = outside | 0u64 << 40 | 1u64 << 48;
+    slot[4096..4096 + 7].copy_from_slice(&word.to_le_bytes()[..7]);
+    header.map_crc = crc32c::crc32c(&slot[4096..4096 + 64 * 7]);
+    slot[..4096].copy_from_slice(&header.encode());
+    media.write(Lba(slot_lba), &slot).unwrap();
+    let error = CsdDevice::open(media, quiet()).err().expect("a corrupt checkpoint must not open");
+    assert_eq!(error.kind(), crate::ErrorKind::Corrupted, "{error}");
+}
