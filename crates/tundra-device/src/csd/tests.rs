@@ -393,7 +393,8 @@ fn a_checkpoint_pointing_outside_the_segments_is_corruption_not_a_panic() {
     media.read(Lba(slot_lba), &mut slot).unwrap();
     let mut header = layout::CheckpointHeader::decode(&slot[..4096]).unwrap();
     let outside = g.total_bytes() / 16 + 100;
-    let word = outside | 0u64 << 40 | 1u64 << 48;
+    // Payload units field 0 (one unit), flags: mapped.
+    let word = outside | 1u64 << 48;
     slot[4096..4096 + 7].copy_from_slice(&word.to_le_bytes()[..7]);
     header.map_crc = crc32c::crc32c(&slot[4096..4096 + 64 * 7]);
     slot[..4096].copy_from_slice(&header.encode());
