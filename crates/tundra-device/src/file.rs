@@ -610,7 +610,7 @@ mod tests {
         let dev = FileDevice::open(&path).expect("reopen");
         assert_eq!(dev.block_count(), 64);
         assert_eq!(read_blocks(&dev, 30, 4), data);
-        let second = FileDevice::open(&path).err().expect("an open image is locked");
+        let second = FileDevice::open(&path).expect_err("an open image is locked");
         assert!(second.message().contains("in use"), "{second}");
         drop(dev);
         let buffered = FileDevice::open_with(&path, options(DirectIo::Off)).expect("reopen");
