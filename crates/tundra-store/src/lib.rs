@@ -1,0 +1,13 @@
+//! The store: one node's engine for its chunks (seed 000 §3.2.1, §3.2.3).
+//!
+//! Pages of 8 or 16 KiB are compressed into runs of 4 KiB blocks on a data device (normally the
+//! emulated compressing drive, which compresses each block again). A hash index maps each page
+//! to its blocks; a device allocator hands 128 KiB extents to chunks and each chunk tracks its
+//! 4 KiB blocks in per-extent bitmaps; a journal on a fast device records every index and
+//! allocator change.
+//!
+//! This crate knows pages, chunks and blocks. It knows nothing of networks, Raft or SQL.
+
+pub mod alloc;
+pub mod ids;
+pub mod index;
