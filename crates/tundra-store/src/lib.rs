@@ -9,5 +9,9 @@
 //! This crate knows pages, chunks and blocks. It knows nothing of networks, Raft or SQL.
 
 pub mod alloc;
+mod error;
 pub mod ids;
 pub mod index;
+pub mod journal;
+
+pub use error::{Error, ErrorKind, Result};
