@@ -13,5 +13,6 @@ mod error;
 pub mod ids;
 pub mod index;
 pub mod journal;
+pub mod store;
 
 pub use error::{Error, ErrorKind, Result};
