@@ -107,6 +107,7 @@ impl Store {
         };
         // A checkpoint now makes the replayed state the starting point of the next recovery.
         store.checkpoint()?;
+        store.trim_unreferenced()?;
         Ok(store)
     }
 
@@ -230,6 +231,40 @@ impl Store {
         for (_, run) in freed {
             self.data.trim(run.first_lba(), u64::from(run.count))?;
         }
+        Ok(())
+    }
+
+    /// Trims every block no page references. A crash between a page's data write and its
+    /// journal record leaves blocks written but unreferenced; on a compressing drive they would
+    /// hold physical space until reused.
+    fn trim_unreferenced(&self) -> Result<()> {
+        let used: Vec<u32> = {
+            let state = self.state.lock();
+            let mut used = vec![0u32; state.extents.extent_count() as usize];
+            for c in state.chunks.values() {
+                for (extent, bits) in c.blocks.extents() {
+                    used[extent.0 as usize] = bits;
+                }
+            }
+            used
+        };
+        let mut start: Option<u64> = None;
+        let total = used.len() as u64 * u64::from(EXTENT_BLOCKS);
+        for block in 0..=total {
+            let free = block < total && {
+                let bits = used[(block / u64::from(EXTENT_BLOCKS)) as usize];
+                bits & (1 << (block % u64::from(EXTENT_BLOCKS))) == 0
+            };
+            match (free, start) {
+                (true, None) => start = Some(block),
+                (false, Some(first)) => {
+                    self.data.trim(Lba(first), block - first)?;
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        self.data.flush()?;
         Ok(())
     }
 
@@ -409,6 +444,21 @@ mod tests {
         assert_eq!(tag_of(&store, chunk, PageNo(8)), Some(408));
         assert_eq!(tag_of(&store, chunk, PageNo(7)), None);
         assert_eq!(store.stats().pages, 39);
+    }
+
+    #[test]
+    fn blocks_written_but_never_journalled_are_trimmed_at_open() {
+        let (data, fast, store) = new_store(256);
+        let chunk = ChunkId(1);
+        store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), 1).unwrap();
+        drop(store);
+        let referenced = data.usage().mapped_bytes;
+        // As if a crash struck between a page's data write and its journal record.
+        data.write(Lba(200), &vec![7u8; 4 * BLOCK_SIZE]).unwrap();
+        assert_eq!(data.usage().mapped_bytes, referenced + 4 * BLOCK_SIZE as u64);
+        let store = Store::open(data.clone(), fast, PAGE).unwrap();
+        assert_eq!(data.usage().mapped_bytes, referenced, "only page 0's blocks stay");
+        assert_eq!(tag_of(&store, chunk, PageNo(0)), Some(1));
     }
 
     #[test]
