@@ -1,6 +1,8 @@
 //! The `tundra` command line. Every subcommand's names, flags and JSON keys are a user-facing
 //! contract documented in docs/cli.md.
 
+mod analyze;
+mod analyze_report;
 mod drive;
 mod drive_bench;
 mod measure;
@@ -19,12 +21,16 @@ enum Command {
     /// The emulated compressing drive: format, load, dump, trim, collect, inspect, benchmark.
     #[command(subcommand)]
     Drive(drive::DriveCommand),
+    /// Estimate what Tundra would store for database files: each compression layer, lz4 vs zstd,
+    /// Algorithm 1's mix.
+    Analyze(analyze::AnalyzeArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Drive(command) => drive::run(command),
+        Command::Analyze(args) => analyze::run(args),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");
