@@ -13,6 +13,7 @@ mod error;
 pub mod ids;
 pub mod index;
 pub mod journal;
+pub mod pages;
 pub mod store;
 
 pub use error::{Error, ErrorKind, Result};

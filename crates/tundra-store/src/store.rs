@@ -234,6 +234,11 @@ impl Store {
         Ok(())
     }
 
+    /// The index entry of a page, if it exists.
+    pub fn entry(&self, chunk: ChunkId, page: PageNo) -> Option<PageEntry> {
+        self.state.lock().chunks.get(&chunk).and_then(|c| c.index.get(page))
+    }
+
     /// Trims every block no page references. A crash between a page's data write and its
     /// journal record leaves blocks written but unreferenced; on a compressing drive they would
     /// hold physical space until reused.
