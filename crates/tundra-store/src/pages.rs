@@ -109,6 +109,45 @@ impl Pages {
         Ok(selection.algorithm)
     }
 
+    /// Compresses a page with `algorithm`, whatever Algorithm 1 would say, and stores it: for
+    /// measuring one algorithm against another.
+    pub fn write_page_with(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        content: &[u8],
+        version: u64,
+        algorithm: Option<Algorithm>,
+    ) -> Result<()> {
+        if content.len() != self.page_size.bytes() {
+            return Err(Error::invalid(format!(
+                "a page of {} bytes; this store's pages are {}",
+                content.len(),
+                self.page_size
+            )));
+        }
+        let (encoding, bytes) = match algorithm {
+            None => (Encoding::Raw, content.to_vec()),
+            Some(algorithm) => {
+                let encoded = self.codec.encode(algorithm, content).map_err(codec_error)?;
+                match encoded.encoding {
+                    tundra_codec::Encoding::Raw => (Encoding::Raw, encoded.data),
+                    tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, encoded.data),
+                    tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, encoded.data),
+                }
+            }
+        };
+        let counter = match encoding {
+            Encoding::Lz4 => &self.written_lz4,
+            Encoding::Zstd => &self.written_zstd,
+            _ => &self.written_raw,
+        };
+        let image = PageImage { encoding, bytes, checksum: page_checksum(chunk, page, content) };
+        self.store.apply_write(chunk, page, &image, version)?;
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Reads a page back, decompressed and verified against its checksum; `None` if the page
     /// does not exist. A mismatch is a corruption error, never wrong data.
     pub fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>> {

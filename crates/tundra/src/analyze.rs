@@ -92,7 +92,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_page_size(text: &str) -> Result<PageSize> {
+pub(crate) fn parse_page_size(text: &str) -> Result<PageSize> {
     let bytes = parse_size(text).with_context(|| format!("--page-size {text}"))?;
     PageSize::from_bytes(bytes)
         .map_err(|_| anyhow::anyhow!("--page-size {text}: only pages of 8KiB or 16KiB are supported"))
@@ -105,13 +105,13 @@ fn names(paths: &[PathBuf]) -> String {
 }
 
 /// One input file, open for positional reads from every worker.
-struct InputFile {
+pub(crate) struct InputFile {
     path: PathBuf,
     file: File,
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
-fn open_files(paths: &[PathBuf]) -> Result<Vec<InputFile>> {
+pub(crate) fn open_files(paths: &[PathBuf]) -> Result<Vec<InputFile>> {
     paths
         .iter()
         .map(|path| {
@@ -126,7 +126,7 @@ fn open_files(paths: &[PathBuf]) -> Result<Vec<InputFile>> {
 }
 
 /// Reads `buf.len()` bytes at `offset`; what lies past the end of the file stays zero.
-fn read_padded(input: &InputFile, offset: u64, buf: &mut [u8]) -> Result<()> {
+pub(crate) fn read_padded(input: &InputFile, offset: u64, buf: &mut [u8]) -> Result<()> {
     buf.fill(0);
     let mut filled = 0;
     while filled < buf.len() {
@@ -144,7 +144,12 @@ fn read_padded(input: &InputFile, offset: u64, buf: &mut [u8]) -> Result<()> {
 
 /// Calibrates the decompression costs on pages spread evenly over the input, plus synthetic pages
 /// that spread the compressed sizes.
-fn calibrate(codec: &PageCodec, files: &[InputFile], page_size: PageSize, pages: u64) -> Result<DecompressCost> {
+pub(crate) fn calibrate(
+    codec: &PageCodec,
+    files: &[InputFile],
+    page_size: PageSize,
+    pages: u64,
+) -> Result<DecompressCost> {
     let page_bytes = page_size.bytes() as u64;
     let mut samples = calibration_pages(page_size);
     let step = pages.div_ceil(CALIBRATION_SAMPLES);
@@ -236,7 +241,7 @@ impl Totals {
 struct Unit {
     file: usize,
     offset: u64,
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 fn units(files: &[InputFile]) -> Vec<Unit> {

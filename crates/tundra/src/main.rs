@@ -6,6 +6,7 @@ mod analyze_report;
 mod drive;
 mod drive_bench;
 mod measure;
+mod store_measure;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,16 @@ enum Command {
     /// Estimate what Tundra would store for database files: each compression layer, lz4 vs zstd,
     /// Algorithm 1's mix.
     Analyze(analyze::AnalyzeArgs),
+    /// The page store.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Write database files page by page through the store onto an emulated drive, once per way
+    /// of compressing (none, lz4, zstd, Algorithm 1), and report the space each really takes.
+    Measure(store_measure::MeasureArgs),
 }
 
 fn main() {
@@ -31,6 +42,7 @@ fn main() {
     let result = match cli.command {
         Command::Drive(command) => drive::run(command),
         Command::Analyze(args) => analyze::run(args),
+        Command::Store(StoreCommand::Measure(args)) => store_measure::run(args),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");

@@ -1,0 +1,233 @@
+//! `tundra store measure`: writes database files page by page through the store onto an emulated
+//! drive, once per way of compressing, and reports the space each way really takes, measured from
+//! the store's and the drive's own usage (seed 000 Figure 14 and Table 3), against the drive
+//! alone and against no compression at all.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+use tundra_codec::{Algorithm, PageCodec, Selector, SelectorConfig};
+use tundra_device::csd::{CsdConfig, CsdDevice, FormatOptions};
+use tundra_device::file::FileDevice;
+use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
+use tundra_store::ids::{ChunkId, PageNo};
+use tundra_store::journal::{Journal, JournalGeometry};
+use tundra_store::pages::{CpuLoad, Pages};
+use tundra_store::store::Store;
+
+use crate::analyze::{calibrate, open_files, parse_page_size, read_padded};
+
+#[derive(Args)]
+pub struct MeasureArgs {
+    /// Database files (PostgreSQL relation files, InnoDB .ibd files, ...).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The database's page size: 8KiB (PostgreSQL) or 16KiB (InnoDB).
+    #[arg(long, default_value = "8KiB")]
+    page_size: String,
+    /// Directory for the temporary drive and journal images; the system temporary directory by default.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Layout {
+    name: String,
+    pages: u64,
+    /// Bytes the store's pages take in 4 KiB blocks (software layer).
+    software_4k_bytes: u64,
+    /// What the drive stores (its physical_used_bytes).
+    physical_bytes: u64,
+    software_4k_ratio: f64,
+    ratio: f64,
+    lz4_pages: u64,
+    zstd_pages: u64,
+    raw_pages: u64,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    files: Vec<String>,
+    page_size: usize,
+    logical_bytes: u64,
+    drive_only_physical_bytes: u64,
+    drive_only_ratio: f64,
+    layouts: Vec<Layout>,
+}
+
+/// Pages per chunk: 1 GiB chunks.
+const CHUNK_BYTES: u64 = 1 << 30;
+
+pub fn run(args: MeasureArgs) -> Result<()> {
+    let page_size = parse_page_size(&args.page_size)?;
+    let files = open_files(&args.files)?;
+    let page_bytes = page_size.bytes() as u64;
+    let pages: u64 = files.iter().map(|f| f.bytes.div_ceil(page_bytes)).sum();
+    if pages == 0 {
+        bail!("no pages to measure: the files are empty");
+    }
+    let logical = pages * page_bytes;
+    let dir =
+        args.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("tundra-measure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let result = measure_all(&files, page_size, logical, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (drive_only, layouts) = result?;
+    let report = Report {
+        files: args.files.iter().map(|p| p.display().to_string()).collect(),
+        page_size: page_size.bytes(),
+        logical_bytes: logical,
+        drive_only_physical_bytes: drive_only,
+        drive_only_ratio: logical as f64 / drive_only.max(1) as f64,
+        layouts,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+type Measured = (u64, Vec<Layout>);
+
+fn measure_all(
+    files: &[crate::analyze::InputFile],
+    page_size: tundra_codec::PageSize,
+    logical: u64,
+    dir: &Path,
+) -> Result<Measured> {
+    let page_bytes = page_size.bytes() as u64;
+    let pages = logical / page_bytes;
+    let drive_only = {
+        let drive = new_drive(dir, "drive-only.img", logical)?;
+        let mut page = vec![0u8; page_size.bytes()];
+        let mut index = 0u64;
+        for_each_page(files, page_size, &mut page, |page| {
+            drive.write(Lba(index * page_bytes / BLOCK_SIZE_BYTES), page)?;
+            index += 1;
+            Ok(())
+        })?;
+        drive.flush()?;
+        drive.stats().physical_used_bytes
+    };
+    let codec = PageCodec::default();
+    let cost = calibrate(&codec, files, page_size, pages)?;
+    let mut layouts = Vec::new();
+    for (name, algorithm) in [
+        ("none", Some(None)),
+        ("lz4", Some(Some(Algorithm::Lz4))),
+        ("zstd", Some(Some(Algorithm::Zstd))),
+        ("adaptive", None),
+    ] {
+        let started = Instant::now();
+        let drive = Arc::new(new_drive(dir, &format!("{name}.img"), logical)?);
+        let fast = journal_device(dir, name, pages)?;
+        let store = Store::open(drive.clone(), fast, page_size.bytes())?;
+        let selector = Selector::new(SelectorConfig::default(), codec, cost)?;
+        let pages_path = Pages::new(store, selector, codec, CpuLoad::Fixed(0.0))?;
+        let pages_per_chunk = CHUNK_BYTES / page_bytes;
+        let mut page_buf = vec![0u8; page_size.bytes()];
+        let mut index = 0u64;
+        for_each_page(files, page_size, &mut page_buf, |page| {
+            let chunk = ChunkId(index / pages_per_chunk);
+            let page_no = PageNo((index % pages_per_chunk) as u32);
+            match algorithm {
+                Some(forced) => pages_path.write_page_with(chunk, page_no, page, 1, forced)?,
+                None => {
+                    pages_path.write_page(chunk, page_no, page, 1, None)?;
+                }
+            }
+            pages_path.store().maybe_checkpoint()?;
+            index += 1;
+            Ok(())
+        })?;
+        pages_path.store().release_freed()?;
+        drive.flush()?;
+        let stats = pages_path.store().stats();
+        let counts = pages_path.counts();
+        let physical = drive.stats().physical_used_bytes;
+        layouts.push(Layout {
+            name: name.to_string(),
+            pages,
+            software_4k_bytes: stats.stored_bytes,
+            physical_bytes: physical,
+            software_4k_ratio: logical as f64 / stats.stored_bytes.max(1) as f64,
+            ratio: logical as f64 / physical.max(1) as f64,
+            lz4_pages: counts.written_lz4,
+            zstd_pages: counts.written_zstd,
+            raw_pages: counts.written_raw,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    Ok((drive_only, layouts))
+}
+
+fn for_each_page(
+    files: &[crate::analyze::InputFile],
+    page_size: tundra_codec::PageSize,
+    page: &mut [u8],
+    mut visit: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let page_bytes = page_size.bytes() as u64;
+    for input in files {
+        for index in 0..input.bytes.div_ceil(page_bytes) {
+            read_padded(input, index * page_bytes, page)?;
+            visit(page)?;
+        }
+    }
+    Ok(())
+}
+
+/// An emulated drive in `dir` with room for `logical` bytes even uncompressed.
+fn new_drive(dir: &Path, name: &str, logical: u64) -> Result<CsdDevice> {
+    let logical = logical.div_ceil(BLOCK_SIZE_BYTES) * BLOCK_SIZE_BYTES;
+    let options = FormatOptions::new(logical + (64 << 20), logical + logical / 10 + (16 << 20));
+    let path = dir.join(name);
+    let media = FileDevice::create(&path, options.geometry()?.total_bytes())?;
+    Ok(CsdDevice::format(Arc::new(media), &options, CsdConfig::default())?)
+}
+
+/// A journal sized so that a checkpoint of every page fits.
+fn journal_device(dir: &Path, name: &str, pages: u64) -> Result<Arc<dyn BlockDevice>> {
+    let checkpoint_blocks = 2 + (pages * tundra_store::journal::MAX_RECORD_BYTES as u64).div_ceil(BLOCK_SIZE_BYTES);
+    let geometry = JournalGeometry { checkpoint_blocks, log_blocks: 1024 };
+    let device = FileDevice::create(dir.join(format!("{name}.journal")), geometry.total_blocks() * BLOCK_SIZE_BYTES)?;
+    Journal::format(&device, geometry)?;
+    Ok(Arc::new(device))
+}
+
+fn print_report(report: &Report) {
+    println!(
+        "files: {} ({} bytes, pages of {} bytes)\n",
+        report.files.join(", "),
+        report.logical_bytes,
+        report.page_size
+    );
+    println!(
+        "| layout | software 4 KiB bytes | software ratio | physical bytes | ratio | vs drive only | lz4 / zstd / raw pages |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!("| drive only | | | {} | {:.3} | | |", report.drive_only_physical_bytes, report.drive_only_ratio);
+    for l in &report.layouts {
+        println!(
+            "| {} + drive | {} | {:.3} | {} | {:.3} | {:+.1}% | {} / {} / {} |",
+            l.name,
+            l.software_4k_bytes,
+            l.software_4k_ratio,
+            l.physical_bytes,
+            l.ratio,
+            100.0 * (l.ratio / report.drive_only_ratio - 1.0),
+            l.lz4_pages,
+            l.zstd_pages,
+            l.raw_pages
+        );
+    }
+}

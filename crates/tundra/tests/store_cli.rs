@@ -1,0 +1,40 @@
+//! `tundra store measure` end to end: real bytes through the store onto an emulated drive.
+
+use std::process::Command;
+
+#[test]
+fn measure_reports_every_layout_from_real_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("table.dat");
+    let mut data = Vec::new();
+    for i in 0..20_000u32 {
+        data.extend_from_slice(
+            format!("{i:08}|2013-01-01|UA|N{:05}|EWR|IAH|{}\n", i * 7 % 99_991, i % 1440).as_bytes(),
+        );
+    }
+    std::fs::write(&file, &data).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tundra"))
+        .args(["store", "measure", file.to_str().unwrap(), "--page-size", "16KiB", "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = (data.len() as u64).div_ceil(16384);
+    let layouts = report["layouts"].as_array().unwrap();
+    let names: Vec<&str> = layouts.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["none", "lz4", "zstd", "adaptive"]);
+    // Storing pages raw through the store costs the drive exactly what writing the file does.
+    assert_eq!(layouts[0]["physical_bytes"], report["drive_only_physical_bytes"]);
+    for layout in layouts {
+        let counted = ["lz4_pages", "zstd_pages", "raw_pages"].iter().map(|k| layout[k].as_u64().unwrap()).sum::<u64>();
+        assert_eq!(counted, pages, "{layout}");
+        assert!(layout["ratio"].as_f64().unwrap() >= 1.0);
+    }
+    // Text compresses: zstd's pages take fewer blocks than raw ones.
+    assert!(layouts[2]["software_4k_bytes"].as_u64() < layouts[0]["software_4k_bytes"].as_u64());
+    let missing =
+        Command::new(env!("CARGO_BIN_EXE_tundra")).args(["store", "measure", "/nonexistent/file"]).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).starts_with("tundra: "));
+}
