@@ -1,12 +1,21 @@
 //! The local page path on top of the store: "compress, then apply" for writes, with Algorithm 1
-//! choosing lz4 or zstd per page (seed 000 §3.3.2), and "read, decompress, verify" for reads.
-//! A replicated deployment runs the write half on the leader only and ships the image.
+//! choosing lz4 or zstd per page (seed 000 §3.3.2), and "read, decompress, verify" for reads,
+//! through a bounded cache of decompressed pages. A replicated deployment runs the write half on
+//! the leader only and ships the image.
+//!
+//! A write to part of a page (the none mode of seed 000 §3.2.3) reads and decompresses the page,
+//! merges the new bytes and stores the page raw. Beyond the paper, such pages are remembered and
+//! [`Pages::recompress_partial`] compresses them again once no partial write is pending, so a
+//! database that writes in pieces does not leave its pages uncompressed for ever.
 
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tundra_codec::{Algorithm, CpuSampler, PageCodec, PageHistory, PageSize, Selector};
 
+use crate::cache::{CacheStats, PageCache};
 use crate::ids::{ChunkId, PageNo};
 use crate::index::Encoding;
 use crate::store::{PageImage, Store, page_checksum};
@@ -40,7 +49,18 @@ pub struct Pages {
     written_zstd: AtomicU64,
     written_raw: AtomicU64,
     reads: AtomicU64,
+    cache: Mutex<PageCache>,
+    /// Writes to one page are serialised, so that a partial write's read-merge-write never
+    /// loses a concurrent write.
+    page_locks: Vec<Mutex<()>>,
+    /// Pages stored raw by partial writes, waiting to be compressed again.
+    partial_raw: Mutex<HashSet<(ChunkId, PageNo)>>,
 }
+
+/// Stripes of the per-page write locks.
+const PAGE_LOCK_STRIPES: usize = 64;
+/// Pages cached by default: 64 MiB of 16 KiB pages.
+pub const DEFAULT_CACHE_PAGES: usize = 4096;
 
 impl Pages {
     pub fn new(store: Store, selector: Selector, codec: PageCodec, cpu: CpuLoad) -> Result<Pages> {
@@ -55,7 +75,32 @@ impl Pages {
             written_zstd: AtomicU64::new(0),
             written_raw: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            cache: Mutex::new(PageCache::new(DEFAULT_CACHE_PAGES)),
+            page_locks: (0..PAGE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            partial_raw: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Replaces the page cache with one of `pages` pages (0 turns caching off).
+    pub fn set_cache_pages(&self, pages: usize) {
+        *self.cache.lock() = PageCache::new(pages);
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.lock().stats()
+    }
+
+    fn page_lock(&self, chunk: ChunkId, page: PageNo) -> &Mutex<()> {
+        let hash = chunk.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(page.0).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        &self.page_locks[(hash % PAGE_LOCK_STRIPES as u64) as usize]
+    }
+
+    /// Stores an image and drops the page's cached copy. The drop follows the index install, so
+    /// a reader that cached the old version before the install is undone by it.
+    fn apply(&self, chunk: ChunkId, page: PageNo, image: &PageImage, version: u64) -> Result<()> {
+        self.store.apply_write(chunk, page, image, version)?;
+        self.cache.lock().invalidate((chunk, page));
+        Ok(())
     }
 
     pub fn store(&self) -> &Store {
@@ -81,6 +126,8 @@ impl Pages {
                 self.page_size
             )));
         }
+        let _one_writer = self.page_lock(chunk, page).lock();
+        self.partial_raw.lock().remove(&(chunk, page));
         let history = match self.store.entry(chunk, page) {
             None => PageHistory::FirstWrite,
             Some(entry) => PageHistory::Rewrite {
@@ -104,7 +151,7 @@ impl Pages {
             _ => &self.written_raw,
         };
         let image = PageImage { encoding, bytes: selection.page.data, checksum: page_checksum(chunk, page, content) };
-        self.store.apply_write(chunk, page, &image, version)?;
+        self.apply(chunk, page, &image, version)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(selection.algorithm)
     }
@@ -126,6 +173,19 @@ impl Pages {
                 self.page_size
             )));
         }
+        let _one_writer = self.page_lock(chunk, page).lock();
+        self.partial_raw.lock().remove(&(chunk, page));
+        self.write_locked(chunk, page, content, version, algorithm)
+    }
+
+    fn write_locked(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        content: &[u8],
+        version: u64,
+        algorithm: Option<Algorithm>,
+    ) -> Result<()> {
         let (encoding, bytes) = match algorithm {
             None => (Encoding::Raw, content.to_vec()),
             Some(algorithm) => {
@@ -143,14 +203,73 @@ impl Pages {
             _ => &self.written_raw,
         };
         let image = PageImage { encoding, bytes, checksum: page_checksum(chunk, page, content) };
-        self.store.apply_write(chunk, page, &image, version)?;
+        self.apply(chunk, page, &image, version)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Writes `bytes` at `offset` inside a page (the none mode): the page is read, decompressed,
+    /// merged and stored raw, and remembered for [`Pages::recompress_partial`]. A page that does
+    /// not exist yet reads as zeros.
+    pub fn write_partial(&self, chunk: ChunkId, page: PageNo, offset: usize, bytes: &[u8], version: u64) -> Result<()> {
+        let end = offset.checked_add(bytes.len()).filter(|&end| end <= self.page_size.bytes() && !bytes.is_empty());
+        let Some(end) = end else {
+            return Err(Error::invalid(format!(
+                "{} bytes at offset {offset} do not fit in a page of {}",
+                bytes.len(),
+                self.page_size
+            )));
+        };
+        let _one_writer = self.page_lock(chunk, page).lock();
+        let mut content = match self.read_page(chunk, page)? {
+            Some(content) => content,
+            None => vec![0u8; self.page_size.bytes()],
+        };
+        content[offset..end].copy_from_slice(bytes);
+        self.write_locked(chunk, page, &content, version, None)?;
+        self.partial_raw.lock().insert((chunk, page));
+        Ok(())
+    }
+
+    /// Compresses again, with Algorithm 1, the pages that partial writes left raw. Returns how
+    /// many it compressed.
+    pub fn recompress_partial(&self) -> Result<usize> {
+        let pending: Vec<(ChunkId, PageNo)> = self.partial_raw.lock().drain().collect();
+        let mut done = 0;
+        for (chunk, page) in pending {
+            let Some(content) = self.read_page(chunk, page)? else { continue };
+            let Some(entry) = self.store.entry(chunk, page) else { continue };
+            if entry.encoding != Encoding::Raw {
+                continue;
+            }
+            // A full write since would have cleared the page from the set; a partial write
+            // re-adds it. Writing the content read is safe under the page lock only if the page
+            // did not change in between, which the version check below ensures.
+            let _one_writer = self.page_lock(chunk, page).lock();
+            if self.store.entry(chunk, page) != Some(entry) {
+                continue;
+            }
+            let history = PageHistory::FirstWrite;
+            let cpu = match &self.cpu {
+                CpuLoad::Sampled(sampler) => sampler.lock().sample().map_err(|e| Error::invalid(e.to_string()))?,
+                CpuLoad::Fixed(fraction) => *fraction,
+            };
+            let selection = self.selector.select(&content, history, cpu.clamp(0.0, 1.0)).map_err(codec_error)?;
+            if let tundra_codec::Encoding::Compressed(algorithm) = selection.page.encoding {
+                self.write_locked(chunk, page, &content, entry.version, Some(algorithm))?;
+                done += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// Reads a page back, decompressed and verified against its checksum; `None` if the page
     /// does not exist. A mismatch is a corruption error, never wrong data.
     pub fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>> {
+        if let Some(cached) = self.cache.lock().get((chunk, page)) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(cached.to_vec()));
+        }
         let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
         let encoding = match entry.encoding {
             Encoding::Raw => tundra_codec::Encoding::Raw,
@@ -163,6 +282,13 @@ impl Pages {
             return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
+        {
+            // Cache only what is still the page's current version (see `apply`).
+            let mut cache = self.cache.lock();
+            if self.store.entry(chunk, page) == Some(entry) {
+                cache.insert((chunk, page), Arc::from(content.as_slice()));
+            }
+        }
         Ok(Some(content))
     }
 
@@ -273,5 +399,68 @@ mod tests {
         pages.store().data_device().write(entry0.run.first_lba(), &vec![0xAB; misplaced.len()]).unwrap();
         assert_eq!(pages.read_page(chunk, PageNo(0)).unwrap_err().kind(), crate::ErrorKind::Corrupted);
         assert_eq!(pages.read_page(chunk, PageNo(1)).unwrap().unwrap(), table_page(2, 8192));
+    }
+
+    #[test]
+    fn partial_writes_merge_store_raw_then_recompress() {
+        let (_, _, pages) = pages_on_a_drive(16384);
+        let chunk = ChunkId(5);
+        let original = table_page(9, 16384);
+        pages.write_page(chunk, PageNo(0), &original, 1, None).unwrap();
+        pages.write_partial(chunk, PageNo(0), 100, b"patched", 2).unwrap();
+        pages.write_partial(chunk, PageNo(1), 16380, b"tail", 2).unwrap();
+        let mut expected = original.clone();
+        expected[100..107].copy_from_slice(b"patched");
+        assert_eq!(pages.read_page(chunk, PageNo(0)).unwrap().unwrap(), expected);
+        let mut fresh = vec![0u8; 16384];
+        fresh[16380..].copy_from_slice(b"tail");
+        assert_eq!(pages.read_page(chunk, PageNo(1)).unwrap().unwrap(), fresh);
+        assert_eq!(pages.store().entry(chunk, PageNo(0)).unwrap().encoding, Encoding::Raw);
+        assert_eq!(pages.recompress_partial().unwrap(), 2);
+        assert_ne!(pages.store().entry(chunk, PageNo(0)).unwrap().encoding, Encoding::Raw);
+        assert_eq!(pages.read_page(chunk, PageNo(0)).unwrap().unwrap(), expected);
+        assert_eq!(pages.recompress_partial().unwrap(), 0);
+        for (offset, len) in [(16384, 1), (16380, 5), (0, 0)] {
+            let err = pages.write_partial(chunk, PageNo(0), offset, &vec![1u8; len], 3).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::Invalid);
+        }
+    }
+
+    #[test]
+    fn concurrent_partial_writes_to_one_page_lose_nothing() {
+        let (_, _, pages) = pages_on_a_drive(8192);
+        let chunk = ChunkId(6);
+        std::thread::scope(|scope| {
+            for t in 0..4usize {
+                let pages = &pages;
+                scope.spawn(move || {
+                    for i in 0..16usize {
+                        let offset = (t * 16 + i) * 64;
+                        pages.write_partial(chunk, PageNo(0), offset, &[t as u8 + 1; 64], 1).unwrap();
+                    }
+                });
+            }
+        });
+        let page = pages.read_page(chunk, PageNo(0)).unwrap().unwrap();
+        for t in 0..4usize {
+            assert!(page[t * 1024..(t + 1) * 1024].iter().all(|&b| b == t as u8 + 1), "thread {t}'s bytes were lost");
+        }
+    }
+
+    #[test]
+    fn the_cache_hits_and_never_serves_an_old_version() {
+        let (_, _, pages) = pages_on_a_drive(8192);
+        let chunk = ChunkId(7);
+        pages.write_page(chunk, PageNo(3), &table_page(1, 8192), 1, None).unwrap();
+        for _ in 0..5 {
+            assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(1, 8192));
+        }
+        let stats = pages.cache_stats();
+        assert_eq!((stats.hits, stats.misses), (4, 1));
+        pages.write_page(chunk, PageNo(3), &table_page(2, 8192), 2, None).unwrap();
+        assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(2, 8192));
+        pages.set_cache_pages(0);
+        assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(2, 8192));
+        assert_eq!(pages.cache_stats().pages, 0);
     }
 }
