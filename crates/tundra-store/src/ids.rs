@@ -8,9 +8,28 @@ pub const EXTENT_BLOCKS: u32 = 32;
 pub const EXTENT_BYTES: u64 = EXTENT_BLOCKS as u64 * tundra_device::BLOCK_SIZE_BYTES;
 
 /// A chunk: an independent unit of a volume's logical space, with its own index, bitmaps and
-/// journal stream, and later its own Raft group.
+/// journal stream, and later its own Raft group. The high 32 bits name the volume, the low 32
+/// bits the chunk's index in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ChunkId(pub u64);
+
+impl ChunkId {
+    pub fn new(volume: VolumeId, index: u32) -> ChunkId {
+        ChunkId(u64::from(volume.0) << 32 | u64::from(index))
+    }
+
+    pub fn volume(self) -> VolumeId {
+        VolumeId((self.0 >> 32) as u32)
+    }
+
+    pub fn index(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// A volume: the logical space a database sees, cut into chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VolumeId(pub u32);
 
 /// A page's number inside its chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -16,8 +16,10 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
+use crate::ids::VolumeId;
 use crate::ids::{BlockRun, ChunkId, ExtentId, PageNo};
 use crate::index::{Encoding, PageEntry};
+use crate::volume::{MAX_NAME_BYTES, Volume, VolumeMode};
 use crate::{Error, Result};
 
 const SUPERBLOCK_MAGIC: &[u8; 8] = b"TNDRJNL1";
@@ -26,18 +28,26 @@ const LOG_MAGIC: u32 = 0x544a_4c42; // "TJLB"
 const LOG_HEADER_BYTES: usize = 32;
 
 /// One change to a chunk's index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// The page is now stored in `entry`'s blocks, which were durable before this record.
     PageSet { chunk: ChunkId, page: PageNo, entry: PageEntry },
     /// The page no longer exists (trimmed); it reads as zeros.
     PageClear { chunk: ChunkId, page: PageNo },
+    /// A volume was created or changed.
+    VolumeSet(Volume),
+    /// A volume and all its pages are gone.
+    VolumeDelete(VolumeId),
 }
 
 const TAG_PAGE_SET: u8 = 1;
 const TAG_PAGE_CLEAR: u8 = 2;
-/// The largest encoded record.
-pub const MAX_RECORD_BYTES: usize = 34;
+const TAG_VOLUME_SET: u8 = 3;
+const TAG_VOLUME_DELETE: u8 = 4;
+/// The largest encoded record: a volume with the longest name.
+pub const MAX_RECORD_BYTES: usize = 1 + 4 + 8 + 4 + 8 + 1 + 1 + MAX_NAME_BYTES;
+/// The bytes of a page record, the most common kind.
+pub const PAGE_RECORD_BYTES: usize = 34;
 
 impl Record {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -59,6 +69,24 @@ impl Record {
                 out.extend_from_slice(&chunk.0.to_le_bytes());
                 out.extend_from_slice(&page.0.to_le_bytes());
             }
+            Record::VolumeSet(ref volume) => {
+                assert!(volume.name.len() <= MAX_NAME_BYTES);
+                out.push(TAG_VOLUME_SET);
+                out.extend_from_slice(&volume.id.0.to_le_bytes());
+                out.extend_from_slice(&volume.size_bytes.to_le_bytes());
+                out.extend_from_slice(&volume.page_size.to_le_bytes());
+                out.extend_from_slice(&volume.chunk_bytes.to_le_bytes());
+                out.push(match volume.mode {
+                    VolumeMode::Normal => 0,
+                    VolumeMode::None => 1,
+                });
+                out.push(volume.name.len() as u8);
+                out.extend_from_slice(volume.name.as_bytes());
+            }
+            Record::VolumeDelete(id) => {
+                out.push(TAG_VOLUME_DELETE);
+                out.extend_from_slice(&id.0.to_le_bytes());
+            }
         }
     }
 
@@ -66,6 +94,11 @@ impl Record {
     pub fn decode(bytes: &[u8]) -> Result<(Record, usize)> {
         let mut r = Cursor { bytes, at: 0 };
         let tag = r.u8()?;
+        match tag {
+            TAG_VOLUME_SET => return Ok((Record::VolumeSet(decode_volume(&mut r)?), r.at)),
+            TAG_VOLUME_DELETE => return Ok((Record::VolumeDelete(VolumeId(r.u32()?)), r.at)),
+            _ => {}
+        }
         let chunk = ChunkId(r.u64()?);
         let page = PageNo(r.u32()?);
         let record = match tag {
@@ -90,6 +123,27 @@ impl Record {
         };
         Ok((record, r.at))
     }
+}
+
+fn decode_volume(r: &mut Cursor<'_>) -> Result<Volume> {
+    let id = VolumeId(r.u32()?);
+    let size_bytes = r.u64()?;
+    let page_size = r.u32()?;
+    let chunk_bytes = r.u64()?;
+    let mode = match r.u8()? {
+        0 => VolumeMode::Normal,
+        1 => VolumeMode::None,
+        other => return Err(Error::corrupted(format!("journal record with unknown volume mode {other}"))),
+    };
+    let name_len = usize::from(r.u8()?);
+    let mut name = Vec::with_capacity(name_len);
+    for _ in 0..name_len {
+        name.push(r.u8()?);
+    }
+    let name = String::from_utf8(name).map_err(|_| Error::corrupted("a volume name that is not UTF-8"))?;
+    let volume = Volume { id, name, size_bytes, page_size, chunk_bytes, mode };
+    volume.validate().map_err(|e| Error::corrupted(format!("journal volume record: {}", e.message())))?;
+    Ok(volume)
 }
 
 fn encoding_bits(encoding: Encoding) -> u8 {
@@ -594,11 +648,12 @@ mod tests {
         for record in records {
             match *record {
                 Record::PageSet { page, .. } => {
-                    model.insert(page.0, *record);
+                    model.insert(page.0, record.clone());
                 }
                 Record::PageClear { page, .. } => {
                     model.remove(&page.0);
                 }
+                Record::VolumeSet(_) | Record::VolumeDelete(_) => {}
             }
         }
     }
@@ -612,7 +667,20 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_garbage_is_an_error() {
-        let records = [set(3, 9), Record::PageClear { chunk: ChunkId(1), page: PageNo(2) }];
+        let volume = Volume {
+            id: VolumeId(9),
+            name: "wal-01".into(),
+            size_bytes: 1 << 30,
+            page_size: 8192,
+            chunk_bytes: 1 << 30,
+            mode: VolumeMode::None,
+        };
+        let records = [
+            set(3, 9),
+            Record::PageClear { chunk: ChunkId(1), page: PageNo(2) },
+            Record::VolumeSet(volume),
+            Record::VolumeDelete(VolumeId(4)),
+        ];
         let mut bytes = Vec::new();
         for r in &records {
             r.encode(&mut bytes);
@@ -633,7 +701,7 @@ mod tests {
             journal.commit(&records).unwrap();
             apply(&mut model, &records);
             if journal.usage_blocks().0 * 2 >= journal.usage_blocks().1 {
-                let snapshot: Vec<Record> = model.values().copied().collect();
+                let snapshot: Vec<Record> = model.values().cloned().collect();
                 journal.checkpoint(&snapshot, journal.position()).unwrap();
             }
             if round % 9 == 0 {
@@ -697,15 +765,15 @@ mod tests {
                 media.crash_after(rng.below(12));
                 for step in 0..20u64 {
                     let record = set(rng.below(12) as u32, round * 100 + step);
-                    attempted.push(record);
-                    if journal.commit(&[record]).is_err() {
+                    attempted.push(record.clone());
+                    if journal.commit(std::slice::from_ref(&record)).is_err() {
                         interrupted += 1;
                         break;
                     }
-                    apply(&mut acknowledged, &[record]);
+                    apply(&mut acknowledged, std::slice::from_ref(&record));
                     let nearly_full = journal.usage_blocks().0 + 1 >= journal.usage_blocks().1;
                     if rng.chance(20) || nearly_full {
-                        let snapshot: Vec<Record> = acknowledged.values().copied().collect();
+                        let snapshot: Vec<Record> = acknowledged.values().cloned().collect();
                         if journal.checkpoint(&snapshot, journal.position()).is_err() {
                             break;
                         }

@@ -16,5 +16,6 @@ pub mod index;
 pub mod journal;
 pub mod pages;
 pub mod store;
+pub mod volume;
 
 pub use error::{Error, ErrorKind, Result};

@@ -50,7 +50,7 @@ pub struct PageCounts {
 
 /// Pages in and out of a [`Store`].
 pub struct Pages {
-    store: Store,
+    store: Arc<Store>,
     selector: Selector,
     codec: PageCodec,
     page_size: PageSize,
@@ -73,8 +73,14 @@ const PAGE_LOCK_STRIPES: usize = 64;
 pub const DEFAULT_CACHE_PAGES: usize = 4096;
 
 impl Pages {
-    pub fn new(store: Store, selector: Selector, codec: PageCodec, cpu: CpuLoad) -> Result<Pages> {
-        let page_size = PageSize::from_bytes(store.page_size() as u64).map_err(|e| Error::invalid(e.to_string()))?;
+    /// The page path for the volumes of `store` whose pages are `page_size` long.
+    pub fn new(
+        store: Arc<Store>,
+        page_size: PageSize,
+        selector: Selector,
+        codec: PageCodec,
+        cpu: CpuLoad,
+    ) -> Result<Pages> {
         Ok(Pages {
             store,
             selector,
@@ -117,10 +123,25 @@ impl Pages {
         &self.store
     }
 
+    /// Refuses a page whose length or volume does not match this page path.
+    fn check_page(&self, chunk: ChunkId, content_len: usize) -> Result<()> {
+        let volume = self
+            .store
+            .volume(chunk.volume())
+            .ok_or_else(|| Error::invalid(format!("no volume {}", chunk.volume().0)))?;
+        if volume.page_size as usize != self.page_size.bytes() || content_len != self.page_size.bytes() {
+            return Err(Error::invalid(format!(
+                "a page of {content_len} bytes for volume {:?} of {}-byte pages, through a path for {}",
+                volume.name, volume.page_size, self.page_size
+            )));
+        }
+        Ok(())
+    }
+
     /// Compresses a page with the algorithm Algorithm 1 picks and stores it. `update_fraction`
     /// is the database layer's estimate of how much of the page changed since its last write
-    /// (None when it has no estimate: the choice is made again). Returns the algorithm chosen
-    /// (the page may still be stored raw when compression saves no block).
+    /// (None when it has no estimate: the choice is made again). Returns how the page was
+    /// stored: raw when compression saves no block or the volume is of mode none.
     pub fn write_page(
         &self,
         chunk: ChunkId,
@@ -128,14 +149,8 @@ impl Pages {
         content: &[u8],
         version: u64,
         update_fraction: Option<f64>,
-    ) -> Result<Algorithm> {
-        if content.len() != self.page_size.bytes() {
-            return Err(Error::invalid(format!(
-                "a page of {} bytes; this store's pages are {}",
-                content.len(),
-                self.page_size
-            )));
-        }
+    ) -> Result<Encoding> {
+        self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
         let history = match self.store.entry(chunk, page) {
@@ -149,6 +164,10 @@ impl Pages {
             CpuLoad::Sampled(sampler) => sampler.lock().sample().map_err(|e| Error::invalid(e.to_string()))?,
             CpuLoad::Fixed(fraction) => *fraction,
         };
+        if self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None) {
+            self.write_locked(chunk, page, content, version, None)?;
+            return Ok(Encoding::Raw);
+        }
         let selection = self.selector.select(content, history, cpu.clamp(0.0, 1.0)).map_err(codec_error)?;
         let encoding = match selection.page.encoding {
             tundra_codec::Encoding::Raw => Encoding::Raw,
@@ -163,7 +182,7 @@ impl Pages {
         let image = PageImage { encoding, bytes: selection.page.data, checksum: page_checksum(chunk, page, content) };
         self.apply(chunk, page, &image, version)?;
         counter.fetch_add(1, Ordering::Relaxed);
-        Ok(selection.algorithm)
+        Ok(encoding)
     }
 
     /// Compresses a page with `algorithm`, whatever Algorithm 1 would say, and stores it: for
@@ -176,13 +195,7 @@ impl Pages {
         version: u64,
         algorithm: Option<Algorithm>,
     ) -> Result<()> {
-        if content.len() != self.page_size.bytes() {
-            return Err(Error::invalid(format!(
-                "a page of {} bytes; this store's pages are {}",
-                content.len(),
-                self.page_size
-            )));
-        }
+        self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
         self.write_locked(chunk, page, content, version, algorithm)
@@ -249,7 +262,9 @@ impl Pages {
         for (chunk, page) in pending {
             let Some(content) = self.read_page(chunk, page)? else { continue };
             let Some(entry) = self.store.entry(chunk, page) else { continue };
-            if entry.encoding != Encoding::Raw {
+            let compressible =
+                self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::Normal);
+            if entry.encoding != Encoding::Raw || !compressible {
                 continue;
             }
             // A full write since would have cleared the page from the set; a partial write
@@ -357,6 +372,7 @@ mod tests {
 
     use super::*;
     use crate::journal::{Journal, JournalGeometry};
+    use crate::store::tests::test_volume;
 
     const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 64 };
 
@@ -386,7 +402,8 @@ mod tests {
     }
 
     fn pages_over(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>, page_size: usize) -> Pages {
-        let store = Store::open(data, fast, page_size).unwrap();
+        let store = Arc::new(Store::open(data, fast).unwrap());
+        store.create_volume(test_volume(page_size)).unwrap();
         let codec = PageCodec::new(1).unwrap();
         // A fixed cost model keeps the decisions independent of this machine's timing.
         let cost = DecompressCost {
@@ -395,7 +412,8 @@ mod tests {
             zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
         };
         let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
-        Pages::new(store, selector, codec, CpuLoad::Fixed(0.0)).unwrap()
+        let page_size = PageSize::from_bytes(page_size as u64).unwrap();
+        Pages::new(store, page_size, selector, codec, CpuLoad::Fixed(0.0)).unwrap()
     }
 
     #[test]

@@ -12,16 +12,17 @@
 //! The mutating entry point, [`Store::apply_write`], takes an already-encoded image, so that a
 //! Raft leader can compress once and every replica stores the same bytes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::alloc::{ChunkBlocks, ExtentAllocator};
-use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo};
+use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{ChunkIndex, Encoding, PageEntry};
 use crate::journal::{Journal, Record, Replay};
+use crate::volume::{Volume, VolumeMode};
 use crate::{Error, ErrorKind, Result};
 
 /// An encoded page as the store receives it.
@@ -50,6 +51,7 @@ struct Chunk {
 }
 
 struct State {
+    volumes: BTreeMap<VolumeId, Volume>,
     extents: ExtentAllocator,
     chunks: HashMap<ChunkId, Chunk>,
     /// Runs replaced or trimmed whose journal records are durable, waiting for readers to
@@ -73,7 +75,6 @@ pub struct StoreStats {
 pub struct Store {
     data: Arc<dyn BlockDevice>,
     journal: Journal,
-    page_size: usize,
     state: Mutex<State>,
     /// Writers hold it shared from their journal commit to their index install; a checkpoint
     /// holds it exclusively, so its snapshot and log position agree.
@@ -89,10 +90,7 @@ const RELEASE_BATCH: usize = 64;
 impl Store {
     /// Opens a store on a data device and a fast device holding a formatted journal, rebuilding
     /// the index from the journal and the allocator from the index.
-    pub fn open(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>, page_size: usize) -> Result<Store> {
-        if page_size != 8192 && page_size != 16384 {
-            return Err(Error::invalid(format!("page size {page_size}: pages are 8 KiB or 16 KiB")));
-        }
+    pub fn open(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>) -> Result<Store> {
         let (journal, replay) = Journal::open(fast)?;
         let extent_count = u32::try_from(data.block_count() / u64::from(EXTENT_BLOCKS))
             .map_err(|_| Error::invalid("the data device has more than 2^32 extents"))?;
@@ -100,7 +98,6 @@ impl Store {
         let store = Store {
             data,
             journal,
-            page_size,
             state: Mutex::new(state),
             checkpoint_gate: RwLock::new(()),
             reuse_gate: RwLock::new(()),
@@ -111,14 +108,92 @@ impl Store {
         Ok(store)
     }
 
-    pub fn page_size(&self) -> usize {
-        self.page_size
+    /// Creates a volume. Its id and name must be new.
+    pub fn create_volume(&self, volume: Volume) -> Result<()> {
+        volume.validate()?;
+        let _no_checkpoint = self.checkpoint_gate.read();
+        {
+            let state = self.state.lock();
+            if state.volumes.contains_key(&volume.id) || state.volumes.values().any(|v| v.name == volume.name) {
+                return Err(Error::invalid(format!(
+                    "a volume with id {} or name {:?} exists",
+                    volume.id.0, volume.name
+                )));
+            }
+        }
+        self.commit_volume(Record::VolumeSet(volume.clone()))?;
+        self.state.lock().volumes.insert(volume.id, volume);
+        Ok(())
+    }
+
+    /// Grows a volume to `size_bytes`. Shrinking would drop pages, which is not offered.
+    pub fn resize_volume(&self, id: VolumeId, size_bytes: u64) -> Result<()> {
+        let _no_checkpoint = self.checkpoint_gate.read();
+        let mut volume = self.volume(id).ok_or_else(|| Error::invalid(format!("no volume {}", id.0)))?;
+        if size_bytes < volume.size_bytes {
+            return Err(Error::invalid("volumes only grow: shrinking would drop pages"));
+        }
+        volume.size_bytes = size_bytes;
+        volume.validate()?;
+        self.commit_volume(Record::VolumeSet(volume.clone()))?;
+        self.state.lock().volumes.insert(id, volume);
+        Ok(())
+    }
+
+    /// Deletes a volume: its pages are gone and their blocks freed and trimmed.
+    pub fn delete_volume(&self, id: VolumeId) -> Result<()> {
+        {
+            let _no_checkpoint = self.checkpoint_gate.read();
+            if self.volume(id).is_none() {
+                return Err(Error::invalid(format!("no volume {}", id.0)));
+            }
+            self.commit_volume(Record::VolumeDelete(id))?;
+            let mut state = self.state.lock();
+            state.volumes.remove(&id);
+            let chunks: Vec<ChunkId> = state.chunks.keys().copied().filter(|c| c.volume() == id).collect();
+            for chunk in chunks {
+                let runs: Vec<BlockRun> = state.chunks[&chunk].index.iter().map(|(_, e)| e.run).collect();
+                let c = state.chunks.get_mut(&chunk).expect("listed above");
+                c.index = ChunkIndex::default();
+                state.pending_free.extend(runs.into_iter().map(|run| (chunk, run)));
+            }
+        }
+        self.release_freed()
+    }
+
+    fn commit_volume(&self, record: Record) -> Result<()> {
+        self.journal.commit(std::slice::from_ref(&record)).inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
+    }
+
+    pub fn volume(&self, id: VolumeId) -> Option<Volume> {
+        self.state.lock().volumes.get(&id).cloned()
+    }
+
+    pub fn volumes(&self) -> Vec<Volume> {
+        self.state.lock().volumes.values().cloned().collect()
+    }
+
+    /// The volume a page belongs to, if the page lies inside one.
+    fn volume_of(&self, chunk: ChunkId, page: PageNo) -> Result<Volume> {
+        match self.state.lock().volumes.get(&chunk.volume()) {
+            Some(volume) if volume.contains(chunk, page) => Ok(volume.clone()),
+            Some(volume) => Err(Error::invalid(format!(
+                "page {} of chunk {} is outside volume {:?}",
+                page.0,
+                chunk.index(),
+                volume.name
+            ))),
+            None => Err(Error::invalid(format!("no volume {}", chunk.volume().0))),
+        }
     }
 
     /// Stores an encoded page: allocate, write and flush its blocks, journal, install, free the
     /// old blocks. `version` is the caller's version of the page (an LSN, later).
     pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, version: u64) -> Result<()> {
-        let blocks = self.check_image(image)?;
+        let volume = self.volume_of(chunk, page)?;
+        let blocks = check_image(&volume, image)?;
         let run = self.allocate(chunk, blocks)?;
         let mut padded = image.bytes.clone();
         padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
@@ -127,7 +202,7 @@ impl Store {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
             return Err(error.into());
         }
-        let stored_len = if image.encoding == Encoding::Raw { self.page_size } else { image.bytes.len() };
+        let stored_len = image.bytes.len();
         let entry = PageEntry {
             encoding: image.encoding,
             run,
@@ -140,27 +215,12 @@ impl Store {
 
     /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
     pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
+        self.volume_of(chunk, page)?;
         let mapped = self.state.lock().chunks.get(&chunk).is_some_and(|c| c.index.get(page).is_some());
         if !mapped {
             return Ok(());
         }
         self.commit_and_install(chunk, page, None)
-    }
-
-    fn check_image(&self, image: &PageImage) -> Result<u8> {
-        let len = image.bytes.len();
-        let valid = match image.encoding {
-            Encoding::Raw => len == self.page_size,
-            Encoding::Lz4 | Encoding::Zstd => len > 0 && len <= self.page_size,
-            Encoding::Heavy => false,
-        };
-        if !valid {
-            return Err(Error::invalid(format!(
-                "a {:?} image of {len} bytes does not fit a {}-byte page",
-                image.encoding, self.page_size
-            )));
-        }
-        Ok(len.div_ceil(BLOCK_SIZE) as u8)
     }
 
     /// Takes `blocks` contiguous blocks in `chunk`, granting the chunk a new extent if needed.
@@ -291,11 +351,11 @@ impl Store {
         let _quiet = self.checkpoint_gate.write();
         let records: Vec<Record> = {
             let state = self.state.lock();
-            state
-                .chunks
-                .iter()
-                .flat_map(|(&chunk, c)| c.index.iter().map(move |(page, entry)| Record::PageSet { chunk, page, entry }))
-                .collect()
+            let volumes = state.volumes.values().map(|v| Record::VolumeSet(v.clone()));
+            let pages = state.chunks.iter().flat_map(|(&chunk, c)| {
+                c.index.iter().map(move |(page, entry)| Record::PageSet { chunk, page, entry })
+            });
+            volumes.chain(pages).collect()
         };
         let position = self.journal.position();
         self.journal.checkpoint(&records, position)
@@ -344,14 +404,48 @@ impl Store {
     }
 }
 
+/// Checks that an image fits its volume: the page size, and no compression in a volume of mode
+/// none. Returns the blocks it takes.
+fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
+    let len = image.bytes.len();
+    let page_size = volume.page_size as usize;
+    let valid = match image.encoding {
+        Encoding::Raw => len == page_size,
+        Encoding::Lz4 | Encoding::Zstd => len > 0 && len <= page_size && volume.mode == VolumeMode::Normal,
+        Encoding::Heavy => false,
+    };
+    if !valid {
+        return Err(Error::invalid(format!(
+            "a {:?} image of {len} bytes does not fit volume {:?} ({page_size}-byte pages, mode {:?})",
+            image.encoding, volume.name, volume.mode
+        )));
+    }
+    Ok(len.div_ceil(BLOCK_SIZE) as u8)
+}
+
 /// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
 /// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
 /// sharing a block, or two chunks sharing an extent, is corruption.
 fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
     let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
+    let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
+            Record::VolumeSet(volume) => {
+                volumes.insert(volume.id, volume);
+            }
+            Record::VolumeDelete(id) => {
+                volumes.remove(&id);
+                chunks.retain(|chunk, _| chunk.volume() != id);
+            }
             Record::PageSet { chunk, page, entry } => {
+                if !volumes.get(&chunk.volume()).is_some_and(|v| v.contains(chunk, page)) {
+                    return Err(Error::corrupted(format!(
+                        "the journal stores page {} of chunk {} outside every volume",
+                        page.0,
+                        chunk.index()
+                    )));
+                }
                 chunks.entry(chunk).or_default().index.set(page, Some(entry));
             }
             Record::PageClear { chunk, page } => {
@@ -380,11 +474,11 @@ fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
             }
         }
     }
-    Ok(State { extents, chunks, pending_free: Vec::new(), failed: None })
+    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), failed: None })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use tundra_device::conformance::Rng;
@@ -395,6 +489,27 @@ mod tests {
     use crate::journal::JournalGeometry;
 
     const PAGE: usize = 16384;
+
+    /// Volume 0, big enough for every test: chunk ids 0, 1, 2 ... are its chunks.
+    pub(crate) fn test_volume(page_size: usize) -> Volume {
+        Volume {
+            id: VolumeId(0),
+            name: "test".into(),
+            size_bytes: 64 << 30,
+            page_size: page_size as u32,
+            chunk_bytes: 1 << 30,
+            mode: VolumeMode::Normal,
+        }
+    }
+
+    /// Opens a store and makes sure volume 0 exists.
+    fn open_store(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>) -> Store {
+        let store = Store::open(data, fast).unwrap();
+        if store.volume(VolumeId(0)).is_none() {
+            store.create_volume(test_volume(PAGE)).unwrap();
+        }
+        store
+    }
     const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 64 };
 
     fn raw_image(chunk: ChunkId, page: PageNo, tag: u64) -> PageImage {
@@ -416,7 +531,7 @@ mod tests {
         let data = Arc::new(MemDevice::new(data_blocks));
         let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
         Journal::format(fast.as_ref(), JOURNAL).unwrap();
-        let store = Store::open(data.clone(), fast.clone(), PAGE).unwrap();
+        let store = open_store(data.clone(), fast.clone());
         (data, fast, store)
     }
 
@@ -445,7 +560,7 @@ mod tests {
         // 39 live pages of 4 blocks need 5 extents; overwritten runs came back.
         assert!(store.stats().extents_in_use <= 6, "{:?}", store.stats());
         drop(store);
-        let store = Store::open(data, fast, PAGE).unwrap();
+        let store = open_store(data, fast);
         assert_eq!(tag_of(&store, chunk, PageNo(8)), Some(408));
         assert_eq!(tag_of(&store, chunk, PageNo(7)), None);
         assert_eq!(store.stats().pages, 39);
@@ -461,7 +576,7 @@ mod tests {
         // As if a crash struck between a page's data write and its journal record.
         data.write(Lba(200), &vec![7u8; 4 * BLOCK_SIZE]).unwrap();
         assert_eq!(data.usage().mapped_bytes, referenced + 4 * BLOCK_SIZE as u64);
-        let store = Store::open(data.clone(), fast, PAGE).unwrap();
+        let store = open_store(data.clone(), fast);
         assert_eq!(data.usage().mapped_bytes, referenced, "only page 0's blocks stay");
         assert_eq!(tag_of(&store, chunk, PageNo(0)), Some(1));
     }
@@ -476,7 +591,13 @@ mod tests {
         let too_long = PageImage { encoding: Encoding::Lz4, bytes: vec![1; PAGE + 1], checksum: 0 };
         assert_eq!(store.apply_write(chunk, PageNo(0), &too_long, 1).unwrap_err().kind(), ErrorKind::Invalid);
         assert_eq!(store.stats().pages, 0);
-        assert!(Store::open(Arc::new(MemDevice::new(64)), Arc::new(MemDevice::new(64)), 4096).is_err());
+        assert!(Store::open(Arc::new(MemDevice::new(64)), Arc::new(MemDevice::new(64))).is_err(), "no journal");
+        let bad = Volume { page_size: 4096, ..test_volume(PAGE) };
+        assert_eq!(store.create_volume(bad).unwrap_err().kind(), ErrorKind::Invalid);
+        assert_eq!(store.create_volume(test_volume(PAGE)).unwrap_err().kind(), ErrorKind::Invalid, "exists");
+        let outside = ChunkId::new(VolumeId(7), 0);
+        let image = raw_image(outside, PageNo(0), 1);
+        assert_eq!(store.apply_write(outside, PageNo(0), &image, 1).unwrap_err().kind(), ErrorKind::Invalid);
     }
 
     #[test]
@@ -508,7 +629,7 @@ mod tests {
             let mut acknowledged: BTreeMap<u32, u64> = BTreeMap::new();
             let mut attempted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
             for crash in 0..3u64 {
-                let store = Store::open(data.clone(), fast.clone(), PAGE).unwrap();
+                let store = open_store(data.clone(), fast.clone());
                 for page in 0..12u32 {
                     let got = tag_of(&store, chunk, PageNo(page));
                     // A page holds its acknowledged version or one attempted since (a trim
@@ -560,5 +681,49 @@ mod tests {
             }
         }
         assert!(struck > 150, "power should often fail inside an operation: {struck}");
+    }
+
+    #[test]
+    fn volumes_are_created_resized_deleted_and_survive_reopen() {
+        let (data, fast, store) = new_store(4096);
+        let wal = Volume {
+            id: VolumeId(2),
+            name: "wal".into(),
+            size_bytes: 1 << 20,
+            page_size: 16384,
+            chunk_bytes: 1 << 20,
+            mode: VolumeMode::None,
+        };
+        store.create_volume(wal.clone()).unwrap();
+        let wal_chunk = ChunkId::new(VolumeId(2), 0);
+        store.apply_write(wal_chunk, PageNo(5), &raw_image(wal_chunk, PageNo(5), 55), 1).unwrap();
+        let compressed = PageImage { encoding: Encoding::Lz4, bytes: vec![1; 100], checksum: 0 };
+        assert_eq!(store.apply_write(wal_chunk, PageNo(6), &compressed, 1).unwrap_err().kind(), ErrorKind::Invalid);
+        assert_eq!(
+            store.apply_write(wal_chunk, PageNo(64), &raw_image(wal_chunk, PageNo(64), 1), 1).unwrap_err().kind(),
+            ErrorKind::Invalid,
+            "past the end"
+        );
+        store.resize_volume(VolumeId(2), 2 << 20).unwrap();
+        let second = ChunkId::new(VolumeId(2), 1);
+        store.apply_write(second, PageNo(0), &raw_image(second, PageNo(0), 66), 1).unwrap();
+        assert_eq!(store.resize_volume(VolumeId(2), 1 << 20).unwrap_err().kind(), ErrorKind::Invalid);
+        let data_chunk = ChunkId(0);
+        store.apply_write(data_chunk, PageNo(1), &raw_image(data_chunk, PageNo(1), 11), 1).unwrap();
+        drop(store);
+        let store = open_store(data.clone(), fast.clone());
+        assert_eq!(store.volume(VolumeId(2)).unwrap().size_bytes, 2 << 20);
+        assert_eq!(tag_of(&store, second, PageNo(0)), Some(66));
+        assert_eq!(tag_of(&store, wal_chunk, PageNo(5)), Some(55));
+        let extents_before = store.stats().extents_in_use;
+        store.delete_volume(VolumeId(2)).unwrap();
+        assert!(store.stats().extents_in_use < extents_before, "the volume's extents came back");
+        assert_eq!(store.stats().pages, 1);
+        assert!(store.read_image(wal_chunk, PageNo(5)).unwrap().is_none());
+        drop(store);
+        let store = open_store(data, fast);
+        assert!(store.volume(VolumeId(2)).is_none());
+        assert_eq!(tag_of(&store, data_chunk, PageNo(1)), Some(11));
+        assert_eq!(store.volumes().len(), 1);
     }
 }

@@ -14,10 +14,11 @@ use tundra_codec::{Algorithm, PageCodec, Selector, SelectorConfig};
 use tundra_device::csd::{CsdConfig, CsdDevice, FormatOptions};
 use tundra_device::file::FileDevice;
 use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
-use tundra_store::ids::{ChunkId, PageNo};
+use tundra_store::ids::{ChunkId, VolumeId};
 use tundra_store::journal::{Journal, JournalGeometry};
 use tundra_store::pages::{CpuLoad, Pages};
 use tundra_store::store::Store;
+use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
 
 use crate::analyze::{calibrate, open_files, parse_page_size, read_padded};
 
@@ -61,9 +62,6 @@ struct Report {
     drive_only_ratio: f64,
     layouts: Vec<Layout>,
 }
-
-/// Pages per chunk: 1 GiB chunks.
-const CHUNK_BYTES: u64 = 1 << 30;
 
 pub fn run(args: MeasureArgs) -> Result<()> {
     let page_size = parse_page_size(&args.page_size)?;
@@ -130,15 +128,22 @@ fn measure_all(
         let started = Instant::now();
         let drive = Arc::new(new_drive(dir, &format!("{name}.img"), logical)?);
         let fast = journal_device(dir, name, pages)?;
-        let store = Store::open(drive.clone(), fast, page_size.bytes())?;
+        let store = Arc::new(Store::open(drive.clone(), fast)?);
+        let volume = Volume {
+            id: VolumeId(1),
+            name: "measure".into(),
+            size_bytes: logical,
+            page_size: page_size.bytes() as u32,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            mode: VolumeMode::Normal,
+        };
+        store.create_volume(volume.clone())?;
         let selector = Selector::new(SelectorConfig::default(), codec, cost)?;
-        let pages_path = Pages::new(store, selector, codec, CpuLoad::Fixed(0.0))?;
-        let pages_per_chunk = CHUNK_BYTES / page_bytes;
+        let pages_path = Pages::new(store, page_size, selector, codec, CpuLoad::Fixed(0.0))?;
         let mut page_buf = vec![0u8; page_size.bytes()];
         let mut index = 0u64;
         for_each_page(files, page_size, &mut page_buf, |page| {
-            let chunk = ChunkId(index / pages_per_chunk);
-            let page_no = PageNo((index % pages_per_chunk) as u32);
+            let (chunk, page_no): (ChunkId, _) = volume.locate(index)?;
             match algorithm {
                 Some(forced) => pages_path.write_page_with(chunk, page_no, page, 1, forced)?,
                 None => {
@@ -197,7 +202,7 @@ fn new_drive(dir: &Path, name: &str, logical: u64) -> Result<CsdDevice> {
 
 /// A journal sized so that a checkpoint of every page fits.
 fn journal_device(dir: &Path, name: &str, pages: u64) -> Result<Arc<dyn BlockDevice>> {
-    let checkpoint_blocks = 2 + (pages * tundra_store::journal::MAX_RECORD_BYTES as u64).div_ceil(BLOCK_SIZE_BYTES);
+    let checkpoint_blocks = 2 + (pages * tundra_store::journal::PAGE_RECORD_BYTES as u64).div_ceil(BLOCK_SIZE_BYTES);
     let geometry = JournalGeometry { checkpoint_blocks, log_blocks: 1024 };
     let device = FileDevice::create(dir.join(format!("{name}.journal")), geometry.total_blocks() * BLOCK_SIZE_BYTES)?;
     Journal::format(&device, geometry)?;
