@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tundra_codec::{Algorithm, CpuSampler, PageCodec, PageHistory, PageSize, Selector};
+use tundra_codec::{Algorithm, CpuSampler, HeavyConfig, PageCodec, PageHistory, PageSize, SegmentCache, Selector};
 
 use crate::cache::{CacheStats, PageCache};
 use crate::ids::{ChunkId, PageNo};
 use crate::index::Encoding;
-use crate::store::{PageImage, Store, page_checksum};
+use crate::store::{HEAVY_HEADER_BYTES, PageImage, Store, page_checksum};
 use crate::{Error, Result};
 
 /// Where the CPU utilisation that Algorithm 1 looks at comes from.
@@ -65,6 +65,24 @@ pub struct Pages {
     page_locks: Vec<Mutex<()>>,
     /// Pages stored raw by partial writes, waiting to be compressed again.
     partial_raw: Mutex<HashSet<(ChunkId, PageNo)>>,
+    /// Decompressed heavy segments by first block, each with the nonce of the segment it holds.
+    segments: Mutex<(SegmentCache, std::collections::HashMap<u64, u64>)>,
+    heavy: HeavyConfig,
+}
+
+/// Decompressed heavy segments kept for the next read.
+const SEGMENT_CACHE_SEGMENTS: usize = 16;
+/// Pages in one heavy segment at most: about 512 KiB of input.
+const HEAVY_GROUP_BYTES: usize = 512 * 1024;
+
+/// What [`Pages::heavy_compress`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeavyReport {
+    pub pages: u64,
+    pub segments: u64,
+    /// 4 KiB-rounded bytes the pages took before, and take now.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
 }
 
 /// Stripes of the per-page write locks.
@@ -94,6 +112,8 @@ impl Pages {
             cache: Mutex::new(PageCache::new(DEFAULT_CACHE_PAGES)),
             page_locks: (0..PAGE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             partial_raw: Mutex::new(HashSet::new()),
+            segments: Mutex::new((SegmentCache::new(SEGMENT_CACHE_SEGMENTS), std::collections::HashMap::new())),
+            heavy: HeavyConfig::default(),
         })
     }
 
@@ -107,8 +127,7 @@ impl Pages {
     }
 
     fn page_lock(&self, chunk: ChunkId, page: PageNo) -> &Mutex<()> {
-        let hash = chunk.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(page.0).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        &self.page_locks[(hash % PAGE_LOCK_STRIPES as u64) as usize]
+        &self.page_locks[self.stripe(chunk, page)]
     }
 
     /// Stores an image and drops the page's cached copy. The drop follows the index install, so
@@ -300,9 +319,13 @@ impl Pages {
             Encoding::Raw => tundra_codec::Encoding::Raw,
             Encoding::Lz4 => tundra_codec::Encoding::Compressed(Algorithm::Lz4),
             Encoding::Zstd => tundra_codec::Encoding::Compressed(Algorithm::Zstd),
-            Encoding::Heavy => return Err(Error::invalid("heavily compressed pages are not readable yet")),
+            Encoding::Heavy => tundra_codec::Encoding::Raw,
         };
-        let content = self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?;
+        let content = if entry.encoding == Encoding::Heavy {
+            self.heavy_page(&entry, &stored)?
+        } else {
+            self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?
+        };
         if page_checksum(chunk, page, &content) != entry.checksum {
             return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
         }
@@ -343,6 +366,143 @@ impl Pages {
         Ok(report)
     }
 
+    /// One page of a heavy segment, from the cache of decompressed segments when this segment
+    /// (same first block and nonce) was decompressed before.
+    fn heavy_page(&self, entry: &crate::index::PageEntry, stored: &[u8]) -> Result<Vec<u8>> {
+        let header = &stored[..HEAVY_HEADER_BYTES];
+        let frame_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let page_count = usize::from(u16::from_le_bytes(header[4..6].try_into().expect("2 bytes")));
+        let nonce = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let index = usize::from(entry.stored_len);
+        if HEAVY_HEADER_BYTES + frame_len > stored.len() || index >= page_count {
+            return Err(Error::corrupted("a heavy segment header that does not fit its blocks"));
+        }
+        let key = entry.run.first_lba().0;
+        let cached = {
+            let mut guard = self.segments.lock();
+            let (cache, nonces) = &mut *guard;
+            if nonces.get(&key) == Some(&nonce) { cache.get(key) } else { None }
+        };
+        let segment = match cached {
+            Some(segment) => segment,
+            None => {
+                let frame = &stored[HEAVY_HEADER_BYTES..HEAVY_HEADER_BYTES + frame_len];
+                let segment =
+                    tundra_codec::heavy::decompress_segment(frame, self.page_size, page_count).map_err(codec_error)?;
+                let segment = Arc::new(segment);
+                let mut guard = self.segments.lock();
+                let (cache, nonces) = &mut *guard;
+                // The nonce map only ever forgets: a forgotten nonce is a miss, never a wrong hit.
+                if nonces.len() > 4 * SEGMENT_CACHE_SEGMENTS {
+                    nonces.clear();
+                }
+                cache.insert(key, segment.clone());
+                nonces.insert(key, nonce);
+                segment
+            }
+        };
+        Ok(segment.page(index).expect("index checked against the page count").to_vec())
+    }
+
+    /// Heavy compression of `count` pages of `chunk` from `first` (seed 000 §3.2.3), for archived
+    /// data: the pages that exist are read, verified, and compressed together with zstd at a high
+    /// level in segments of at most one extent, then each page points into its segment. Pages
+    /// written while this runs keep their newer content: each page is locked from its read to
+    /// the segment's installation.
+    pub fn heavy_compress(&self, chunk: ChunkId, first: PageNo, count: u32) -> Result<HeavyReport> {
+        let volume = self
+            .store
+            .volume(chunk.volume())
+            .ok_or_else(|| Error::invalid(format!("no volume {}", chunk.volume().0)))?;
+        if volume.mode != crate::volume::VolumeMode::Normal || volume.page_size as usize != self.page_size.bytes() {
+            return Err(Error::invalid(format!(
+                "volume {:?} cannot be heavily compressed by this page path",
+                volume.name
+            )));
+        }
+        let group = (HEAVY_GROUP_BYTES / self.page_size.bytes()) as u32;
+        let mut report = HeavyReport::default();
+        let end = first.0.checked_add(count).ok_or_else(|| Error::invalid("the page range overflows"))?;
+        let mut start = first.0;
+        while start < end {
+            let stop = end.min(start + group);
+            self.heavy_group(chunk, (start..stop).map(PageNo).collect(), &mut report)?;
+            start = stop;
+        }
+        Ok(report)
+    }
+
+    /// Compresses one group of pages as a segment, halving the group until it fits an extent.
+    fn heavy_group(&self, chunk: ChunkId, pages: Vec<PageNo>, report: &mut HeavyReport) -> Result<()> {
+        let mut stripes: Vec<usize> = pages.iter().map(|&p| self.stripe(chunk, p)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        // Stripes in ascending order: writers of single pages take one, so no deadlock.
+        let _locks: Vec<_> = stripes.iter().map(|&s| self.page_locks[s].lock()).collect();
+        let mut present = Vec::new();
+        let mut content = Vec::new();
+        let mut before = 0u64;
+        for &page in &pages {
+            let Some(entry) = self.store.entry(chunk, page) else { continue };
+            if entry.encoding == Encoding::Heavy {
+                continue;
+            }
+            let Some(bytes) = self.read_page(chunk, page)? else { continue };
+            before += u64::from(entry.run.count) * tundra_device::BLOCK_SIZE_BYTES;
+            present.push((page, page_checksum(chunk, page, &bytes)));
+            content.extend_from_slice(&bytes);
+        }
+        if present.is_empty() {
+            return Ok(());
+        }
+        let frame = tundra_codec::heavy::compress_segment(&content, self.page_size, self.heavy).map_err(codec_error)?;
+        let limit = crate::ids::EXTENT_BLOCKS as usize * tundra_device::BLOCK_SIZE - HEAVY_HEADER_BYTES;
+        if frame.len() > limit {
+            if pages.len() == 1 {
+                return Ok(());
+            }
+            drop(_locks);
+            let half = pages.len() / 2;
+            self.heavy_group(chunk, pages[..half].to_vec(), report)?;
+            return self.heavy_group(chunk, pages[half..].to_vec(), report);
+        }
+        let mut segment = Vec::with_capacity(HEAVY_HEADER_BYTES + frame.len());
+        segment.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        segment.extend_from_slice(&(present.len() as u16).to_le_bytes());
+        segment.extend_from_slice(&[0, 0]);
+        segment.extend_from_slice(&segment_nonce().to_le_bytes());
+        segment.extend_from_slice(&frame);
+        // Pages absent from the segment are not indexed by it: index them by position.
+        self.store.apply_heavy(chunk, &present, &segment, 1)?;
+        {
+            let mut cache = self.cache.lock();
+            for &(page, _) in &present {
+                cache.invalidate((chunk, page));
+            }
+        }
+        report.pages += present.len() as u64;
+        report.segments += 1;
+        report.bytes_before += before;
+        report.bytes_after +=
+            segment.len().div_ceil(tundra_device::BLOCK_SIZE) as u64 * tundra_device::BLOCK_SIZE_BYTES;
+        Ok(())
+    }
+
+    fn stripe(&self, chunk: ChunkId, page: PageNo) -> usize {
+        let hash = chunk.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(page.0).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        (hash % PAGE_LOCK_STRIPES as u64) as usize
+    }
+
+    /// Removes a page: it reads as absent from now on. Trims go through here, not the store,
+    /// so that the page cache forgets the page.
+    pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
+        let _one_writer = self.page_lock(chunk, page).lock();
+        self.partial_raw.lock().remove(&(chunk, page));
+        self.store.trim_page(chunk, page)?;
+        self.cache.lock().invalidate((chunk, page));
+        Ok(())
+    }
+
     pub fn counts(&self) -> PageCounts {
         PageCounts {
             written_lz4: self.written_lz4.load(Ordering::Relaxed),
@@ -351,6 +511,14 @@ impl Pages {
             reads: self.reads.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A number that names one heavy segment for the cache of decompressed segments: the clock and a
+/// process-wide counter, so two segments written to the same blocks never share it.
+fn segment_nonce() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    clock ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(48)
 }
 
 /// Codec errors from stored bytes are corruption; from a caller's input, invalid requests.
@@ -535,5 +703,77 @@ mod tests {
         let damaged = pages.check().unwrap();
         assert_eq!(damaged.damaged.len(), 1, "{damaged:?}");
         assert!(damaged.damaged[0].contains("page 4"));
+    }
+
+    #[test]
+    fn heavy_compression_shrinks_archived_pages_and_reads_them_back() {
+        let (_, _, pages) = pages_on_a_drive(16384);
+        let chunk = ChunkId(9);
+        for p in 0..64u32 {
+            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 16384), 1, None).unwrap();
+        }
+        pages.trim_page(chunk, PageNo(10)).unwrap();
+        let before = pages.store().stats().stored_bytes;
+        let report = pages.heavy_compress(chunk, PageNo(0), 64).unwrap();
+        assert_eq!(report.pages, 63);
+        assert!(report.segments >= 2, "512 KiB groups: {report:?}");
+        pages.store().release_freed().unwrap();
+        let after = pages.store().stats().stored_bytes;
+        assert!(after * 2 < before, "heavy segments at least halve the blocks: {before} -> {after}");
+        for p in 0..64u32 {
+            let got = pages.read_page(chunk, PageNo(p)).unwrap();
+            if p == 10 {
+                assert_eq!(got, None);
+            } else {
+                assert_eq!(got.unwrap(), table_page(u64::from(p), 16384), "page {p}");
+            }
+        }
+        // Rewriting one page of a segment moves it out; the segment lives on for the others.
+        pages.write_page(chunk, PageNo(3), &table_page(333, 16384), 2, None).unwrap();
+        pages.trim_page(chunk, PageNo(4)).unwrap();
+        assert_eq!(pages.read_page(chunk, PageNo(4)).unwrap(), None);
+        pages.store().release_freed().unwrap();
+        assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(333, 16384));
+        assert_eq!(pages.read_page(chunk, PageNo(5)).unwrap().unwrap(), table_page(5, 16384));
+        let check = pages.check().unwrap();
+        assert!(check.damaged.is_empty(), "{check:?}");
+    }
+
+    #[test]
+    fn heavy_segments_survive_reopen_and_their_blocks_are_freed_when_empty() {
+        let options = FormatOptions { segment_bytes: 256 * 1024, ..FormatOptions::new(64 << 20, 16 << 20) };
+        let media = Arc::new(MemDevice::new(options.geometry().unwrap().total_bytes() / 4096));
+        let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+        let drive: Arc<dyn BlockDevice> = Arc::new(CsdDevice::format(media, &options, CsdConfig::default()).unwrap());
+        Journal::format(fast.as_ref(), JOURNAL).unwrap();
+        let chunk = ChunkId(2);
+        {
+            let pages = pages_over(drive.clone(), fast.clone(), 8192);
+            for p in 0..16u32 {
+                pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 8192), 1, None).unwrap();
+            }
+            pages.heavy_compress(chunk, PageNo(0), 16).unwrap();
+        }
+        let store = Arc::new(Store::open(drive.clone(), fast.clone()).unwrap());
+        let extents = store.stats().extents_in_use;
+        assert_eq!(extents, 1, "one segment in one extent");
+        let codec = PageCodec::new(1).unwrap();
+        let cost = DecompressCost {
+            page_size: PageSize::from_bytes(8192).unwrap(),
+            lz4: LinearCost { fixed_us: 0.5, us_per_byte: 0.5 / 1024.0 },
+            zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
+        };
+        let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
+        let pages =
+            Pages::new(store.clone(), PageSize::from_bytes(8192).unwrap(), selector, codec, CpuLoad::Fixed(0.0))
+                .unwrap();
+        for p in 0..16u32 {
+            assert_eq!(pages.read_page(chunk, PageNo(p)).unwrap().unwrap(), table_page(u64::from(p), 8192));
+        }
+        for p in 0..16u32 {
+            store.trim_page(chunk, PageNo(p)).unwrap();
+        }
+        store.release_freed().unwrap();
+        assert_eq!(store.stats().extents_in_use, 0, "the segment's blocks are freed with its last page");
     }
 }

@@ -57,8 +57,40 @@ struct State {
     /// Runs replaced or trimmed whose journal records are durable, waiting for readers to
     /// finish before they are reused.
     pending_free: Vec<(ChunkId, BlockRun)>,
+    /// Pages that share each heavy segment's run; the run is freed when the last one leaves.
+    heavy_refs: HashMap<(ChunkId, BlockRun), u32>,
     failed: Option<String>,
 }
+
+impl State {
+    /// Lets go of an entry's blocks: freed at once, or for a heavy segment when no other page
+    /// of it remains.
+    fn release_entry(&mut self, chunk: ChunkId, entry: PageEntry) {
+        if entry.encoding == Encoding::Heavy {
+            let refs = self.heavy_refs.get_mut(&(chunk, entry.run)).expect("a heavy page's segment is counted");
+            *refs -= 1;
+            if *refs > 0 {
+                return;
+            }
+            self.heavy_refs.remove(&(chunk, entry.run));
+        }
+        self.pending_free.push((chunk, entry.run));
+    }
+
+    /// Installs an entry (or removes the page) and lets go of the entry it replaces.
+    fn install(&mut self, chunk: ChunkId, page: PageNo, entry: Option<PageEntry>) {
+        if let Some(new) = entry.filter(|e| e.encoding == Encoding::Heavy) {
+            *self.heavy_refs.entry((chunk, new.run)).or_insert(0) += 1;
+        }
+        if let Some(old) = self.chunks.entry(chunk).or_default().index.set(page, entry) {
+            self.release_entry(chunk, old);
+        }
+    }
+}
+
+/// Bytes before the compressed frame in a heavy segment's blocks: u32 frame length, u16 page
+/// count, u16 zero, u64 nonce (names this segment for the cache of decompressed segments).
+pub const HEAVY_HEADER_BYTES: usize = 16;
 
 /// Space and index figures of the whole store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -152,10 +184,10 @@ impl Store {
             state.volumes.remove(&id);
             let chunks: Vec<ChunkId> = state.chunks.keys().copied().filter(|c| c.volume() == id).collect();
             for chunk in chunks {
-                let runs: Vec<BlockRun> = state.chunks[&chunk].index.iter().map(|(_, e)| e.run).collect();
-                let c = state.chunks.get_mut(&chunk).expect("listed above");
-                c.index = ChunkIndex::default();
-                state.pending_free.extend(runs.into_iter().map(|run| (chunk, run)));
+                let pages: Vec<PageNo> = state.chunks[&chunk].index.iter().map(|(p, _)| p).collect();
+                for page in pages {
+                    state.install(chunk, page, None);
+                }
             }
         }
         self.release_freed()
@@ -213,6 +245,66 @@ impl Store {
         self.commit_and_install(chunk, page, Some(entry))
     }
 
+    /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
+    /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums, in
+    /// order. Every page's entry points at the segment's run and its position in it.
+    pub fn apply_heavy(&self, chunk: ChunkId, pages: &[(PageNo, u32)], segment: &[u8], version: u64) -> Result<()> {
+        for &(page, _) in pages {
+            let volume = self.volume_of(chunk, page)?;
+            if volume.mode != VolumeMode::Normal {
+                return Err(Error::invalid(format!("volume {:?} is never compressed", volume.name)));
+            }
+        }
+        let max = EXTENT_BLOCKS as usize * BLOCK_SIZE;
+        if pages.is_empty()
+            || pages.len() > usize::from(u16::MAX)
+            || segment.len() > max
+            || segment.len() <= HEAVY_HEADER_BYTES
+        {
+            return Err(Error::invalid(format!(
+                "a heavy segment of {} pages in {} bytes (at most {max})",
+                pages.len(),
+                segment.len()
+            )));
+        }
+        let blocks = segment.len().div_ceil(BLOCK_SIZE) as u8;
+        let run = self.allocate(chunk, blocks)?;
+        let mut padded = segment.to_vec();
+        padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
+        if let Err(error) = self.data.write(run.first_lba(), &padded).and_then(|()| self.data.flush()) {
+            self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
+            return Err(error.into());
+        }
+        let entries: Vec<(PageNo, PageEntry)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, &(page, checksum))| {
+                (page, PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, version })
+            })
+            .collect();
+        let records: Vec<Record> =
+            entries.iter().map(|&(page, entry)| Record::PageSet { chunk, page, entry }).collect();
+        let _no_checkpoint = self.checkpoint_gate.read();
+        if let Err(error) = self.journal.commit(&records) {
+            let mut state = self.state.lock();
+            state.chunks.get_mut(&chunk).expect("allocated").blocks.free(run);
+            state.failed.get_or_insert_with(|| error.to_string());
+            return Err(error);
+        }
+        let release = {
+            let mut state = self.state.lock();
+            for (page, entry) in entries {
+                state.install(chunk, page, Some(entry));
+            }
+            state.pending_free.len() >= RELEASE_BATCH
+        };
+        drop(_no_checkpoint);
+        if release {
+            self.release_freed()?;
+        }
+        Ok(())
+    }
+
     /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
     pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
         self.volume_of(chunk, page)?;
@@ -256,10 +348,7 @@ impl Store {
         }
         let release = {
             let mut state = self.state.lock();
-            let c = state.chunks.entry(chunk).or_default();
-            if let Some(old) = c.index.set(page, entry) {
-                state.pending_free.push((chunk, old.run));
-            }
+            state.install(chunk, page, entry);
             state.pending_free.len() >= RELEASE_BATCH
         };
         drop(_no_checkpoint);
@@ -342,7 +431,10 @@ impl Store {
         };
         let mut bytes = vec![0u8; usize::from(entry.run.count) * BLOCK_SIZE];
         self.data.read(entry.run.first_lba(), &mut bytes)?;
-        bytes.truncate(usize::from(entry.stored_len));
+        // A heavy page's image is its whole segment; its stored length is its place in it.
+        if entry.encoding != Encoding::Heavy {
+            bytes.truncate(usize::from(entry.stored_len));
+        }
         Ok(Some((entry, bytes)))
     }
 
@@ -376,9 +468,16 @@ impl Store {
         };
         for c in state.chunks.values() {
             stats.pages += c.index.mapped_pages();
-            stats.stored_bytes += c.index.iter().map(|(_, e)| u64::from(e.run.count) * BLOCK_SIZE as u64).sum::<u64>();
+            stats.stored_bytes += c
+                .index
+                .iter()
+                .filter(|(_, e)| e.encoding != Encoding::Heavy)
+                .map(|(_, e)| u64::from(e.run.count) * BLOCK_SIZE as u64)
+                .sum::<u64>();
             stats.index_memory_bytes += c.index.memory_bytes();
         }
+        stats.stored_bytes +=
+            state.heavy_refs.keys().map(|(_, run)| u64::from(run.count) * BLOCK_SIZE as u64).sum::<u64>();
         stats
     }
 
@@ -454,9 +553,18 @@ fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
         }
     }
     let mut extents = ExtentAllocator::new(extent_count);
+    let mut heavy_refs: HashMap<(ChunkId, BlockRun), u32> = HashMap::new();
     for (&chunk, c) in chunks.iter_mut() {
-        let runs: Vec<(PageNo, BlockRun)> = c.index.iter().map(|(p, e)| (p, e.run)).collect();
-        for (page, run) in runs {
+        let runs: Vec<(PageNo, PageEntry)> = c.index.iter().collect();
+        for (page, entry) in runs {
+            let run = entry.run;
+            if entry.encoding == Encoding::Heavy {
+                let refs = heavy_refs.entry((chunk, run)).or_insert(0);
+                *refs += 1;
+                if *refs > 1 {
+                    continue;
+                }
+            }
             if run.extent.0 >= extent_count || !extents.assign(run.extent, chunk) {
                 return Err(Error::corrupted(format!(
                     "page {} of chunk {} is in {run}, which another chunk owns or which is off the device",
@@ -474,7 +582,7 @@ fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
             }
         }
     }
-    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), failed: None })
+    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), heavy_refs, failed: None })
 }
 
 #[cfg(test)]
