@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -51,6 +51,11 @@ struct Layout {
     zstd_pages: u64,
     raw_pages: u64,
     seconds: f64,
+    /// Durable page writes (data flushed and journalled) at queue depth 1.
+    write_us_mean: f64,
+    /// Random page reads at queue depth 1 with the page cache off: read, decompress, verify.
+    read_us_mean: f64,
+    read_us_p99: f64,
 }
 
 #[derive(Serialize)]
@@ -60,6 +65,11 @@ struct Report {
     logical_bytes: u64,
     drive_only_physical_bytes: u64,
     drive_only_ratio: f64,
+    /// The same pages written (and flushed) and read straight on a plain file device.
+    plain_write_us_mean: f64,
+    plain_read_us_mean: f64,
+    plain_read_us_p99: f64,
+    reads: usize,
     layouts: Vec<Layout>,
 }
 
@@ -77,13 +87,17 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = measure_all(&files, page_size, logical, &dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let (drive_only, layouts) = result?;
+    let (drive_only, plain, layouts) = result?;
     let report = Report {
         files: args.files.iter().map(|p| p.display().to_string()).collect(),
         page_size: page_size.bytes(),
         logical_bytes: logical,
         drive_only_physical_bytes: drive_only,
         drive_only_ratio: logical as f64 / drive_only.max(1) as f64,
+        plain_write_us_mean: plain.write_us_mean,
+        plain_read_us_mean: plain.read_us_mean,
+        plain_read_us_p99: plain.read_us_p99,
+        reads: read_count(pages),
         layouts,
     };
     if args.json {
@@ -94,7 +108,63 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     Ok(())
 }
 
-type Measured = (u64, Vec<Layout>);
+type Measured = (u64, Timing, Vec<Layout>);
+
+/// Latencies of one way of storing the pages.
+struct Timing {
+    write_us_mean: f64,
+    read_us_mean: f64,
+    read_us_p99: f64,
+}
+
+/// Random reads measured per layout.
+fn read_count(pages: u64) -> usize {
+    (pages as usize).clamp(1, 2000)
+}
+
+/// The page indexes read, the same for every layout.
+fn read_order(pages: u64) -> Vec<u64> {
+    let mut rng = tundra_device::conformance::Rng::new(7);
+    (0..read_count(pages)).map(|_| rng.below(pages)).collect()
+}
+
+fn mean_us(samples: &[Duration]) -> f64 {
+    samples.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6 / samples.len().max(1) as f64
+}
+
+fn p99_us(samples: &mut [Duration]) -> f64 {
+    samples.sort_unstable();
+    samples.get((samples.len() * 99).div_ceil(100).saturating_sub(1)).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+/// The baseline: pages written and flushed one by one, then read, straight on a plain file.
+fn plain_device(
+    dir: &Path,
+    files: &[crate::analyze::InputFile],
+    page_size: tundra_codec::PageSize,
+    logical: u64,
+) -> Result<Timing> {
+    let page_bytes = page_size.bytes() as u64;
+    let device = FileDevice::create(dir.join("plain.img"), logical.div_ceil(BLOCK_SIZE_BYTES) * BLOCK_SIZE_BYTES)?;
+    let mut writes = Vec::new();
+    let mut page = vec![0u8; page_size.bytes()];
+    let mut index = 0u64;
+    for_each_page(files, page_size, &mut page, |page| {
+        let started = Instant::now();
+        device.write(Lba(index * page_bytes / BLOCK_SIZE_BYTES), page)?;
+        device.flush()?;
+        writes.push(started.elapsed());
+        index += 1;
+        Ok(())
+    })?;
+    let mut reads = Vec::new();
+    for i in read_order(logical / page_bytes) {
+        let started = Instant::now();
+        device.read(Lba(i * page_bytes / BLOCK_SIZE_BYTES), &mut page)?;
+        reads.push(started.elapsed());
+    }
+    Ok(Timing { write_us_mean: mean_us(&writes), read_us_mean: mean_us(&reads), read_us_p99: p99_us(&mut reads) })
+}
 
 fn measure_all(
     files: &[crate::analyze::InputFile],
@@ -116,6 +186,7 @@ fn measure_all(
         drive.flush()?;
         drive.stats().physical_used_bytes
     };
+    let plain = plain_device(dir, files, page_size, logical)?;
     let codec = PageCodec::default();
     let cost = calibrate(&codec, files, page_size, pages)?;
     let mut layouts = Vec::new();
@@ -140,20 +211,31 @@ fn measure_all(
         store.create_volume(volume.clone())?;
         let selector = Selector::new(SelectorConfig::default(), codec, cost)?;
         let pages_path = Pages::new(store, page_size, selector, codec, CpuLoad::Fixed(0.0))?;
+        pages_path.set_cache_pages(0);
         let mut page_buf = vec![0u8; page_size.bytes()];
         let mut index = 0u64;
+        let mut writes = Vec::new();
         for_each_page(files, page_size, &mut page_buf, |page| {
             let (chunk, page_no): (ChunkId, _) = volume.locate(index)?;
+            let write_started = Instant::now();
             match algorithm {
                 Some(forced) => pages_path.write_page_with(chunk, page_no, page, 1, forced)?,
                 None => {
                     pages_path.write_page(chunk, page_no, page, 1, None)?;
                 }
             }
+            writes.push(write_started.elapsed());
             pages_path.store().maybe_checkpoint()?;
             index += 1;
             Ok(())
         })?;
+        let mut reads = Vec::new();
+        for i in read_order(pages) {
+            let (chunk, page_no) = volume.locate(i)?;
+            let read_started = Instant::now();
+            pages_path.read_page(chunk, page_no)?.context("a page written above is missing")?;
+            reads.push(read_started.elapsed());
+        }
         pages_path.store().release_freed()?;
         drive.flush()?;
         let stats = pages_path.store().stats();
@@ -170,9 +252,12 @@ fn measure_all(
             zstd_pages: counts.written_zstd,
             raw_pages: counts.written_raw,
             seconds: started.elapsed().as_secs_f64(),
+            write_us_mean: mean_us(&writes),
+            read_us_mean: mean_us(&reads),
+            read_us_p99: p99_us(&mut reads),
         });
     }
-    Ok((drive_only, layouts))
+    Ok((drive_only, plain, layouts))
 }
 
 fn for_each_page(
@@ -217,13 +302,17 @@ fn print_report(report: &Report) {
         report.page_size
     );
     println!(
-        "| layout | software 4 KiB bytes | software ratio | physical bytes | ratio | vs drive only | lz4 / zstd / raw pages |"
+        "plain file device: durable page write {:.1} µs, random page read {:.1} µs mean, {:.1} µs p99 ({} reads)\n",
+        report.plain_write_us_mean, report.plain_read_us_mean, report.plain_read_us_p99, report.reads
     );
-    println!("|---|---|---|---|---|---|---|");
-    println!("| drive only | | | {} | {:.3} | | |", report.drive_only_physical_bytes, report.drive_only_ratio);
+    println!(
+        "| layout | software 4 KiB bytes | software ratio | physical bytes | ratio | vs drive only | lz4 / zstd / raw pages | write µs (vs plain) | read µs mean (vs plain) | read µs p99 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| drive only | | | {} | {:.3} | | | | | |", report.drive_only_physical_bytes, report.drive_only_ratio);
     for l in &report.layouts {
         println!(
-            "| {} + drive | {} | {:.3} | {} | {:.3} | {:+.1}% | {} / {} / {} |",
+            "| {} + drive | {} | {:.3} | {} | {:.3} | {:+.1}% | {} / {} / {} | {:.1} ({:.2}x) | {:.1} ({:.2}x) | {:.1} |",
             l.name,
             l.software_4k_bytes,
             l.software_4k_ratio,
@@ -232,7 +321,12 @@ fn print_report(report: &Report) {
             100.0 * (l.ratio / report.drive_only_ratio - 1.0),
             l.lz4_pages,
             l.zstd_pages,
-            l.raw_pages
+            l.raw_pages,
+            l.write_us_mean,
+            l.write_us_mean / report.plain_write_us_mean.max(1e-9),
+            l.read_us_mean,
+            l.read_us_mean / report.plain_read_us_mean.max(1e-9),
+            l.read_us_p99
         );
     }
 }
