@@ -323,6 +323,9 @@ pub struct Journal {
     committer: Mutex<Committer>,
     committed: Condvar,
     checkpoint: Mutex<(u64, u64)>,
+    /// A device flushed before every group of records is written: the data device, whose blocks
+    /// the records point at. One flush then covers every writer of the group.
+    barrier: Option<Arc<dyn BlockDevice>>,
 }
 
 /// What recovery found: the checkpoint's records, then the log's, in order.
@@ -383,10 +386,18 @@ impl Journal {
             }),
             committed: Condvar::new(),
             checkpoint: Mutex::new((superblock.generation, superblock.checkpoint_slot)),
+            barrier: None,
         };
         // The new epoch must be durable before any block of it is written.
         journal.write_superblock(superblock.checkpoint_slot, superblock.checkpoint_position, epoch)?;
         Ok((journal, Replay { checkpoint, log }))
+    }
+
+    /// Flushes `device` before writing each group of records, so that callers may write their
+    /// data blocks without flushing them: the group's one flush makes all of them durable before
+    /// any record that points at them.
+    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) {
+        self.barrier = Some(device);
     }
 
     /// Makes `records` durable, together with whatever other threads commit at the same time
@@ -446,6 +457,9 @@ impl Journal {
         epoch: u64,
         checkpoint_position: u64,
     ) -> Result<(u64, Vec<u8>)> {
+        if let Some(barrier) = &self.barrier {
+            barrier.flush()?;
+        }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
         let mut last_start = 0;

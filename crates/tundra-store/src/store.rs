@@ -3,8 +3,10 @@
 //! A page write follows the order that keeps the index honest:
 //!
 //! 1. allocate a run of 4 KiB blocks in the page's chunk (one I/O where possible);
-//! 2. write the page image to the run and flush the data device: the blocks are durable;
-//! 3. commit a journal record that points the page at the run;
+//! 2. write the page image to the run;
+//! 3. commit a journal record that points the page at the run; the journal's group commit
+//!    flushes the data device first, so the blocks are durable before the record, with one
+//!    flush for every writer of the group;
 //! 4. install the entry in the index: the page is visible;
 //! 5. the page's old run is freed, and trimmed on the data device, only after the record is
 //!    durable (it is, after step 3) and no reader can still be reading it (the reuse gate).
@@ -123,7 +125,9 @@ impl Store {
     /// Opens a store on a data device and a fast device holding a formatted journal, rebuilding
     /// the index from the journal and the allocator from the index.
     pub fn open(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>) -> Result<Store> {
-        let (journal, replay) = Journal::open(fast)?;
+        let (mut journal, replay) = Journal::open(fast)?;
+        // Data blocks are flushed by the journal's group commit, once per group of writers.
+        journal.set_barrier(data.clone());
         let extent_count = u32::try_from(data.block_count() / u64::from(EXTENT_BLOCKS))
             .map_err(|_| Error::invalid("the data device has more than 2^32 extents"))?;
         let state = rebuild(replay, extent_count)?;
@@ -229,7 +233,8 @@ impl Store {
         let run = self.allocate(chunk, blocks)?;
         let mut padded = image.bytes.clone();
         padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
-        let written = self.data.write(run.first_lba(), &padded).and_then(|()| self.data.flush());
+        // Not flushed here: the journal flushes the data device before it writes the record.
+        let written = self.data.write(run.first_lba(), &padded);
         if let Err(error) = written {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
             return Err(error.into());
@@ -271,7 +276,7 @@ impl Store {
         let run = self.allocate(chunk, blocks)?;
         let mut padded = segment.to_vec();
         padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
-        if let Err(error) = self.data.write(run.first_lba(), &padded).and_then(|()| self.data.flush()) {
+        if let Err(error) = self.data.write(run.first_lba(), &padded) {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
             return Err(error.into());
         }
