@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tundra_codec::{Algorithm, CpuSampler, HeavyConfig, PageCodec, PageHistory, PageSize, SegmentCache, Selector};
+use tundra_codec::{
+    Algorithm, CpuSampler, EncodedPage, HeavyConfig, PageCodec, PageHistory, PageSize, SegmentCache, Selector,
+};
 
 use crate::cache::{CacheStats, PageCache};
 use crate::ids::{ChunkId, PageNo};
@@ -179,26 +181,37 @@ impl Pages {
                 update_fraction: update_fraction.unwrap_or(1.0),
             },
         };
-        let cpu = match &self.cpu {
+        if self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None) {
+            return self.store_encoded(chunk, page, content, raw(content), version);
+        }
+        let selection = self.selector.select(content, history, self.cpu_load()?).map_err(codec_error)?;
+        self.store_encoded(chunk, page, content, selection.page, version)
+    }
+
+    /// The host's CPU utilisation for Algorithm 1, in [0, 1].
+    fn cpu_load(&self) -> Result<f64> {
+        let fraction = match &self.cpu {
             CpuLoad::Sampled(sampler) => sampler.lock().sample().map_err(|e| Error::invalid(e.to_string()))?,
             CpuLoad::Fixed(fraction) => *fraction,
         };
-        if self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None) {
-            self.write_locked(chunk, page, content, version, None)?;
-            return Ok(Encoding::Raw);
-        }
-        let selection = self.selector.select(content, history, cpu.clamp(0.0, 1.0)).map_err(codec_error)?;
-        let encoding = match selection.page.encoding {
-            tundra_codec::Encoding::Raw => Encoding::Raw,
-            tundra_codec::Encoding::Compressed(Algorithm::Lz4) => Encoding::Lz4,
-            tundra_codec::Encoding::Compressed(Algorithm::Zstd) => Encoding::Zstd,
+        Ok(fraction.clamp(0.0, 1.0))
+    }
+
+    /// Stores a page the codec has encoded, and counts how it was stored.
+    fn store_encoded(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        content: &[u8],
+        encoded: EncodedPage,
+        version: u64,
+    ) -> Result<Encoding> {
+        let (encoding, counter) = match encoded.encoding {
+            tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
+            tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
+            tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, &self.written_zstd),
         };
-        let counter = match encoding {
-            Encoding::Lz4 => &self.written_lz4,
-            Encoding::Zstd => &self.written_zstd,
-            _ => &self.written_raw,
-        };
-        let image = PageImage { encoding, bytes: selection.page.data, checksum: page_checksum(chunk, page, content) };
+        let image = PageImage { encoding, bytes: encoded.data, checksum: page_checksum(chunk, page, content) };
         self.apply(chunk, page, &image, version)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(encoding)
@@ -228,26 +241,11 @@ impl Pages {
         version: u64,
         algorithm: Option<Algorithm>,
     ) -> Result<()> {
-        let (encoding, bytes) = match algorithm {
-            None => (Encoding::Raw, content.to_vec()),
-            Some(algorithm) => {
-                let encoded = self.codec.encode(algorithm, content).map_err(codec_error)?;
-                match encoded.encoding {
-                    tundra_codec::Encoding::Raw => (Encoding::Raw, encoded.data),
-                    tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, encoded.data),
-                    tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, encoded.data),
-                }
-            }
+        let encoded = match algorithm {
+            None => raw(content),
+            Some(algorithm) => self.codec.encode(algorithm, content).map_err(codec_error)?,
         };
-        let counter = match encoding {
-            Encoding::Lz4 => &self.written_lz4,
-            Encoding::Zstd => &self.written_zstd,
-            _ => &self.written_raw,
-        };
-        let image = PageImage { encoding, bytes, checksum: page_checksum(chunk, page, content) };
-        self.apply(chunk, page, &image, version)?;
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.store_encoded(chunk, page, content, encoded, version).map(|_| ())
     }
 
     /// Writes `bytes` at `offset` inside a page (the none mode): the page is read, decompressed,
@@ -293,14 +291,10 @@ impl Pages {
             if self.store.entry(chunk, page) != Some(entry) {
                 continue;
             }
-            let history = PageHistory::FirstWrite;
-            let cpu = match &self.cpu {
-                CpuLoad::Sampled(sampler) => sampler.lock().sample().map_err(|e| Error::invalid(e.to_string()))?,
-                CpuLoad::Fixed(fraction) => *fraction,
-            };
-            let selection = self.selector.select(&content, history, cpu.clamp(0.0, 1.0)).map_err(codec_error)?;
-            if let tundra_codec::Encoding::Compressed(algorithm) = selection.page.encoding {
-                self.write_locked(chunk, page, &content, entry.version, Some(algorithm))?;
+            let selection =
+                self.selector.select(&content, PageHistory::FirstWrite, self.cpu_load()?).map_err(codec_error)?;
+            if selection.page.encoding != tundra_codec::Encoding::Raw {
+                self.store_encoded(chunk, page, &content, selection.page, entry.version)?;
                 done += 1;
             }
         }
@@ -511,6 +505,11 @@ impl Pages {
             reads: self.reads.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A page stored as is.
+fn raw(content: &[u8]) -> EncodedPage {
+    EncodedPage { encoding: tundra_codec::Encoding::Raw, data: content.to_vec() }
 }
 
 /// A number that names one heavy segment for the cache of decompressed segments: the clock and a
