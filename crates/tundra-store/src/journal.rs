@@ -389,7 +389,9 @@ impl Journal {
             barrier: None,
         };
         // The new epoch must be durable before any block of it is written.
-        journal.write_superblock(superblock.checkpoint_slot, superblock.checkpoint_position, epoch)?;
+        let mut cursor = journal.checkpoint.lock();
+        journal.write_superblock(&mut cursor, superblock.checkpoint_slot, superblock.checkpoint_position, epoch)?;
+        drop(cursor);
         Ok((journal, Replay { checkpoint, log }))
     }
 
@@ -516,17 +518,7 @@ impl Journal {
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
         let epoch = self.committer.lock().epoch;
-        let generation = cursor.0 + 1;
-        let superblock = Superblock {
-            geometry: self.geometry,
-            generation,
-            checkpoint_slot: slot,
-            checkpoint_position: position,
-            epoch,
-        };
-        self.device.write(Lba(generation % 2), &superblock.encode())?;
-        self.device.flush()?;
-        *cursor = (generation, slot);
+        self.write_superblock(&mut cursor, slot, position, epoch)?;
         self.committer.lock().checkpoint_position = position;
         Ok(())
     }
@@ -546,8 +538,9 @@ impl Journal {
         c.next_position
     }
 
-    fn write_superblock(&self, slot: u64, position: u64, epoch: u64) -> Result<()> {
-        let mut cursor = self.checkpoint.lock();
+    /// Writes and flushes the next superblock, naming checkpoint `slot`, and advances `cursor`
+    /// (the current generation and slot) to it.
+    fn write_superblock(&self, cursor: &mut (u64, u64), slot: u64, position: u64, epoch: u64) -> Result<()> {
         let generation = cursor.0 + 1;
         let superblock = Superblock {
             geometry: self.geometry,
@@ -558,7 +551,7 @@ impl Journal {
         };
         self.device.write(Lba(generation % 2), &superblock.encode())?;
         self.device.flush()?;
-        cursor.0 = generation;
+        *cursor = (generation, slot);
         Ok(())
     }
 }
