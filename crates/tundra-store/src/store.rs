@@ -230,15 +230,7 @@ impl Store {
     pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, version: u64) -> Result<()> {
         let volume = self.volume_of(chunk, page)?;
         let blocks = check_image(&volume, image)?;
-        let run = self.allocate(chunk, blocks)?;
-        let mut padded = image.bytes.clone();
-        padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
-        // Not flushed here: the journal flushes the data device before it writes the record.
-        let written = self.data.write(run.first_lba(), &padded);
-        if let Err(error) = written {
-            self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
-            return Err(error.into());
-        }
+        let run = self.write_run(chunk, &image.bytes, blocks)?;
         let stored_len = image.bytes.len();
         let entry = PageEntry {
             encoding: image.encoding,
@@ -247,7 +239,7 @@ impl Store {
             checksum: image.checksum,
             version,
         };
-        self.commit_and_install(chunk, page, Some(entry))
+        self.commit_and_install(chunk, &[(page, Some(entry))], Some(run))
     }
 
     /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
@@ -272,42 +264,28 @@ impl Store {
                 segment.len()
             )));
         }
-        let blocks = segment.len().div_ceil(BLOCK_SIZE) as u8;
+        let run = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
+        let entries: Vec<(PageNo, Option<PageEntry>)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, &(page, checksum))| {
+                (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, version }))
+            })
+            .collect();
+        self.commit_and_install(chunk, &entries, Some(run))
+    }
+
+    /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
+    /// the journal flushes the data device before it writes the record that points here.
+    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
         let run = self.allocate(chunk, blocks)?;
-        let mut padded = segment.to_vec();
+        let mut padded = bytes.to_vec();
         padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
         if let Err(error) = self.data.write(run.first_lba(), &padded) {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
             return Err(error.into());
         }
-        let entries: Vec<(PageNo, PageEntry)> = pages
-            .iter()
-            .enumerate()
-            .map(|(i, &(page, checksum))| {
-                (page, PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, version })
-            })
-            .collect();
-        let records: Vec<Record> =
-            entries.iter().map(|&(page, entry)| Record::PageSet { chunk, page, entry }).collect();
-        let _no_checkpoint = self.checkpoint_gate.read();
-        if let Err(error) = self.journal.commit(&records) {
-            let mut state = self.state.lock();
-            state.chunks.get_mut(&chunk).expect("allocated").blocks.free(run);
-            state.failed.get_or_insert_with(|| error.to_string());
-            return Err(error);
-        }
-        let release = {
-            let mut state = self.state.lock();
-            for (page, entry) in entries {
-                state.install(chunk, page, Some(entry));
-            }
-            state.pending_free.len() >= RELEASE_BATCH
-        };
-        drop(_no_checkpoint);
-        if release {
-            self.release_freed()?;
-        }
-        Ok(())
+        Ok(run)
     }
 
     /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
@@ -317,7 +295,7 @@ impl Store {
         if !mapped {
             return Ok(());
         }
-        self.commit_and_install(chunk, page, None)
+        self.commit_and_install(chunk, &[(page, None)], None)
     }
 
     /// Takes `blocks` contiguous blocks in `chunk`, granting the chunk a new extent if needed.
@@ -337,23 +315,36 @@ impl Store {
         Ok(blocks_of_chunk.allocate(blocks).expect("a fresh extent holds any page"))
     }
 
-    fn commit_and_install(&self, chunk: ChunkId, page: PageNo, entry: Option<PageEntry>) -> Result<()> {
-        let record = match entry {
-            Some(entry) => Record::PageSet { chunk, page, entry },
-            None => Record::PageClear { chunk, page },
-        };
+    /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
+    /// and lets go of the blocks they replace. On a journal error `new_run`, the blocks the
+    /// entries point at, is freed and the store stops.
+    fn commit_and_install(
+        &self,
+        chunk: ChunkId,
+        entries: &[(PageNo, Option<PageEntry>)],
+        new_run: Option<BlockRun>,
+    ) -> Result<()> {
+        let records: Vec<Record> = entries
+            .iter()
+            .map(|&(page, entry)| match entry {
+                Some(entry) => Record::PageSet { chunk, page, entry },
+                None => Record::PageClear { chunk, page },
+            })
+            .collect();
         let _no_checkpoint = self.checkpoint_gate.read();
-        if let Err(error) = self.journal.commit(&[record]) {
+        if let Err(error) = self.journal.commit(&records) {
             let mut state = self.state.lock();
-            if let Some(entry) = entry {
-                state.chunks.get_mut(&chunk).expect("allocated").blocks.free(entry.run);
+            if let Some(run) = new_run {
+                state.chunks.get_mut(&chunk).expect("allocated").blocks.free(run);
             }
             state.failed.get_or_insert_with(|| error.to_string());
             return Err(error);
         }
         let release = {
             let mut state = self.state.lock();
-            state.install(chunk, page, entry);
+            for &(page, entry) in entries {
+                state.install(chunk, page, entry);
+            }
             state.pending_free.len() >= RELEASE_BATCH
         };
         drop(_no_checkpoint);
