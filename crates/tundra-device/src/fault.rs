@@ -261,10 +261,26 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
     }
 }
 
+/// A faulty device is itself crashable: power fails after the chosen block writes, and
+/// recovery keeps what the media kept.
+impl<D: BlockDevice> crate::conformance::Crashable for FaultyDevice<D> {
+    fn device(&self) -> &dyn BlockDevice {
+        self
+    }
+
+    fn arm_crash(&mut self, media_writes: u64) {
+        self.crash_after(media_writes);
+    }
+
+    fn crash_and_recover(&mut self) {
+        self.recover().expect("the wrapped device recovers");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conformance::{self, Crashable, block_content};
+    use crate::conformance::{self, block_content};
     use crate::mem::MemDevice;
 
     #[test]
@@ -272,46 +288,18 @@ mod tests {
         conformance::run_all(&|blocks| Box::new(FaultyDevice::new(MemDevice::new(blocks), 1)));
     }
 
-    struct Harness(FaultyDevice<MemDevice>);
-
-    impl Crashable for Harness {
-        fn device(&self) -> &dyn BlockDevice {
-            &self.0
-        }
-        fn arm_crash(&mut self, media_writes: u64) {
-            self.0.crash_after(media_writes);
-        }
-        fn crash_and_recover(&mut self) {
-            self.0.recover().unwrap();
-        }
-    }
-
     #[test]
     fn crash_suite_on_memory() {
-        let mut harness = Harness(FaultyDevice::new(MemDevice::new(32), 9));
+        let mut harness = FaultyDevice::new(MemDevice::new(32), 9);
         let struck = conformance::crash_rounds(&mut harness, 9, 300, 12);
         assert!(struck > 50, "crashes should often strike mid-operation, struck {struck}");
-    }
-
-    struct FileHarness(FaultyDevice<crate::file::FileDevice>);
-
-    impl Crashable for FileHarness {
-        fn device(&self) -> &dyn BlockDevice {
-            &self.0
-        }
-        fn arm_crash(&mut self, media_writes: u64) {
-            self.0.crash_after(media_writes);
-        }
-        fn crash_and_recover(&mut self) {
-            self.0.recover().unwrap();
-        }
     }
 
     #[test]
     fn crash_suite_on_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = crate::file::FileDevice::create(dir.path().join("media.img"), 32 * 4096).unwrap();
-        let mut harness = FileHarness(FaultyDevice::new(file, 11));
+        let mut harness = FaultyDevice::new(file, 11);
         let struck = conformance::crash_rounds(&mut harness, 11, 200, 12);
         assert!(struck > 20, "crashes should often strike mid-operation, struck {struck}");
     }
