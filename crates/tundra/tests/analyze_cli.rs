@@ -3,28 +3,17 @@
 //! plumbing only; ratios are claimed on real data (docs/measurements.md).
 
 use std::path::Path;
-use std::process::{Command, Output};
+mod common;
+
+use common::{fails, succeeds, tundra};
 
 use serde_json::Value;
 
-fn tundra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tundra")).args(args).output().expect("run tundra")
-}
-
 fn ok(args: &[&str]) -> String {
-    let out = tundra(args);
-    assert!(out.status.success(), "tundra {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = succeeds(args);
     // Progress goes to a terminal only; a pipe gets nothing on standard error.
     assert!(out.stderr.is_empty(), "unexpected stderr: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn fails(args: &[&str], needle: &str) {
-    let out = tundra(args);
-    assert!(!out.status.success(), "tundra {args:?} should fail");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.starts_with("tundra: "), "{stderr}");
-    assert!(stderr.contains(needle), "tundra {args:?}: expected {needle:?} in {stderr}");
 }
 
 fn xorshift(state: &mut u64) -> u64 {

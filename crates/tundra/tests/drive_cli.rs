@@ -1,24 +1,13 @@
 //! End-to-end tests of `tundra drive ...` as a user runs it: the binary, real files, JSON output.
 
 use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn tundra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tundra")).args(args).output().expect("run tundra")
-}
+use common::{fails, succeeds};
 
 fn ok(args: &[&str]) -> String {
-    let out = tundra(args);
-    assert!(out.status.success(), "tundra {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = succeeds(args);
     String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn fails(args: &[&str], needle: &str) {
-    let out = tundra(args);
-    assert!(!out.status.success(), "tundra {args:?} should fail");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.starts_with("tundra: "), "{stderr}");
-    assert!(stderr.contains(needle), "tundra {args:?}: expected {needle:?} in {stderr}");
 }
 
 fn stats(image: &Path) -> serde_json::Value {

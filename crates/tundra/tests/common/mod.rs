@@ -1,0 +1,23 @@
+//! Running the `tundra` binary from the end-to-end tests.
+
+use std::process::{Command, Output};
+
+pub fn tundra(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tundra")).args(args).output().expect("run tundra")
+}
+
+/// Runs tundra, requires success, and returns its output.
+pub fn succeeds(args: &[&str]) -> Output {
+    let out = tundra(args);
+    assert!(out.status.success(), "tundra {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Runs tundra and requires a failure whose `tundra: ` message contains `needle`.
+pub fn fails(args: &[&str], needle: &str) {
+    let out = tundra(args);
+    assert!(!out.status.success(), "tundra {args:?} should fail");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("tundra: "), "{stderr}");
+    assert!(stderr.contains(needle), "tundra {args:?}: expected {needle:?} in {stderr}");
+}
