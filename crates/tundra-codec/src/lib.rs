@@ -32,7 +32,7 @@ pub use cpu::{CpuSampler, CpuTimes};
 pub use error::{Error, ErrorKind, Result};
 pub use heavy::{HeavyConfig, HeavySegment};
 pub use page::PageSize;
-pub use select::{Comparison, PageHistory, Reason, Selection, Selector, SelectorConfig};
+pub use select::{Comparison, DRIVE_TIE_BYTES_PER_US, PageHistory, Reason, Selection, Selector, SelectorConfig};
 
 use std::fmt;
 

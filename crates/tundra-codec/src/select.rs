@@ -25,6 +25,18 @@
 //!
 //! Candidates are compared as they would be stored: a candidate that saves no 4 KiB block is
 //! raw, costs the full page and needs no decompression.
+//!
+//! Tundra's addition for a compressing drive (not in the paper): when both candidates take the
+//! same number of 4 KiB blocks, the read does the same I/O and the paper's rule gives lz4. But the
+//! drive below stores each block compressed, so the difference is real: zstd's entropy-coded
+//! output is what the drive keeps, while lz4's literals are only partly squeezed by the drive
+//! (on 8 KiB PostgreSQL pages of nycflights13, every page ties at one block, and lz4 + drive
+//! stores 16% more than zstd + drive, 1% more than the drive alone). With
+//! [`SelectorConfig::tie_bytes_per_us`] set, a tie is decided by the same kind of rule on the
+//! byte-granular sizes: zstd iff `lz4_bytes − zstd_bytes > tie_bytes_per_us × overhead_us`.
+//! The rate is a space-for-latency policy, lower than the paper's read-latency rate because a
+//! byte saved on the drive saves no read I/O; docs/measurements.md shows the mix and ratios at
+//! several rates.
 
 use crate::codec::Encoding;
 use crate::{Algorithm, DecompressCost, EncodedPage, Error, PageCodec, PageSize, Result};
@@ -39,11 +51,32 @@ pub struct SelectorConfig {
     /// Above this estimated fraction of a page updated since it was last compressed, the choice
     /// is made again.
     pub update_threshold: f64,
+    /// On a compressing drive: byte-granular bytes zstd must save per extra microsecond of
+    /// decompression when both candidates take the same 4 KiB blocks. None: the paper's rule
+    /// (a tie goes to lz4).
+    pub tie_bytes_per_us: Option<f64>,
 }
 
+/// The tie rate Tundra uses above a compressing drive.
+pub const DRIVE_TIE_BYTES_PER_US: f64 = 100.0;
+
 impl Default for SelectorConfig {
+    /// The paper's thresholds, for a drive that does not compress.
     fn default() -> SelectorConfig {
-        SelectorConfig { threshold_bytes_per_us: 300.0, cpu_busy_threshold: 0.20, update_threshold: 0.30 }
+        SelectorConfig {
+            threshold_bytes_per_us: 300.0,
+            cpu_busy_threshold: 0.20,
+            update_threshold: 0.30,
+            tie_bytes_per_us: None,
+        }
+    }
+}
+
+impl SelectorConfig {
+    /// The paper's thresholds plus the tie rule at [`DRIVE_TIE_BYTES_PER_US`], for a store whose
+    /// data device compresses.
+    pub fn over_compressing_drive() -> SelectorConfig {
+        SelectorConfig { tie_bytes_per_us: Some(DRIVE_TIE_BYTES_PER_US), ..SelectorConfig::default() }
     }
 }
 
@@ -55,6 +88,11 @@ impl SelectorConfig {
         }
         if !fraction(self.cpu_busy_threshold) || !fraction(self.update_threshold) {
             return Err(Error::invalid("the CPU and update thresholds are fractions between 0 and 1"));
+        }
+        if let Some(rate) = self.tie_bytes_per_us
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            return Err(Error::invalid(format!("tie rate {rate} B/µs is not positive")));
         }
         Ok(())
     }
@@ -76,6 +114,11 @@ pub enum PageHistory {
 pub struct Comparison {
     pub lz4_bytes_4k: usize,
     pub zstd_bytes_4k: usize,
+    /// The candidates' byte-granular sizes as stored (the page size when raw).
+    pub lz4_bytes: usize,
+    pub zstd_bytes: usize,
+    /// True when the tie rule decided.
+    pub tie_rule: bool,
     pub lz4_decompress_us: f64,
     pub zstd_decompress_us: f64,
     pub chosen: Algorithm,
@@ -178,12 +221,23 @@ impl Selector {
         let mut comparison = Comparison {
             lz4_bytes_4k: lz4.bytes_4k(),
             zstd_bytes_4k: zstd.bytes_4k(),
+            lz4_bytes: lz4.data.len(),
+            zstd_bytes: zstd.data.len(),
+            tie_rule: false,
             lz4_decompress_us,
             zstd_decompress_us,
             chosen: Algorithm::Lz4,
         };
         if comparison.benefit_bytes() as f64 > self.config.threshold_bytes_per_us * comparison.overhead_us() {
             comparison.chosen = Algorithm::Zstd;
+        } else if let Some(rate) = self.config.tie_bytes_per_us
+            && comparison.benefit_bytes() == 0
+        {
+            comparison.tie_rule = true;
+            let saved = comparison.lz4_bytes as f64 - comparison.zstd_bytes as f64;
+            if saved > rate * comparison.overhead_us() {
+                comparison.chosen = Algorithm::Zstd;
+            }
         }
         comparison
     }
@@ -248,6 +302,29 @@ mod tests {
         // Two blocks for 18 µs is 455 B/µs.
         let c = selector.compare(&candidate(Algorithm::Lz4, 9000), &candidate(Algorithm::Zstd, 4000));
         assert_eq!(c.chosen, Algorithm::Zstd);
+    }
+
+    #[test]
+    fn the_tie_rule_decides_ties_on_bytes() {
+        let tie = |config: SelectorConfig, lz4: usize, zstd: usize| {
+            let cost = selector().cost;
+            let s = Selector::new(config, PageCodec::default(), cost).unwrap();
+            s.compare(&candidate(Algorithm::Lz4, lz4), &candidate(Algorithm::Zstd, zstd))
+        };
+        // One block each; overhead 4 µs + (zstd - lz4) bytes at 1 µs/KiB.
+        let paper = tie(SelectorConfig::default(), 3500, 2300);
+        assert_eq!((paper.chosen, paper.tie_rule), (Algorithm::Lz4, false));
+        let drive = SelectorConfig { tie_bytes_per_us: Some(100.0), ..SelectorConfig::default() };
+        // 1200 B saved for 4 - 1200/1024 = 2.83 µs: 424 B/µs > 100.
+        let c = tie(drive, 3500, 2300);
+        assert_eq!((c.chosen, c.tie_rule, c.lz4_bytes, c.zstd_bytes), (Algorithm::Zstd, true, 3500, 2300));
+        // 200 B saved for 3.8 µs: 53 B/µs < 100.
+        assert_eq!(tie(drive, 3500, 3300).chosen, Algorithm::Lz4);
+        // Not a tie: the block rule decides, the tie rule is not consulted.
+        let c = tie(drive, 4097, 4096);
+        assert_eq!((c.chosen, c.tie_rule), (Algorithm::Zstd, false));
+        let bad = SelectorConfig { tie_bytes_per_us: Some(0.0), ..SelectorConfig::default() };
+        assert!(Selector::new(bad, PageCodec::default(), selector().cost).is_err());
     }
 
     #[test]

@@ -42,6 +42,24 @@ pub struct AnalyzeArgs {
     /// Print one JSON object (keys in docs/cli.md) instead of Markdown tables.
     #[arg(long)]
     json: bool,
+    /// How Algorithm 1 decides when lz4 and zstd take the same 4 KiB blocks: bytes zstd must save
+    /// per extra µs of decompression, or `off` for the paper's rule (lz4).
+    #[arg(long, default_value = "100", value_name = "B/µs|off")]
+    tie_rate: String,
+}
+
+/// The selector's thresholds for `--tie-rate`: the paper's, with the tie rule at `rate`.
+pub fn selector_config(tie_rate: &str) -> Result<SelectorConfig> {
+    let tie_bytes_per_us = match tie_rate {
+        "off" => None,
+        rate => Some(
+            rate.parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite() && *r > 0.0)
+                .ok_or_else(|| anyhow::anyhow!("--tie-rate {rate:?}: give a positive number of B/µs or `off`"))?,
+        ),
+    };
+    Ok(SelectorConfig { tie_bytes_per_us, ..SelectorConfig::default() })
 }
 
 /// Input sizes of seed 000 Figure 2b. Each divides [`UNIT_BYTES`], so that a unit of work holds
@@ -74,7 +92,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     }
     let codec = PageCodec::default();
     let cost = calibrate(&codec, &files, page_size, pages)?;
-    let selector = Selector::new(SelectorConfig::default(), codec, cost)?;
+    let selector = Selector::new(selector_config(&args.tie_rate)?, codec, cost)?;
     let totals = scan(&files, page_size, &codec, &selector)?;
     let input = Input {
         files: files.iter().map(|f| (f.path.display().to_string(), f.bytes)).collect(),

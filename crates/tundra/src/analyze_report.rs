@@ -144,6 +144,8 @@ struct Figure5c {
 #[derive(Serialize)]
 struct SelectorJson {
     threshold_bytes_per_us: f64,
+    /// The tie rule's rate above the drive; null for the paper's rule.
+    tie_bytes_per_us: Option<f64>,
     cpu_busy_fraction: f64,
     first_write: bool,
     decompress_cost: CostJson,
@@ -195,6 +197,7 @@ impl Report {
             },
             selector: SelectorJson {
                 threshold_bytes_per_us: input.selector.config().threshold_bytes_per_us,
+                tie_bytes_per_us: input.selector.config().tie_bytes_per_us,
                 cpu_busy_fraction: 0.0,
                 first_write: true,
                 decompress_cost: CostJson { lz4: cost.lz4.into(), zstd: cost.zstd.into() },
@@ -312,9 +315,13 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "- adaptive: Algorithm 1 (seed 000 §3.3.2) at {} B/µs on an idle host, every page a first write; \
+            "- adaptive: Algorithm 1 (seed 000 §3.3.2) at {} B/µs, {}, on an idle host, every page a first write; \
              decompression calibrated on this machine: lz4 {:.2} µs + {:.3} µs/KiB, zstd {:.2} µs + {:.3} µs/KiB\n",
             self.selector.threshold_bytes_per_us,
+            match self.selector.tie_bytes_per_us {
+                Some(rate) => format!("block ties decided at {rate} B/µs of byte-granular saving"),
+                None => "block ties to lz4 (the paper's rule)".to_string(),
+            },
             cost.lz4.fixed_us,
             cost.lz4.us_per_kib,
             cost.zstd.fixed_us,

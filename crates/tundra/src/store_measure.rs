@@ -35,6 +35,9 @@ pub struct MeasureArgs {
     dir: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    /// Algorithm 1's rule for block ties, as for `tundra analyze`.
+    #[arg(long, default_value = "100", value_name = "B/µs|off")]
+    tie_rate: String,
 }
 
 #[derive(Serialize)]
@@ -85,7 +88,8 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     let dir =
         args.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("tundra-measure-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let result = measure_all(&files, page_size, logical, &dir);
+    let config = crate::analyze::selector_config(&args.tie_rate)?;
+    let result = measure_all(&files, page_size, logical, &dir, config);
     let _ = std::fs::remove_dir_all(&dir);
     let (drive_only, plain, layouts) = result?;
     let report = Report {
@@ -171,6 +175,7 @@ fn measure_all(
     page_size: tundra_codec::PageSize,
     logical: u64,
     dir: &Path,
+    config: SelectorConfig,
 ) -> Result<Measured> {
     let page_bytes = page_size.bytes() as u64;
     let pages = logical / page_bytes;
@@ -209,7 +214,7 @@ fn measure_all(
             mode: VolumeMode::Normal,
         };
         store.create_volume(volume.clone())?;
-        let selector = Selector::new(SelectorConfig::default(), codec, cost)?;
+        let selector = Selector::new(config, codec, cost)?;
         let pages_path = Pages::new(store, page_size, selector, codec, CpuLoad::Fixed(0.0))?;
         pages_path.set_cache_pages(0);
         let mut page_buf = vec![0u8; page_size.bytes()];
