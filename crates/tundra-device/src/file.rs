@@ -246,6 +246,28 @@ impl FileDevice {
         Ok(self.file.metadata()?.blocks() * 512)
     }
 
+    /// Bytes of `start..end` the file has data for, walking its data extents (SEEK_DATA /
+    /// SEEK_HOLE).
+    fn data_bytes_between(&self, start: u64, end: u64) -> io::Result<u64> {
+        use rustix::fs::{SeekFrom, seek};
+        let mut total = 0;
+        let mut at = start;
+        while at < end {
+            let data = match seek(&self.file, SeekFrom::Data(at)) {
+                Ok(offset) => offset,
+                Err(rustix::io::Errno::NXIO) => break,
+                Err(e) => return Err(e.into()),
+            };
+            if data >= end {
+                break;
+            }
+            let hole = seek(&self.file, SeekFrom::Hole(data))?;
+            total += hole.min(end) - data;
+            at = hole;
+        }
+        Ok(total)
+    }
+
     fn io_error(&self, doing: &str, err: io::Error) -> Error {
         Error::io(format!("{doing} of {}", self.path.display()), err)
     }
@@ -319,6 +341,16 @@ impl BlockDevice for FileDevice {
             mapped_bytes: used,
             physical_used_bytes: used,
             physical_capacity_bytes: capacity,
+        }
+    }
+
+    fn mapped_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        match self.backing {
+            Backing::RegularFile => {
+                let start = lba.byte_offset();
+                self.data_bytes_between(start, start + count * BLOCK_SIZE_BYTES).ok()
+            }
+            Backing::BlockDevice => Some(count * BLOCK_SIZE_BYTES),
         }
     }
 }

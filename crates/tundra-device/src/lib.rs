@@ -15,6 +15,7 @@ pub mod fault;
 pub mod file;
 pub mod mem;
 pub mod size;
+pub mod slice;
 
 pub use error::{Error, ErrorKind, Result};
 
@@ -89,6 +90,12 @@ pub trait BlockDevice: Send + Sync {
 
     /// Current logical and physical usage.
     fn usage(&self) -> Usage;
+
+    /// Bytes holding data in the `count` blocks at `lba`, when the device can tell a range's
+    /// share apart (a sparse file can); None otherwise.
+    fn mapped_bytes_in(&self, _lba: Lba, _count: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// Checks that a buffer of `len` bytes at `lba` is whole blocks inside a device of `block_count`

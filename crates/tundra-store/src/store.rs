@@ -105,6 +105,20 @@ pub struct StoreStats {
     pub index_memory_bytes: u64,
 }
 
+/// Space figures of one volume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub pages: u64,
+    /// Bytes of 4 KiB blocks the volume's pages occupy (heavy segments counted once).
+    pub stored_bytes: u64,
+    /// Bytes the stored pages take at byte granularity (heavy pages: their segments' length).
+    pub compressed_bytes: u64,
+    pub raw_pages: u64,
+    pub lz4_pages: u64,
+    pub zstd_pages: u64,
+    pub heavy_pages: u64,
+}
+
 /// One node's page store.
 pub struct Store {
     data: Arc<dyn BlockDevice>,
@@ -475,6 +489,34 @@ impl Store {
         stats.stored_bytes +=
             state.heavy_refs.keys().map(|(_, run)| u64::from(run.count) * BLOCK_SIZE as u64).sum::<u64>();
         stats
+    }
+
+    /// Space figures of volume `id` (zero for an unknown volume).
+    pub fn volume_usage(&self, id: VolumeId) -> VolumeUsage {
+        let state = self.state.lock();
+        let mut usage = VolumeUsage::default();
+        for (&chunk, c) in state.chunks.iter().filter(|(chunk, _)| chunk.volume() == id) {
+            for (_, entry) in c.index.iter() {
+                usage.pages += 1;
+                let bytes = u64::from(entry.run.count) * BLOCK_SIZE as u64;
+                match entry.encoding {
+                    Encoding::Heavy => usage.heavy_pages += 1,
+                    Encoding::Raw => usage.raw_pages += 1,
+                    Encoding::Lz4 => usage.lz4_pages += 1,
+                    Encoding::Zstd => usage.zstd_pages += 1,
+                }
+                if entry.encoding != Encoding::Heavy {
+                    usage.stored_bytes += bytes;
+                    usage.compressed_bytes += u64::from(entry.stored_len);
+                }
+            }
+            for (_, run) in state.heavy_refs.keys().filter(|(c, _)| *c == chunk) {
+                let bytes = u64::from(run.count) * BLOCK_SIZE as u64;
+                usage.stored_bytes += bytes;
+                usage.compressed_bytes += bytes;
+            }
+        }
+        usage
     }
 
     /// Every page's entry, for checks.

@@ -1,0 +1,147 @@
+//! The node's configuration: a TOML file, every key optional. `tundra serve` with no file runs
+//! the embedded default: everything in `./tundra-data`, sizes chosen from the free disk there,
+//! listening on 127.0.0.1 only.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tundra_codec::{DRIVE_TIE_BYTES_PER_US, SelectorConfig};
+
+use crate::{Error, Result};
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the drive image, the fast device image and the node's layout file live.
+    pub data_dir: PathBuf,
+    pub listen: Listen,
+    pub drive: DriveConfig,
+    pub fast: FastConfig,
+    pub compression: CompressionConfig,
+    pub cache: CacheConfig,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            data_dir: PathBuf::from("tundra-data"),
+            listen: Listen::default(),
+            drive: DriveConfig::default(),
+            fast: FastConfig::default(),
+            compression: CompressionConfig::default(),
+            cache: CacheConfig::default(),
+        }
+    }
+}
+
+/// Addresses the node listens on; an empty string turns that listener off.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listen {
+    /// The native page protocol (docs/protocol.md), also used by the `tundra` command line.
+    pub native: String,
+    /// NBD, one export per volume.
+    pub nbd: String,
+    /// Prometheus metrics over HTTP at /metrics.
+    pub metrics: String,
+}
+
+pub const DEFAULT_NATIVE_ADDR: &str = "127.0.0.1:7807";
+pub const DEFAULT_NBD_ADDR: &str = "127.0.0.1:10809";
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9807";
+
+impl Default for Listen {
+    fn default() -> Listen {
+        Listen {
+            native: DEFAULT_NATIVE_ADDR.into(),
+            nbd: DEFAULT_NBD_ADDR.into(),
+            metrics: DEFAULT_METRICS_ADDR.into(),
+        }
+    }
+}
+
+/// The emulated compressing drive; used when the data directory is first set up.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DriveConfig {
+    /// Physical capacity (e.g. "8GiB"); default: half the free space, between 256 MiB and 16 GiB.
+    pub physical: Option<String>,
+    /// Logical capacity the drive exposes; default: twice the physical.
+    pub logical: Option<String>,
+}
+
+/// The fast device: the store's journal, and the uncompressed volumes (mode none).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FastConfig {
+    /// Space for uncompressed volumes; default: an eighth of the free space, between 256 MiB and 4 GiB.
+    pub volumes: Option<String>,
+}
+
+/// Algorithm 1's thresholds (seed 000 §3.3.2) and Tundra's tie rule.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompressionConfig {
+    pub threshold_bytes_per_us: f64,
+    pub cpu_busy_threshold: f64,
+    pub update_threshold: f64,
+    /// B/µs for 4 KiB block ties, or 0 for the paper's rule.
+    pub tie_bytes_per_us: f64,
+}
+
+impl Default for CompressionConfig {
+    fn default() -> CompressionConfig {
+        let paper = SelectorConfig::default();
+        CompressionConfig {
+            threshold_bytes_per_us: paper.threshold_bytes_per_us,
+            cpu_busy_threshold: paper.cpu_busy_threshold,
+            update_threshold: paper.update_threshold,
+            tie_bytes_per_us: DRIVE_TIE_BYTES_PER_US,
+        }
+    }
+}
+
+impl CompressionConfig {
+    pub fn selector(&self) -> SelectorConfig {
+        SelectorConfig {
+            threshold_bytes_per_us: self.threshold_bytes_per_us,
+            cpu_busy_threshold: self.cpu_busy_threshold,
+            update_threshold: self.update_threshold,
+            tie_bytes_per_us: (self.tie_bytes_per_us > 0.0).then_some(self.tie_bytes_per_us),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Decompressed pages kept in memory per page size and device (0 turns the cache off).
+    pub pages: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig { pages: tundra_store::pages::DEFAULT_CACHE_PAGES }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; unknown keys are errors, so a typo never passes silently.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Invalid(format!("reading config {}: {e}", path.display())))?;
+        Config::parse(&text).map_err(|e| Error::Invalid(format!("config {}: {e}", path.display())))
+    }
+
+    pub fn parse(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text).map_err(|e| Error::Invalid(e.to_string()))?;
+        let flat = tundra_codec::LinearCost { fixed_us: 1.0, us_per_byte: 0.0 };
+        let cost = tundra_codec::DecompressCost { page_size: tundra_codec::PageSize::Kib8, lz4: flat, zstd: flat };
+        tundra_codec::Selector::new(config.compression.selector(), tundra_codec::PageCodec::default(), cost)
+            .map_err(|e| Error::Invalid(format!("[compression]: {e}")))?;
+        if config.compression.tie_bytes_per_us < 0.0 {
+            return Err(Error::Invalid("[compression] tie_bytes_per_us is negative".into()));
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,772 @@
+//! The Tundra node (seed 000 §3.2): one machine's volumes on the page store, for the native page
+//! protocol, NBD and the command line.
+//!
+//! A node owns a data directory holding two files: the emulated compressing drive's media
+//! (`drive.img`), where the page store keeps compressed pages, and the fast device (`fast.img`),
+//! cut into three slices: the store's journal, and a second store, never compressed, for volumes
+//! of mode none, the place for redo/WAL (seed 000 §3.3.1, Opt#1). `layout.toml` records the sizes
+//! chosen when the directory was set up, so every later start finds the same geometry.
+//!
+//! Volumes are addressed in pages ([`Node::read_page`], [`Node::write_page`]) by cloud-native
+//! engines, and in bytes ([`Node::read_bytes`], [`Node::write_bytes`]) by block-device clients:
+//! an aligned whole page goes through Algorithm 1, an unaligned piece is merged into its page
+//! and stored raw (the none mode of seed 000 §3.2.3), and compressed again later by a
+//! background pass once it can be.
+//!
+//! Every write is durable when it returns (the store's journal commits it), so flush has nothing
+//! left to do but is kept for the protocols.
+
+pub mod config;
+pub mod histogram;
+mod layout;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tundra_codec::{Algorithm, DecompressCost, PageCodec, PageSize, Selector, calibration_pages};
+use tundra_device::csd::{CsdConfig, CsdDevice};
+use tundra_device::file::FileDevice;
+use tundra_device::slice::SliceDevice;
+use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
+use tundra_store::ids::VolumeId;
+use tundra_store::pages::{CheckReport, CpuLoad, Pages};
+use tundra_store::store::Store;
+use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
+
+pub use config::Config;
+use histogram::{Histogram, LatencySummary};
+pub use layout::Layout;
+
+/// What went wrong, in the classes the protocols report.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Exists(String),
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    Corrupted(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Closed(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<tundra_store::Error> for Error {
+    fn from(e: tundra_store::Error) -> Error {
+        use tundra_store::ErrorKind as K;
+        let message = e.to_string();
+        match e.kind() {
+            K::Invalid => Error::Invalid(message),
+            K::Full => Error::NoSpace(message),
+            K::Corrupted => Error::Corrupted(message),
+            K::Io => Error::Io(message),
+            K::Closed => Error::Closed(message),
+            _ => Error::Io(message),
+        }
+    }
+}
+
+impl From<tundra_device::Error> for Error {
+    fn from(e: tundra_device::Error) -> Error {
+        tundra_store::Error::from(e).into()
+    }
+}
+
+/// How a page write is compressed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WriteMode {
+    /// Algorithm 1. `update_fraction` is the caller's estimate of how much of the page changed
+    /// since its last write (from its redo volume); None: unknown.
+    Auto {
+        update_fraction: Option<f64>,
+    },
+    Lz4,
+    Zstd,
+    /// Stored raw (the none mode).
+    None,
+}
+
+/// Which device a volume lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// The compressing drive (mode normal).
+    Drive,
+    /// The fast device, never compressed (mode none).
+    Fast,
+}
+
+/// A volume and the page path that serves it.
+#[derive(Clone)]
+pub struct VolumeRef {
+    pub volume: Volume,
+    pub device: Device,
+    pages: Arc<Pages>,
+    latency: Arc<VolumeLatency>,
+}
+
+impl VolumeRef {
+    pub fn page_size(&self) -> usize {
+        self.volume.page_size as usize
+    }
+}
+
+/// Latency histograms of one volume.
+#[derive(Default)]
+pub struct VolumeLatency {
+    pub page_read: Histogram,
+    pub page_write: Histogram,
+    pub flush: Histogram,
+}
+
+/// The node.
+pub struct Node {
+    data_dir: PathBuf,
+    layout: Layout,
+    drive: Arc<CsdDevice>,
+    fast_device: Arc<dyn BlockDevice>,
+    data: Arc<Store>,
+    fast: Arc<Store>,
+    /// Page paths per (device, page size).
+    paths: BTreeMap<(Device, u32), Arc<Pages>>,
+    volumes: RwLock<BTreeMap<VolumeId, VolumeRef>>,
+    latency: Mutex<BTreeMap<VolumeId, Arc<VolumeLatency>>>,
+    /// Versions given to block-device writes, above every version stored.
+    version: AtomicU64,
+    /// Volume create, resize and delete one at a time.
+    admin: Mutex<()>,
+    pub started: Instant,
+}
+
+const PAGE_SIZES: [PageSize; 2] = [PageSize::Kib8, PageSize::Kib16];
+
+impl Node {
+    /// Opens the node on `config.data_dir`, setting the directory up on first use. `progress`
+    /// hears what is happening (sizes chosen, recovery).
+    pub fn open(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Node> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
+        let (layout, fresh) = layout::open_or_create(&dir, config, progress)?;
+        let drive_media = FileDevice::open(dir.join(layout::DRIVE_FILE))?;
+        let csd_config = CsdConfig::default();
+        let drive = Arc::new(if fresh {
+            CsdDevice::format(Arc::new(drive_media), &layout.drive_format(), csd_config)?
+        } else {
+            CsdDevice::open(Arc::new(drive_media), csd_config)?
+        });
+        let fast_device: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(dir.join(layout::FAST_FILE))?);
+        let slices = layout.fast_slices();
+        let data_journal: Arc<dyn BlockDevice> =
+            Arc::new(SliceDevice::new(fast_device.clone(), Lba(slices.data_journal.0), slices.data_journal.1)?);
+        let fast_journal: Arc<dyn BlockDevice> =
+            Arc::new(SliceDevice::new(fast_device.clone(), Lba(slices.fast_journal.0), slices.fast_journal.1)?);
+        let fast_data: Arc<dyn BlockDevice> =
+            Arc::new(SliceDevice::new(fast_device.clone(), Lba(slices.fast_data.0), slices.fast_data.1)?);
+        if fresh {
+            tundra_store::journal::Journal::format(data_journal.as_ref(), layout.data_journal_geometry())?;
+            tundra_store::journal::Journal::format(fast_journal.as_ref(), layout.fast_journal_geometry())?;
+            layout::commit(&dir, &layout)?;
+        }
+        progress("recovering the page store");
+        let data = Arc::new(Store::open(drive.clone(), data_journal)?);
+        let fast = Arc::new(Store::open(fast_data, fast_journal)?);
+
+        let codec = PageCodec::default();
+        let mut paths = BTreeMap::new();
+        for page_size in PAGE_SIZES {
+            let samples = calibration_pages(page_size);
+            let refs: Vec<&[u8]> = samples.iter().map(|p| p.as_slice()).collect();
+            let cost = DecompressCost::calibrate(&codec, &refs).map_err(|e| Error::Io(e.to_string()))?;
+            for (device, store) in [(Device::Drive, &data), (Device::Fast, &fast)] {
+                let selector = Selector::new(config.compression.selector(), codec, cost)
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                let cpu = match tundra_codec::CpuSampler::new() {
+                    Ok(sampler) => CpuLoad::Sampled(Mutex::new(sampler)),
+                    Err(_) => CpuLoad::Fixed(0.0),
+                };
+                let pages = Pages::new(store.clone(), page_size, selector, codec, cpu)?;
+                pages.set_cache_pages(config.cache.pages);
+                paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
+            }
+        }
+        let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.version).max();
+        let node = Node {
+            data_dir: dir,
+            layout,
+            drive,
+            fast_device,
+            data,
+            fast,
+            paths,
+            volumes: RwLock::new(BTreeMap::new()),
+            latency: Mutex::new(BTreeMap::new()),
+            version: AtomicU64::new(max_version.unwrap_or(0) + 1),
+            admin: Mutex::new(()),
+            started: Instant::now(),
+        };
+        node.refresh_volumes();
+        Ok(node)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn store(&self, device: Device) -> &Arc<Store> {
+        match device {
+            Device::Drive => &self.data,
+            Device::Fast => &self.fast,
+        }
+    }
+
+    /// Rebuilds the volume table from the two stores.
+    fn refresh_volumes(&self) {
+        let mut table = BTreeMap::new();
+        let mut latency = self.latency.lock();
+        for device in [Device::Drive, Device::Fast] {
+            for volume in self.store(device).volumes() {
+                let pages = self.paths[&(device, volume.page_size)].clone();
+                let latency = latency.entry(volume.id).or_default().clone();
+                table.insert(volume.id, VolumeRef { volume, device, pages, latency });
+            }
+        }
+        latency.retain(|id, _| table.contains_key(id));
+        *self.volumes.write() = table;
+    }
+
+    pub fn volumes(&self) -> Vec<VolumeRef> {
+        self.volumes.read().values().cloned().collect()
+    }
+
+    pub fn volume(&self, id: VolumeId) -> Result<VolumeRef> {
+        self.volumes.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no volume with id {}", id.0)))
+    }
+
+    pub fn volume_by_name(&self, name: &str) -> Result<VolumeRef> {
+        self.volumes
+            .read()
+            .values()
+            .find(|v| v.volume.name == name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("no volume named {name:?}")))
+    }
+
+    /// Creates a volume: mode normal on the drive, mode none on the fast device.
+    pub fn volume_create(&self, name: &str, size_bytes: u64, page_size: u32, mode: VolumeMode) -> Result<VolumeRef> {
+        let _one = self.admin.lock();
+        if self.volume_by_name(name).is_ok() {
+            return Err(Error::Exists(format!("a volume named {name:?} exists")));
+        }
+        let device = if mode == VolumeMode::None { Device::Fast } else { Device::Drive };
+        let id = VolumeId(self.volumes.read().keys().map(|id| id.0).max().unwrap_or(0) + 1);
+        let volume =
+            Volume { id, name: name.to_string(), size_bytes, page_size, chunk_bytes: DEFAULT_CHUNK_BYTES, mode };
+        volume.validate()?;
+        self.check_capacity(device, None, &volume)?;
+        self.store(device).create_volume(volume)?;
+        self.refresh_volumes();
+        self.volume(id)
+    }
+
+    /// Refuses a volume whose pages could not all be checkpointed in the journal: the node
+    /// promises every page of every volume can be written.
+    fn check_capacity(&self, device: Device, replacing: Option<VolumeId>, volume: &Volume) -> Result<()> {
+        let pages: u64 = self
+            .volumes
+            .read()
+            .values()
+            .filter(|v| v.device == device && Some(v.volume.id) != replacing)
+            .map(|v| v.volume.page_count())
+            .sum::<u64>()
+            + volume.page_count();
+        let limit = match device {
+            Device::Drive => self.layout.drive_page_limit(),
+            Device::Fast => self.layout.fast_page_limit(),
+        };
+        if pages > limit {
+            let what = match device {
+                Device::Drive => "compressed volumes",
+                Device::Fast => "uncompressed volumes (mode none)",
+            };
+            return Err(Error::NoSpace(format!(
+                "{what} on this node hold at most {limit} pages of 4 KiB-or-larger in all; \
+                 with this volume they would hold {pages}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Grows a volume (shrinking would drop data and is refused).
+    pub fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeRef> {
+        let _one = self.admin.lock();
+        let current = self.volume_by_name(name)?;
+        if size_bytes < current.volume.size_bytes {
+            return Err(Error::Invalid(format!(
+                "volume {name:?} is {} bytes; shrinking it to {size_bytes} would drop data and is not supported",
+                current.volume.size_bytes
+            )));
+        }
+        let grown = Volume { size_bytes, ..current.volume.clone() };
+        grown.validate()?;
+        self.check_capacity(current.device, Some(current.volume.id), &grown)?;
+        self.store(current.device).resize_volume(current.volume.id, size_bytes)?;
+        self.refresh_volumes();
+        self.volume(current.volume.id)
+    }
+
+    /// Deletes a volume and frees its pages.
+    pub fn volume_delete(&self, name: &str) -> Result<()> {
+        let _one = self.admin.lock();
+        let current = self.volume_by_name(name)?;
+        self.store(current.device).delete_volume(current.volume.id)?;
+        self.refresh_volumes();
+        Ok(())
+    }
+
+    /// Reads page `index` of a volume into `out` (exactly one page; zeros if never written).
+    pub fn read_page(&self, volume: &VolumeRef, index: u64, out: &mut [u8]) -> Result<()> {
+        let started = Instant::now();
+        check_len(volume, out.len())?;
+        let (chunk, page) = volume.volume.locate(index)?;
+        match volume.pages.read_page(chunk, page)? {
+            Some(content) => out.copy_from_slice(&content),
+            None => out.fill(0),
+        }
+        volume.latency.page_read.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// Writes page `index` of a volume, durably.
+    pub fn write_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
+        let started = Instant::now();
+        check_len(volume, content.len())?;
+        let (chunk, page) = volume.volume.locate(index)?;
+        let version = self.version.fetch_add(1, Ordering::Relaxed);
+        let mode = if volume.volume.mode == VolumeMode::None { WriteMode::None } else { mode };
+        match mode {
+            WriteMode::Auto { update_fraction } => {
+                volume.pages.write_page(chunk, page, content, version, update_fraction)?;
+            }
+            WriteMode::Lz4 => volume.pages.write_page_with(chunk, page, content, version, Some(Algorithm::Lz4))?,
+            WriteMode::Zstd => volume.pages.write_page_with(chunk, page, content, version, Some(Algorithm::Zstd))?,
+            WriteMode::None => volume.pages.write_page_with(chunk, page, content, version, None)?,
+        }
+        volume.latency.page_write.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// Removes `count` pages from `first`: they read as zeros and their blocks are freed.
+    pub fn trim_pages(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
+        check_range(volume, first, count)?;
+        for index in first..first + count {
+            let (chunk, page) = volume.volume.locate(index)?;
+            volume.pages.trim_page(chunk, page)?;
+        }
+        Ok(())
+    }
+
+    /// Heavy compression of `count` pages from `first` (seed 000 §3.2.3), chunk by chunk.
+    pub fn heavy_compress(
+        &self,
+        volume: &VolumeRef,
+        first: u64,
+        count: u64,
+    ) -> Result<tundra_store::pages::HeavyReport> {
+        check_range(volume, first, count)?;
+        if volume.volume.mode == VolumeMode::None {
+            return Err(Error::Invalid(format!("volume {:?} is never compressed", volume.volume.name)));
+        }
+        let mut total = tundra_store::pages::HeavyReport::default();
+        let per_chunk = volume.volume.pages_per_chunk();
+        let mut index = first;
+        while index < first + count {
+            let (chunk, page) = volume.volume.locate(index)?;
+            let n = (per_chunk - u64::from(page.0)).min(first + count - index);
+            let report = volume.pages.heavy_compress(chunk, page, n as u32)?;
+            total.pages += report.pages;
+            total.segments += report.segments;
+            total.bytes_before += report.bytes_before;
+            total.bytes_after += report.bytes_after;
+            index += n;
+        }
+        Ok(total)
+    }
+
+    /// Makes every write durable. Writes already are when they return; this flushes the
+    /// devices for clients that count on it.
+    pub fn flush(&self, volume: Option<&VolumeRef>) -> Result<()> {
+        let started = Instant::now();
+        self.drive.flush()?;
+        self.fast_device.flush()?;
+        if let Some(volume) = volume {
+            volume.latency.flush.observe(started.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of a volume.
+    pub fn read_bytes(&self, volume: &VolumeRef, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_bytes(volume, offset, buf.len() as u64)?;
+        let page_size = volume.page_size();
+        let mut page = vec![0u8; page_size];
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let index = at / page_size as u64;
+            let within = (at % page_size as u64) as usize;
+            let n = (page_size - within).min(buf.len() - done);
+            if within == 0 && n == page_size {
+                self.read_page(volume, index, &mut buf[done..done + n])?;
+            } else {
+                self.read_page(volume, index, &mut page)?;
+                buf[done..done + n].copy_from_slice(&page[within..within + n]);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset`: whole aligned pages through Algorithm 1, pieces merged
+    /// into their page and stored raw (the none mode).
+    pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<()> {
+        check_bytes(volume, offset, data.len() as u64)?;
+        let page_size = volume.page_size();
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / page_size as u64;
+            let within = (at % page_size as u64) as usize;
+            let n = (page_size - within).min(data.len() - done);
+            if within == 0 && n == page_size {
+                self.write_page(volume, index, self.block_write_mode(volume, index), &data[done..done + n])?;
+            } else {
+                let started = Instant::now();
+                let (chunk, page) = volume.volume.locate(index)?;
+                let version = self.version.fetch_add(1, Ordering::Relaxed);
+                volume.pages.write_partial(chunk, page, within, &data[done..done + n], version)?;
+                volume.latency.page_write.observe(started.elapsed());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Algorithm 1 for a block-device write, which carries no redo volume to estimate how much
+    /// of the page changed: the comparison is made again on one rewrite in four (chosen by a
+    /// hash of page and version, so pages do not move in step), and otherwise the page keeps
+    /// its algorithm, so most rewrites compress once.
+    fn block_write_mode(&self, volume: &VolumeRef, index: u64) -> WriteMode {
+        let version = self.version.load(Ordering::Relaxed);
+        let mix =
+            (index ^ (u64::from(volume.volume.id.0) << 40)).wrapping_add(version).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        WriteMode::Auto { update_fraction: if mix >> 62 == 0 { None } else { Some(0.0) } }
+    }
+
+    /// Zeroes `len` bytes at `offset`: whole pages are trimmed (they read as zeros and free
+    /// their blocks), pieces of pages written as zeros.
+    pub fn zero_bytes(&self, volume: &VolumeRef, offset: u64, len: u64) -> Result<()> {
+        check_bytes(volume, offset, len)?;
+        let page_size = volume.page_size() as u64;
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let index = at / page_size;
+            let within = at % page_size;
+            let n = (page_size - within).min(end - at);
+            if within == 0 && n == page_size {
+                // A run of whole pages.
+                let pages = (end - at) / page_size;
+                self.trim_pages(volume, index, pages)?;
+                at += pages * page_size;
+            } else {
+                self.write_bytes(volume, at, &vec![0u8; n as usize])?;
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Background work, called about once a second: checkpoints when the journal is half full,
+    /// compresses pages partial writes left raw.
+    pub fn background(&self) -> Result<()> {
+        self.data.maybe_checkpoint()?;
+        self.fast.maybe_checkpoint()?;
+        for pages in self.paths.values() {
+            pages.recompress_partial()?;
+        }
+        Ok(())
+    }
+
+    /// Checks the whole node (what `tundra fsck` runs, offline): every page of both stores read
+    /// and verified, every block referenced once, no leaked blocks.
+    pub fn check(&self) -> Result<Vec<(Device, CheckReport)>> {
+        let mut reports = Vec::new();
+        for device in [Device::Drive, Device::Fast] {
+            // Each page size's path reads its own volumes' pages; both count every block.
+            let mut merged = CheckReport::default();
+            for page_size in PAGE_SIZES {
+                let report = self.paths[&(device, page_size.bytes() as u32)].check()?;
+                merged.pages += report.pages;
+                merged.referenced_bytes = report.referenced_bytes;
+                merged.device_mapped_bytes = report.device_mapped_bytes;
+                for line in report.damaged {
+                    if !merged.damaged.contains(&line) {
+                        merged.damaged.push(line);
+                    }
+                }
+            }
+            reports.push((device, merged));
+        }
+        Ok(reports)
+    }
+
+    /// Checkpoints both stores and the drive, so the next start recovers at once.
+    pub fn close(&self) -> Result<()> {
+        self.data.checkpoint()?;
+        self.fast.checkpoint()?;
+        self.drive.checkpoint()?;
+        self.fast_device.flush()?;
+        Ok(())
+    }
+
+    /// Everything `tundra stats` shows.
+    pub fn stats(&self) -> NodeStats {
+        let drive = self.drive.stats();
+        let mut volumes = Vec::new();
+        let mut node = SpaceStats::default();
+        for v in self.volumes() {
+            let usage = self.store(v.device).volume_usage(v.volume.id);
+            let logical = usage.pages * u64::from(v.volume.page_size);
+            let space = SpaceStats {
+                pages: usage.pages,
+                logical_bytes: logical,
+                software_bytes: usage.stored_bytes,
+                compressed_bytes: usage.compressed_bytes,
+                raw_pages: usage.raw_pages,
+                lz4_pages: usage.lz4_pages,
+                zstd_pages: usage.zstd_pages,
+                heavy_pages: usage.heavy_pages,
+            };
+            if v.device == Device::Drive {
+                node.add(&space);
+            }
+            volumes.push((v, space));
+        }
+        let drive_physical = drive.physical_used_bytes;
+        let volumes = volumes
+            .into_iter()
+            .map(|(v, space)| {
+                // The drive does not know volumes: its physical bytes are shared out in
+                // proportion to the blocks each volume's pages take.
+                let physical = match v.device {
+                    Device::Drive if node.software_bytes > 0 => {
+                        (drive_physical as u128 * space.software_bytes as u128 / node.software_bytes as u128) as u64
+                    }
+                    Device::Drive => 0,
+                    Device::Fast => space.software_bytes,
+                };
+                VolumeStats {
+                    id: v.volume.id.0,
+                    name: v.volume.name.clone(),
+                    size_bytes: v.volume.size_bytes,
+                    page_size: v.volume.page_size,
+                    mode: mode_name(v.volume.mode),
+                    device: v.device,
+                    software_ratio: ratio(space.logical_bytes, space.software_bytes),
+                    physical_bytes_attributed: physical,
+                    ratio: ratio(space.logical_bytes, physical),
+                    space,
+                    page_read: v.latency.page_read.summary(),
+                    page_write: v.latency.page_write.summary(),
+                    flush: v.latency.flush.summary(),
+                }
+            })
+            .collect();
+        let cache = self.paths.values().map(|p| p.cache_stats()).fold((0, 0), |(h, m), s| (h + s.hits, m + s.misses));
+        let store = self.data.stats();
+        NodeStats {
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            data_dir: self.data_dir.display().to_string(),
+            software_ratio: ratio(node.logical_bytes, node.software_bytes),
+            drive_ratio: ratio(drive.mapped_bytes, drive.physical_used_bytes),
+            ratio: ratio(node.logical_bytes, drive.physical_used_bytes),
+            compressed: node,
+            drive: DriveStats {
+                logical_capacity_bytes: drive.logical_capacity_bytes,
+                physical_capacity_bytes: drive.physical_capacity_bytes,
+                mapped_bytes: drive.mapped_bytes,
+                physical_used_bytes: drive.physical_used_bytes,
+                gc_write_amplification: drive.gc_write_amplification(),
+                gc_moved_bytes: drive.counters.gc_moved_bytes,
+                free_segments: drive.free_segments,
+                segments: drive.segments,
+            },
+            index_memory_bytes: store.index_memory_bytes + self.fast.stats().index_memory_bytes,
+            index_bytes_per_page: if store.pages == 0 {
+                0.0
+            } else {
+                store.index_memory_bytes as f64 / store.pages as f64
+            },
+            cache_hits: cache.0,
+            cache_misses: cache.1,
+            volumes,
+        }
+    }
+}
+
+fn mode_name(mode: VolumeMode) -> &'static str {
+    match mode {
+        VolumeMode::Normal => "normal",
+        VolumeMode::None => "none",
+    }
+}
+
+fn ratio(logical: u64, physical: u64) -> f64 {
+    if physical == 0 { 0.0 } else { logical as f64 / physical as f64 }
+}
+
+fn check_len(volume: &VolumeRef, len: usize) -> Result<()> {
+    if len != volume.page_size() {
+        return Err(Error::Invalid(format!(
+            "a page of {len} bytes for volume {:?} of {}-byte pages",
+            volume.volume.name, volume.volume.page_size
+        )));
+    }
+    Ok(())
+}
+
+fn check_range(volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
+    match first.checked_add(count) {
+        Some(end) if end <= volume.volume.page_count() => Ok(()),
+        _ => Err(Error::Invalid(format!(
+            "pages {first}..+{count} are outside volume {:?} ({} pages)",
+            volume.volume.name,
+            volume.volume.page_count()
+        ))),
+    }
+}
+
+fn check_bytes(volume: &VolumeRef, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= volume.volume.size_bytes => Ok(()),
+        _ => Err(Error::Invalid(format!(
+            "bytes {offset}..+{len} are outside volume {:?} ({} bytes)",
+            volume.volume.name, volume.volume.size_bytes
+        ))),
+    }
+}
+
+/// Space of a set of pages, by layer.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SpaceStats {
+    pub pages: u64,
+    /// Pages times the page size.
+    pub logical_bytes: u64,
+    /// What the pages take after software compression, in 4 KiB blocks.
+    pub software_bytes: u64,
+    /// What they take at byte granularity.
+    pub compressed_bytes: u64,
+    pub raw_pages: u64,
+    pub lz4_pages: u64,
+    pub zstd_pages: u64,
+    pub heavy_pages: u64,
+}
+
+impl SpaceStats {
+    fn add(&mut self, o: &SpaceStats) {
+        self.pages += o.pages;
+        self.logical_bytes += o.logical_bytes;
+        self.software_bytes += o.software_bytes;
+        self.compressed_bytes += o.compressed_bytes;
+        self.raw_pages += o.raw_pages;
+        self.lz4_pages += o.lz4_pages;
+        self.zstd_pages += o.zstd_pages;
+        self.heavy_pages += o.heavy_pages;
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DriveStats {
+    pub logical_capacity_bytes: u64,
+    pub physical_capacity_bytes: u64,
+    pub mapped_bytes: u64,
+    pub physical_used_bytes: u64,
+    pub gc_write_amplification: f64,
+    pub gc_moved_bytes: u64,
+    pub free_segments: u64,
+    pub segments: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeStats {
+    pub id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub page_size: u32,
+    pub mode: &'static str,
+    pub device: Device,
+    #[serde(flatten)]
+    pub space: SpaceStats,
+    pub software_ratio: f64,
+    /// The drive's physical bytes shared out by software bytes (the drive does not know
+    /// volumes); for the fast device, the software bytes.
+    pub physical_bytes_attributed: u64,
+    pub ratio: f64,
+    pub page_read: LatencySummary,
+    pub page_write: LatencySummary,
+    pub flush: LatencySummary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStats {
+    pub uptime_seconds: f64,
+    pub data_dir: String,
+    /// The compressed volumes' pages (mode none volumes excluded).
+    pub compressed: SpaceStats,
+    /// Logical over software bytes.
+    pub software_ratio: f64,
+    /// The drive's own ratio: mapped over physical bytes.
+    pub drive_ratio: f64,
+    /// Both layers: logical over physical bytes.
+    pub ratio: f64,
+    pub drive: DriveStats,
+    pub index_memory_bytes: u64,
+    pub index_bytes_per_page: f64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub volumes: Vec<VolumeStats>,
+}
+
+/// Runs `node.background()` every `period` until `stop` is set; errors are reported to `log`.
+pub fn background_loop(node: &Node, period: Duration, stop: &std::sync::atomic::AtomicBool, log: &dyn Fn(&str)) {
+    while !stop.load(Ordering::Relaxed) {
+        let mut waited = Duration::ZERO;
+        while waited < period && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            waited += Duration::from_millis(50);
+        }
+        if let Err(e) = node.background() {
+            log(&format!("background work failed: {e}"));
+        }
+    }
+}
+
+#[allow(dead_code)]
+const _: () = assert!(BLOCK_SIZE_BYTES == 4096);

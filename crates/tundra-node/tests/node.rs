@@ -1,0 +1,121 @@
+//! The node end to end in one process: volumes, page and byte I/O, restart, fsck.
+
+use tundra_node::{Config, Device, Error, Node, WriteMode};
+use tundra_store::volume::VolumeMode;
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut config = Config::parse(
+        r#"
+        [drive]
+        physical = "64MiB"
+        logical = "128MiB"
+        [fast]
+        volumes = "32MiB"
+        "#,
+    )
+    .unwrap();
+    config.data_dir = dir.join("data");
+    config
+}
+
+fn page(seed: u64, len: usize) -> Vec<u8> {
+    // Text-like content that compresses about threefold.
+    let words = ["tundra ", "page ", "store ", "volume ", "drive ", "12345 ", "flights ", "\0\0\0\0"];
+    let mut out = Vec::with_capacity(len);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(words[(x % 8) as usize].as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[test]
+fn volumes_pages_bytes_restart_and_fsck() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let mut said = Vec::new();
+    {
+        let node = Node::open(&config, &mut |line| said.push(line.to_string())).unwrap();
+        assert!(said.iter().any(|l| l.contains("setting up")), "{said:?}");
+        let db = node.volume_create("pg", 16 << 20, 8192, VolumeMode::Normal).unwrap();
+        let wal = node.volume_create("wal", 4 << 20, 8192, VolumeMode::None).unwrap();
+        assert_eq!((db.device, wal.device), (Device::Drive, Device::Fast));
+        assert!(matches!(node.volume_create("pg", 1 << 20, 8192, VolumeMode::Normal), Err(Error::Exists(_))));
+        assert!(matches!(node.volume_create("big", 1 << 40, 8192, VolumeMode::Normal), Err(Error::NoSpace(_))));
+        assert!(matches!(node.volume_create("odd", 12345, 8192, VolumeMode::Normal), Err(Error::Invalid(_))));
+
+        for i in 0..200u64 {
+            node.write_page(&db, i, WriteMode::Auto { update_fraction: None }, &page(i, 8192)).unwrap();
+        }
+        // Bytes: an unaligned write spanning pages, a whole-page write, zeroes.
+        let blob = page(999, 20_000);
+        node.write_bytes(&db, 300 * 8192 + 100, &blob).unwrap();
+        let mut back = vec![0u8; blob.len()];
+        node.read_bytes(&db, 300 * 8192 + 100, &mut back).unwrap();
+        assert_eq!(back, blob);
+        node.write_bytes(&wal, 4096, &blob).unwrap();
+        node.zero_bytes(&db, 8192, 3 * 8192 + 10).unwrap();
+        let mut zeros = vec![1u8; 3 * 8192 + 10];
+        node.read_bytes(&db, 8192, &mut zeros).unwrap();
+        assert!(zeros.iter().all(|&b| b == 0));
+        let mut out = vec![0u8; 8192];
+        node.read_page(&db, 4, &mut out).unwrap();
+        assert_eq!(&out[10..], &page(4, 8192)[10..]);
+        // Out of range and wrong sizes change nothing.
+        assert!(matches!(node.read_bytes(&db, (16 << 20) - 10, &mut [0u8; 20]), Err(Error::Invalid(_))));
+        assert!(matches!(node.write_page(&db, 1 << 30, WriteMode::Lz4, &page(1, 8192)), Err(Error::Invalid(_))));
+        assert!(matches!(node.write_page(&db, 0, WriteMode::Lz4, &page(1, 4096)), Err(Error::Invalid(_))));
+
+        let stats = node.stats();
+        let v = stats.volumes.iter().find(|v| v.name == "pg").unwrap();
+        assert!(v.software_ratio > 1.5, "{v:?}");
+        assert!(stats.ratio > v.software_ratio, "both layers beat software alone: {stats:?}");
+        assert_eq!(stats.volumes.iter().find(|v| v.name == "wal").unwrap().space.raw_pages, 3);
+        let text = tundra_node::metrics::render(&node);
+        assert!(text.contains("tundra_page_write_seconds_count{volume=\"pg\"}"), "{text}");
+        node.background().unwrap();
+        node.close().unwrap();
+    }
+    // Restart: everything is there, and fsck is clean.
+    let node = Node::open(&config, &mut |_| {}).unwrap();
+    let db = node.volume_by_name("pg").unwrap();
+    let mut out = vec![0u8; 8192];
+    for i in [0u64, 5, 100, 199] {
+        node.read_page(&db, i, &mut out).unwrap();
+        assert_eq!(out, page(i, 8192), "page {i}");
+    }
+    let mut back = vec![0u8; 20_000];
+    node.read_bytes(&db, 300 * 8192 + 100, &mut back).unwrap();
+    assert_eq!(back, page(999, 20_000));
+    for (device, report) in node.check().unwrap() {
+        assert!(report.damaged.is_empty(), "{device:?}: {report:?}");
+        assert!(report.pages > 0, "{device:?}: {report:?}");
+    }
+    node.volume_resize("pg", 32 << 20).unwrap();
+    assert!(matches!(node.volume_resize("pg", 8 << 20), Err(Error::Invalid(_))));
+    node.volume_delete("wal").unwrap();
+    assert!(matches!(node.volume_by_name("wal"), Err(Error::NotFound(_))));
+    for (device, report) in node.check().unwrap() {
+        assert!(report.damaged.is_empty(), "{device:?}: {report:?}");
+    }
+}
+
+#[test]
+fn a_second_node_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let _node = Node::open(&config, &mut |_| {}).unwrap();
+    assert!(Node::open(&config, &mut |_| {}).is_err());
+}
+
+#[test]
+fn bad_configs_are_refused_with_the_key() {
+    let err = Config::parse("[drive]\nphysicl = \"1GiB\"").unwrap_err().to_string();
+    assert!(err.contains("physicl"), "{err}");
+    let err = Config::parse("[compression]\ncpu_busy_threshold = 3.0").unwrap_err().to_string();
+    assert!(err.contains("compression"), "{err}");
+}
