@@ -20,6 +20,8 @@ pub mod config;
 pub mod histogram;
 mod layout;
 pub mod metrics;
+pub mod native;
+pub mod nbd;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,9 @@ mod analyze_report;
 mod drive;
 mod drive_bench;
 mod measure;
+mod serve;
 mod store_measure;
+mod volume;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,17 @@ enum Command {
     /// The page store.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Run the node: volumes over NBD and the native protocol, metrics; the embedded default
+    /// keeps everything in ./tundra-data and listens on 127.0.0.1 only.
+    Serve(serve::NodeArgs),
+    /// Manage a running node's volumes.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
+    /// A running node's space, compression ratios per layer, algorithm mix, GC and latencies.
+    Stats(volume::StatsArgs),
+    /// Check a stopped node's data directory: every page read and verified, no block used twice,
+    /// no leaked space.
+    Fsck(serve::FsckArgs),
 }
 
 #[derive(Subcommand)]
@@ -43,6 +56,10 @@ fn main() {
         Command::Drive(command) => drive::run(command),
         Command::Analyze(args) => analyze::run(args),
         Command::Store(StoreCommand::Measure(args)) => store_measure::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Volume(command) => volume::run(command),
+        Command::Stats(args) => volume::stats(args),
+        Command::Fsck(args) => serve::fsck(args),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");

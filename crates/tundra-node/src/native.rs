@@ -1,0 +1,136 @@
+//! The node behind the native page protocol (docs/protocol.md).
+
+use std::sync::Arc;
+
+use tundra_proto::{HeavyResult, Server, Service, ServiceError, Status, VolumeInfo, VolumeSpec};
+use tundra_store::ids::VolumeId;
+use tundra_store::volume::VolumeMode;
+
+use crate::{Error, Node, VolumeRef, WriteMode};
+
+/// Serves `node` on `addr` until the returned server is shut down.
+pub fn start(addr: &str, node: Arc<Node>) -> std::io::Result<Server> {
+    Server::start(addr, Arc::new(NodeService(node)))
+}
+
+/// The node as a protocol service.
+pub struct NodeService(pub Arc<Node>);
+
+fn service_error(e: Error) -> ServiceError {
+    let code = match &e {
+        Error::Invalid(_) => Status::Invalid,
+        Error::NotFound(_) => Status::NotFound,
+        Error::Exists(_) => Status::Exists,
+        Error::NoSpace(_) => Status::NoSpace,
+        Error::Corrupted(_) => Status::Corrupted,
+        Error::Io(_) => Status::Io,
+        Error::Closed(_) => Status::ShuttingDown,
+    };
+    ServiceError::new(code, e.to_string())
+}
+
+fn info(v: &VolumeRef) -> VolumeInfo {
+    VolumeInfo {
+        id: v.volume.id.0,
+        name: v.volume.name.clone(),
+        size_bytes: v.volume.size_bytes,
+        page_size: v.volume.page_size,
+        mode: match v.volume.mode {
+            VolumeMode::Normal => tundra_proto::VolumeMode::Normal,
+            VolumeMode::None => tundra_proto::VolumeMode::None,
+        },
+    }
+}
+
+impl NodeService {
+    fn volume(&self, id: u32) -> Result<VolumeRef, ServiceError> {
+        self.0.volume(VolumeId(id)).map_err(service_error)
+    }
+}
+
+impl Service for NodeService {
+    fn volume_lookup(&self, name: &str) -> Result<VolumeInfo, ServiceError> {
+        self.0.volume_by_name(name).map(|v| info(&v)).map_err(service_error)
+    }
+
+    fn volume_create(&self, spec: VolumeSpec) -> Result<VolumeInfo, ServiceError> {
+        let mode = match spec.mode {
+            tundra_proto::VolumeMode::Normal => VolumeMode::Normal,
+            tundra_proto::VolumeMode::None => VolumeMode::None,
+        };
+        self.0.volume_create(&spec.name, spec.size_bytes, spec.page_size, mode).map(|v| info(&v)).map_err(service_error)
+    }
+
+    fn volume_list(&self) -> Result<Vec<VolumeInfo>, ServiceError> {
+        Ok(self.0.volumes().iter().map(info).collect())
+    }
+
+    fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, ServiceError> {
+        self.0.volume_resize(name, size_bytes).map(|v| info(&v)).map_err(service_error)
+    }
+
+    fn volume_delete(&self, name: &str) -> Result<(), ServiceError> {
+        self.0.volume_delete(name).map_err(service_error)
+    }
+
+    fn read_page(&self, volume: u32, page: u64, out: &mut Vec<u8>) -> Result<(), ServiceError> {
+        let volume = self.volume(volume)?;
+        out.resize(volume.page_size(), 0);
+        self.0.read_page(&volume, page, out).map_err(service_error)
+    }
+
+    fn write_page(
+        &self,
+        volume: u32,
+        page: u64,
+        mode: tundra_proto::WriteMode,
+        data: &[u8],
+    ) -> Result<(), ServiceError> {
+        let volume = self.volume(volume)?;
+        let mode = match mode {
+            tundra_proto::WriteMode::Auto => WriteMode::Auto { update_fraction: None },
+            tundra_proto::WriteMode::Lz4 => WriteMode::Lz4,
+            tundra_proto::WriteMode::Zstd => WriteMode::Zstd,
+            tundra_proto::WriteMode::None => WriteMode::None,
+        };
+        self.0.write_page(&volume, page, mode, data).map_err(service_error)
+    }
+
+    fn trim(&self, volume: u32, first: u64, count: u64) -> Result<(), ServiceError> {
+        let volume = self.volume(volume)?;
+        self.0.trim_pages(&volume, first, count).map_err(service_error)
+    }
+
+    fn flush(&self, volume: Option<u32>) -> Result<(), ServiceError> {
+        let volume = volume.map(|id| self.volume(id)).transpose()?;
+        self.0.flush(volume.as_ref()).map_err(service_error)
+    }
+
+    fn heavy_compress(&self, volume: u32, first: u64, count: u64) -> Result<HeavyResult, ServiceError> {
+        let volume = self.volume(volume)?;
+        let r = self.0.heavy_compress(&volume, first, count).map_err(service_error)?;
+        Ok(HeavyResult {
+            pages: r.pages,
+            segments: r.segments,
+            bytes_before: r.bytes_before,
+            bytes_after: r.bytes_after,
+        })
+    }
+
+    /// The node's stats as JSON (docs/cli.md, `tundra stats --json`); with a volume, that
+    /// volume's entry only.
+    fn stats(&self, volume: Option<u32>) -> Result<String, ServiceError> {
+        let stats = self.0.stats();
+        let json = match volume {
+            None => serde_json::to_string(&stats),
+            Some(id) => {
+                self.volume(id)?;
+                match stats.volumes.iter().find(|v| v.id == id) {
+                    Some(v) => serde_json::to_string(v),
+                    None => return Err(ServiceError::not_found(format!("no volume with id {id}"))),
+                }
+            }
+        };
+        json.map_err(|e| ServiceError::new(Status::Internal, e.to_string()))
+    }
+}

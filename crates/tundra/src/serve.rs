@@ -1,0 +1,185 @@
+//! `tundra serve`: the node process, and `tundra fsck`, its offline check.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use tundra_node::{Config, Node};
+
+#[derive(Args)]
+pub struct NodeArgs {
+    /// A TOML config (docs/cli.md lists every key); without one, the embedded default.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The data directory, overriding the config's `data_dir` (default ./tundra-data).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    pub fn config(&self) -> Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(dir) = &self.data_dir {
+            config.data_dir = dir.clone();
+        }
+        Ok(config)
+    }
+}
+
+fn say(line: &str) {
+    eprintln!("tundra: {line}");
+}
+
+pub fn serve(args: NodeArgs) -> Result<()> {
+    let config = args.config()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing the signal handlers")?;
+    }
+    let node = Arc::new(
+        Node::open(&config, &mut |line| say(line))
+            .with_context(|| format!("opening the node in {}", config.data_dir.display()))?,
+    );
+    let layout = node.layout();
+    say(&format!(
+        "data in {}: drive {} logical / {} physical, {} for uncompressed volumes; {} volume(s)",
+        config.data_dir.display(),
+        tundra_device::size::format_size(layout.drive_logical_bytes),
+        tundra_device::size::format_size(layout.drive_physical_bytes),
+        tundra_device::size::format_size(layout.fast_volume_bytes),
+        node.volumes().len()
+    ));
+    check_local(&config.listen.native, "native")?;
+    check_local(&config.listen.nbd, "nbd")?;
+    check_local(&config.listen.metrics, "metrics")?;
+    let native = if config.listen.native.is_empty() {
+        None
+    } else {
+        let server = tundra_node::native::start(&config.listen.native, node.clone())
+            .with_context(|| format!("listening on {} (native protocol)", config.listen.native))?;
+        say(&format!("native protocol on {}", server.local_addr()));
+        Some(server)
+    };
+    let nbd = if config.listen.nbd.is_empty() {
+        None
+    } else {
+        let exports = Arc::new(tundra_node::nbd::NodeExports(node.clone()));
+        let server = tundra_nbd::Server::start(&config.listen.nbd, exports)
+            .with_context(|| format!("listening on {} (NBD)", config.listen.nbd))?;
+        say(&format!("NBD on {} (export names are volume names)", server.local_addr()));
+        Some(server)
+    };
+    let metrics = if config.listen.metrics.is_empty() {
+        None
+    } else {
+        let server = tundra_node::metrics::MetricsServer::start(&config.listen.metrics, node.clone())
+            .with_context(|| format!("listening on {} (metrics)", config.listen.metrics))?;
+        say(&format!("Prometheus metrics on http://{}/metrics", server.local_addr()));
+        Some(server)
+    };
+    say("ready; SIGTERM or Ctrl-C stops");
+    let background = {
+        let node = node.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("tundra-background".into())
+            .spawn(move || tundra_node::background_loop(&node, Duration::from_secs(1), &stop, &|l| say(l)))?
+    };
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    say("stopping: closing connections");
+    if let Some(server) = nbd {
+        server.shutdown();
+    }
+    if let Some(server) = native {
+        server.shutdown();
+    }
+    if let Some(server) = metrics {
+        server.shutdown();
+    }
+    let _ = background.join();
+    node.close().context("checkpointing the node")?;
+    say("stopped cleanly");
+    Ok(())
+}
+
+/// The node listens on loopback unless configured otherwise; a non-local address is refused
+/// until the protocols have authentication.
+fn check_local(addr: &str, what: &str) -> Result<()> {
+    if addr.is_empty() {
+        return Ok(());
+    }
+    let host = addr.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or(addr);
+    match host {
+        "127.0.0.1" | "localhost" | "::1" => Ok(()),
+        _ => bail!(
+            "listen.{what} = {addr:?}: Tundra's protocols have no authentication yet, so it listens on loopback only"
+        ),
+    }
+}
+
+#[derive(Args)]
+pub struct FsckArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Checks a node's data directory offline: fails if the node is running (the devices are
+/// locked), reads and verifies every page, checks block ownership and leaks.
+pub fn fsck(args: FsckArgs) -> Result<()> {
+    let config = args.node.config()?;
+    if !config.data_dir.join("layout.toml").exists() {
+        bail!("{} holds no Tundra node (no layout.toml)", config.data_dir.display());
+    }
+    let node = Node::open(&config, &mut |line| say(line))
+        .with_context(|| format!("opening {} (is the node still running?)", config.data_dir.display()))?;
+    let reports = node.check()?;
+    let damaged: usize = reports.iter().map(|(_, r)| r.damaged.len()).sum();
+    if args.json {
+        let json: Vec<_> = reports
+            .iter()
+            .map(|(device, r)| {
+                serde_json::json!({
+                    "device": device,
+                    "pages": r.pages,
+                    "referenced_bytes": r.referenced_bytes,
+                    "device_mapped_bytes": r.device_mapped_bytes,
+                    "damaged": r.damaged,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "clean": damaged == 0, "stores": json }))?);
+    } else {
+        for (device, r) in &reports {
+            println!(
+                "{:?} store: {} pages verified, {} bytes referenced, {} bytes mapped on the device, {} problem(s)",
+                device,
+                r.pages,
+                r.referenced_bytes,
+                r.device_mapped_bytes,
+                r.damaged.len()
+            );
+            for line in &r.damaged {
+                println!("  {line}");
+            }
+        }
+    }
+    drop(node);
+    if damaged > 0 {
+        bail!("{damaged} problem(s) found");
+    }
+    if !args.json {
+        println!("clean");
+    }
+    Ok(())
+}

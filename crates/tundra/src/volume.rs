@@ -1,0 +1,235 @@
+//! `tundra volume ...` and `tundra stats`: commands that talk to a running node over the native
+//! protocol.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use tundra_client::Client;
+use tundra_device::size::{format_size, parse_size};
+use tundra_proto::{VolumeInfo, VolumeMode, VolumeSpec};
+
+#[derive(Args, Clone)]
+pub struct Connect {
+    /// The node's native protocol address.
+    #[arg(long, default_value = tundra_node::config::DEFAULT_NATIVE_ADDR, value_name = "HOST:PORT")]
+    addr: String,
+}
+
+impl Connect {
+    fn client(&self) -> Result<Client> {
+        Client::connect(self.addr.as_str())
+            .with_context(|| format!("connecting to the node at {} (is `tundra serve` running?)", self.addr))
+    }
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume: mode normal is compressed on the drive, mode none (for redo/WAL) is
+    /// never compressed and lives on the fast device.
+    Create {
+        name: String,
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+        #[arg(long, default_value = "8KiB", value_name = "8KiB|16KiB")]
+        page_size: String,
+        #[arg(long, default_value = "normal", value_name = "normal|none")]
+        mode: String,
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// List the volumes.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Grow a volume.
+    Resize {
+        name: String,
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Delete a volume and everything in it.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// One volume's space, mix and latencies.
+    Stats {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: Connect,
+    },
+}
+
+fn mode_name(mode: VolumeMode) -> &'static str {
+    match mode {
+        VolumeMode::Normal => "normal",
+        VolumeMode::None => "none",
+    }
+}
+
+fn print_volume(v: &VolumeInfo) {
+    println!(
+        "{}\tid {}\t{}\t{} pages of {}\tmode {}",
+        v.name,
+        v.id,
+        format_size(v.size_bytes),
+        v.page_count(),
+        format_size(u64::from(v.page_size)),
+        mode_name(v.mode)
+    );
+}
+
+pub fn run(command: VolumeCommand) -> Result<()> {
+    match command {
+        VolumeCommand::Create { name, size, page_size, mode, connect } => {
+            let size_bytes = parse_size(&size).with_context(|| format!("--size {size}"))?;
+            let page_size = parse_size(&page_size).with_context(|| format!("--page-size {page_size}"))?;
+            if page_size != 8192 && page_size != 16384 {
+                bail!("--page-size {page_size}: pages are 8KiB or 16KiB");
+            }
+            let mode = match mode.as_str() {
+                "normal" => VolumeMode::Normal,
+                "none" => VolumeMode::None,
+                other => bail!("--mode {other}: normal (compressed) or none (uncompressed)"),
+            };
+            let spec = VolumeSpec { name, size_bytes, page_size: page_size as u32, mode };
+            let v = connect.client()?.volume_create(&spec)?;
+            print_volume(&v);
+        }
+        VolumeCommand::List { json, connect } => {
+            let volumes = connect.client()?.volume_list()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&volumes)?);
+            } else if volumes.is_empty() {
+                println!("no volumes; create one with `tundra volume create NAME --size SIZE`");
+            } else {
+                volumes.iter().for_each(print_volume);
+            }
+        }
+        VolumeCommand::Resize { name, size, connect } => {
+            let size_bytes = parse_size(&size).with_context(|| format!("--size {size}"))?;
+            let v = connect.client()?.volume_resize(&name, size_bytes)?;
+            print_volume(&v);
+        }
+        VolumeCommand::Delete { name, connect } => {
+            connect.client()?.volume_delete(&name)?;
+            println!("deleted {name}");
+        }
+        VolumeCommand::Stats { name, json, connect } => {
+            let mut client = connect.client()?;
+            let v = client.volume_lookup(&name)?;
+            let text = client.stats(Some(v.id))?;
+            let stats: serde_json::Value = serde_json::from_str(&text).context("the node's stats are not JSON")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print_volume_stats(&stats);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    connect: Connect,
+}
+
+fn num(v: &serde_json::Value, key: &str) -> f64 {
+    v.get(key).and_then(|x| x.as_f64()).unwrap_or(0.0)
+}
+
+fn bytes(v: &serde_json::Value, key: &str) -> String {
+    format_size(num(v, key) as u64)
+}
+
+fn print_volume_stats(v: &serde_json::Value) {
+    println!(
+        "volume {} ({} mode, {} device): {} pages, {} logical -> {} after software ({:.2}x) -> {} physical ({:.2}x)",
+        v["name"].as_str().unwrap_or("?"),
+        v["mode"].as_str().unwrap_or("?"),
+        v["device"].as_str().unwrap_or("?"),
+        num(v, "pages"),
+        bytes(v, "logical_bytes"),
+        bytes(v, "software_bytes"),
+        num(v, "software_ratio"),
+        bytes(v, "physical_bytes_attributed"),
+        num(v, "ratio"),
+    );
+    println!(
+        "  pages: {} lz4, {} zstd, {} raw, {} heavy",
+        num(v, "lz4_pages"),
+        num(v, "zstd_pages"),
+        num(v, "raw_pages"),
+        num(v, "heavy_pages")
+    );
+    for op in ["page_read", "page_write", "flush"] {
+        let h = &v[op];
+        println!(
+            "  {op}: {} ops, mean {:.1} µs, p50 <= {} µs, p99 <= {} µs",
+            num(h, "count"),
+            num(h, "mean_us"),
+            num(h, "p50_us"),
+            num(h, "p99_us")
+        );
+    }
+}
+
+pub fn stats(args: StatsArgs) -> Result<()> {
+    let text = args.connect.client()?.stats(None)?;
+    let stats: serde_json::Value = serde_json::from_str(&text).context("the node's stats are not JSON")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    let c = &stats["compressed"];
+    println!(
+        "compressed volumes: {} pages, {} logical -> {} after software ({:.2}x) -> {} physical on the drive ({:.2}x both layers; drive alone {:.2}x)",
+        num(c, "pages"),
+        bytes(c, "logical_bytes"),
+        bytes(c, "software_bytes"),
+        num(&stats, "software_ratio"),
+        bytes(&stats["drive"], "physical_used_bytes"),
+        num(&stats, "ratio"),
+        num(&stats, "drive_ratio"),
+    );
+    println!(
+        "algorithm mix: {} lz4, {} zstd, {} raw, {} heavy",
+        num(c, "lz4_pages"),
+        num(c, "zstd_pages"),
+        num(c, "raw_pages"),
+        num(c, "heavy_pages")
+    );
+    let d = &stats["drive"];
+    println!(
+        "drive: {} of {} physical used, GC write amplification {:.2}, {} free segments of {}",
+        bytes(d, "physical_used_bytes"),
+        bytes(d, "physical_capacity_bytes"),
+        num(d, "gc_write_amplification"),
+        num(d, "free_segments"),
+        num(d, "segments"),
+    );
+    println!(
+        "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses",
+        bytes(&stats, "index_memory_bytes"),
+        num(&stats, "index_bytes_per_page"),
+        num(&stats, "cache_hits"),
+        num(&stats, "cache_misses")
+    );
+    if let Some(volumes) = stats["volumes"].as_array() {
+        for v in volumes {
+            print_volume_stats(v);
+        }
+    }
+    Ok(())
+}
