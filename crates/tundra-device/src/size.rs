@@ -8,6 +8,10 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let trimmed = text.trim();
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
+    if number.is_empty() {
+        // No number at all ("abc", "-5"): not a size, rather than an unknown suffix.
+        return Err(Error::invalid(format!("{text:?} is not a size like 4096, 64KiB or 4GiB")));
+    }
     let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,

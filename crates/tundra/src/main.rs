@@ -3,6 +3,7 @@
 
 mod analyze;
 mod analyze_report;
+mod bench;
 mod drive;
 mod drive_bench;
 mod measure;
@@ -41,6 +42,9 @@ enum Command {
     /// Check a stopped node's data directory: every page read and verified, no block used twice,
     /// no leaked space.
     Fsck(serve::FsckArgs),
+    /// Benchmarks of the node's parts, each against a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Subcommand)]
@@ -60,6 +64,7 @@ fn main() {
         Command::Volume(command) => volume::run(command),
         Command::Stats(args) => volume::stats(args),
         Command::Fsck(args) => serve::fsck(args),
+        Command::Bench(command) => bench::run(command),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");

@@ -30,6 +30,11 @@ fn measure_reports_every_layout_from_real_usage() {
         let counted = ["lz4_pages", "zstd_pages", "raw_pages"].iter().map(|k| layout[k].as_u64().unwrap()).sum::<u64>();
         assert_eq!(counted, pages, "{layout}");
         assert!(layout["ratio"].as_f64().unwrap() >= 1.0);
+        // The read path taken apart: the parts are timed, and the store's overhead is what is left.
+        let part = |k: &str| layout[k].as_f64().unwrap();
+        assert!(part("device_read_us_mean") > 0.0 && part("decompress_us_mean") > 0.0, "{layout}");
+        let left = part("read_us_mean") - part("device_read_us_mean") - part("decompress_us_mean");
+        assert!((part("read_overhead_us") - left).abs() < 1e-6, "{layout}");
     }
     // Text compresses: zstd's pages take fewer blocks than raw ones.
     assert!(layouts[2]["software_4k_bytes"].as_u64() < layouts[0]["software_4k_bytes"].as_u64());
