@@ -672,6 +672,70 @@ mod tests {
         }
     }
 
+    /// A data device whose trims take a while, so that a trim racing a writer's allocation
+    /// shows up every time rather than once in a while.
+    struct SlowTrim(MemDevice);
+
+    impl BlockDevice for SlowTrim {
+        fn block_count(&self) -> u64 {
+            self.0.block_count()
+        }
+        fn read(&self, lba: tundra_device::Lba, buf: &mut [u8]) -> tundra_device::Result<()> {
+            self.0.read(lba, buf)
+        }
+        fn write(&self, lba: tundra_device::Lba, data: &[u8]) -> tundra_device::Result<()> {
+            self.0.write(lba, data)
+        }
+        fn trim(&self, lba: tundra_device::Lba, blocks: u64) -> tundra_device::Result<()> {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+            self.0.trim(lba, blocks)
+        }
+        fn flush(&self) -> tundra_device::Result<()> {
+            self.0.flush()
+        }
+        fn usage(&self) -> tundra_device::Usage {
+            self.0.usage()
+        }
+    }
+
+    #[test]
+    fn freed_blocks_are_trimmed_before_a_writer_can_reuse_them() {
+        let journal = JournalGeometry { checkpoint_blocks: 64, log_blocks: 8192 };
+        let fast = Arc::new(MemDevice::new(journal.total_blocks()));
+        Journal::format(fast.as_ref(), journal).unwrap();
+        let pages = pages_over(Arc::new(SlowTrim(MemDevice::new(16384))), fast, 8192);
+        let chunk = ChunkId(9);
+        let content = |t: u32, p: u32, round: u32| -> Vec<u8> {
+            let mut page = table_page(u64::from(t * 1000 + p), 8192);
+            page[..4].copy_from_slice(&round.to_le_bytes());
+            page
+        };
+        // Every rewrite frees the page's old run; every 64 frees, the writer that crosses the
+        // batch releases them (trims, then makes them allocatable) while the others allocate.
+        std::thread::scope(|scope| {
+            for t in 0..4u32 {
+                let pages = &pages;
+                scope.spawn(move || {
+                    for round in 0..60u32 {
+                        for p in 0..8u32 {
+                            let page = PageNo(t * 8 + p);
+                            pages.write_page_with(chunk, page, &content(t, p, round), 1, None).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        pages.set_cache_pages(0);
+        for t in 0..4u32 {
+            for p in 0..8u32 {
+                let read = pages.read_page(chunk, PageNo(t * 8 + p)).unwrap().unwrap();
+                assert!(read == content(t, p, 59), "page {} lost its last write", t * 8 + p);
+            }
+        }
+        let report = pages.check().unwrap();
+        assert!(report.damaged.is_empty(), "{:?}", report.damaged);
+    }
+
     #[test]
     fn the_cache_hits_and_never_serves_an_old_version() {
         let (_, _, pages) = pages_on_a_drive(8192);

@@ -372,25 +372,33 @@ impl Store {
     /// and gives empty extents back to the device allocator.
     pub fn release_freed(&self) -> Result<()> {
         let _no_readers = self.reuse_gate.write();
-        let freed = {
-            let mut state = self.state.lock();
-            let freed = std::mem::take(&mut state.pending_free);
-            for &(chunk, run) in &freed {
-                state.chunks.get_mut(&chunk).expect("a chunk with freed blocks").blocks.free(run);
+        // The runs are trimmed while they are in neither the pending list nor the allocator,
+        // and only then become allocatable: a run freed first and trimmed after could be
+        // handed to a concurrent writer in between, and the trim would then punch out that
+        // writer's new page.
+        let mut freed = std::mem::take(&mut self.state.lock().pending_free);
+        let mut result = Ok(());
+        for (i, &(_, run)) in freed.iter().enumerate() {
+            if let Err(error) = self.data.trim(run.first_lba(), u64::from(run.count)) {
+                // Not trimmed, so not reusable yet: back to the pending list for the next pass.
+                self.state.lock().pending_free.extend_from_slice(&freed[i..]);
+                freed.truncate(i);
+                result = Err(error.into());
+                break;
             }
-            let state = &mut *state;
-            for (&chunk, c) in state.chunks.iter_mut() {
-                for extent in c.blocks.empty_extents() {
-                    c.blocks.remove_extent(extent);
-                    state.extents.release(extent, chunk);
-                }
-            }
-            freed
-        };
-        for (_, run) in freed {
-            self.data.trim(run.first_lba(), u64::from(run.count))?;
         }
-        Ok(())
+        let mut state = self.state.lock();
+        for &(chunk, run) in &freed {
+            state.chunks.get_mut(&chunk).expect("a chunk with freed blocks").blocks.free(run);
+        }
+        let state = &mut *state;
+        for (&chunk, c) in state.chunks.iter_mut() {
+            for extent in c.blocks.empty_extents() {
+                c.blocks.remove_extent(extent);
+                state.extents.release(extent, chunk);
+            }
+        }
+        result
     }
 
     /// The index entry of a page, if it exists.
