@@ -20,7 +20,7 @@
 //! newstyle handshakes (the connection is closed).
 //!
 //! Errors. A request is checked before the export sees it: unknown command or flag, zero
-//! length, a read, write, write-zeroes or cache over 32 MiB, or a flush with nonzero offset or
+//! length, a read, write or cache over 32 MiB, or a flush with nonzero offset or
 //! length is `EINVAL`; a range past the end is `ENOSPC` for writes and write-zeroes and
 //! `EINVAL` otherwise. A refused write's payload is still read and discarded, whatever its
 //! length, so the connection continues. Errors from the export map by [`ExportErrorKind`]:

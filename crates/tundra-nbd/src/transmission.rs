@@ -34,8 +34,9 @@ pub(crate) enum Op {
 ///
 /// Flags: `NBD_CMD_FLAG_FUA` on any command (the protocol requires accepting it everywhere),
 /// `NBD_CMD_FLAG_NO_HOLE` on write-zeroes; anything else is `EINVAL`. Lengths: zero is `EINVAL`
-/// (the protocol leaves it unspecified); reads, writes, write-zeroes and caches over 32 MiB are
-/// `EINVAL`; trims may cover the whole export. A range past the end is `ENOSPC` for writes and
+/// (the protocol leaves it unspecified); reads, writes and caches over 32 MiB are `EINVAL`;
+/// trims and write-zeroes, which carry no payload, may cover the whole export (mkfs and the
+/// kernel's discard and zero-out through nbdfuse send them for whole devices). A range past the end is `ENOSPC` for writes and
 /// write-zeroes, `EINVAL` otherwise. A flush must have zero offset and length.
 pub(crate) fn check(request: &Request, size: u64) -> Result<Op, u32> {
     let allowed_flags = match request.command {
@@ -57,7 +58,8 @@ pub(crate) fn check(request: &Request, size: u64) -> Result<Op, u32> {
     if len == 0 {
         return Err(proto::EINVAL);
     }
-    if request.command != proto::CMD_TRIM && request.length > proto::MAX_REQUEST_BYTES {
+    let no_payload = matches!(request.command, proto::CMD_TRIM | proto::CMD_WRITE_ZEROES);
+    if !no_payload && request.length > proto::MAX_REQUEST_BYTES {
         return Err(proto::EINVAL);
     }
     if offset.checked_add(len).is_none_or(|end| end > size) {
@@ -260,11 +262,13 @@ mod tests {
             assert_eq!(check(&request(command, 0, 0, 0), SIZE), Err(proto::EINVAL), "command {command}");
         }
         let big = u64::from(proto::MAX_REQUEST_BYTES) * 4;
-        for command in [proto::CMD_READ, proto::CMD_WRITE, proto::CMD_WRITE_ZEROES, proto::CMD_CACHE] {
+        for command in [proto::CMD_READ, proto::CMD_WRITE, proto::CMD_CACHE] {
             assert_eq!(check(&request(command, 0, 0, proto::MAX_REQUEST_BYTES + 1), big), Err(proto::EINVAL));
             assert!(check(&request(command, 0, 0, proto::MAX_REQUEST_BYTES), big).is_ok());
         }
-        assert!(check(&request(proto::CMD_TRIM, 0, 0, u32::MAX), u64::from(u32::MAX)).is_ok());
+        for command in [proto::CMD_TRIM, proto::CMD_WRITE_ZEROES] {
+            assert!(check(&request(command, 0, 0, u32::MAX), u64::from(u32::MAX)).is_ok());
+        }
         assert_eq!(check(&request(proto::CMD_FLUSH, 0, 0, 1), SIZE), Err(proto::EINVAL));
         assert_eq!(check(&request(proto::CMD_FLUSH, 0, 1, 0), SIZE), Err(proto::EINVAL));
     }

@@ -273,7 +273,7 @@ expect(errno.EINVAL, h.trim, 512, 0, nbd.CMD_FLAG_NO_HOLE)
 expect(errno.EINVAL, h.pwrite, b"x" * 512, 0, nbd.CMD_FLAG_NO_HOLE)
 expect(errno.EINVAL, h.pread, big, 0)
 expect(errno.EINVAL, h.pwrite, b"y" * big, 0)
-expect(errno.EINVAL, h.zero, big, 0)
+expect(errno.ENOSPC, h.zero, size + 1, 0)
 # No refused write landed.
 assert h.pread(8192, size - 8192) == bytes(8192)
 assert h.pread(8192, 0) == bytes(8192)
