@@ -117,11 +117,14 @@ impl CompressionConfig {
 pub struct CacheConfig {
     /// Decompressed pages kept in memory per page size and device (0 turns the cache off).
     pub pages: usize,
+    /// The write-back cache for block-device (NBD) writes: dirty bytes held until a flush, or
+    /// until this limit is passed ("0" writes every block-device write through, durably).
+    pub write_back: String,
 }
 
 impl Default for CacheConfig {
     fn default() -> CacheConfig {
-        CacheConfig { pages: tundra_store::pages::DEFAULT_CACHE_PAGES }
+        CacheConfig { pages: tundra_store::pages::DEFAULT_CACHE_PAGES, write_back: "64MiB".into() }
     }
 }
 

@@ -22,6 +22,7 @@ mod layout;
 pub mod metrics;
 pub mod native;
 pub mod nbd;
+mod writeback;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,7 @@ use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
 pub use config::Config;
 use histogram::{Histogram, LatencySummary};
 pub use layout::Layout;
+use writeback::{Content, Snapshot, WriteBack};
 
 /// What went wrong, in the classes the protocols report.
 #[derive(Debug, thiserror::Error)]
@@ -150,8 +152,14 @@ pub struct Node {
     version: AtomicU64,
     /// Volume create, resize and delete one at a time.
     admin: Mutex<()>,
+    /// Block-device writes not yet flushed (writeback.rs).
+    writeback: WriteBack,
+    writeback_enabled: bool,
     pub started: Instant,
 }
+
+/// Pages a flush writes to the store at once: their journal records share group commits.
+const FLUSH_WORKERS: usize = 4;
 
 const PAGE_SIZES: [PageSize; 2] = [PageSize::Kib8, PageSize::Kib16];
 
@@ -204,6 +212,8 @@ impl Node {
                 paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
             }
         }
+        let write_back_bytes = tundra_device::size::parse_size(&config.cache.write_back)
+            .map_err(|e| Error::Invalid(format!("cache.write_back = {:?}: {e}", config.cache.write_back)))?;
         let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.version).max();
         let node = Node {
             data_dir: dir,
@@ -217,6 +227,8 @@ impl Node {
             latency: Mutex::new(BTreeMap::new()),
             version: AtomicU64::new(max_version.unwrap_or(0) + 1),
             admin: Mutex::new(()),
+            writeback: WriteBack::new(write_back_bytes),
+            writeback_enabled: write_back_bytes > 0,
             started: Instant::now(),
         };
         node.refresh_volumes();
@@ -337,28 +349,49 @@ impl Node {
     pub fn volume_delete(&self, name: &str) -> Result<()> {
         let _one = self.admin.lock();
         let current = self.volume_by_name(name)?;
+        let _no_flush = self.writeback.flushing();
+        self.writeback.discard_volume(current.volume.id);
         self.store(current.device).delete_volume(current.volume.id)?;
         self.refresh_volumes();
         Ok(())
     }
 
     /// Reads page `index` of a volume into `out` (exactly one page; zeros if never written).
+    /// A page written by a block-device client and not yet flushed is read from the write-back
+    /// cache.
     pub fn read_page(&self, volume: &VolumeRef, index: u64, out: &mut [u8]) -> Result<()> {
         let started = Instant::now();
         check_len(volume, out.len())?;
         let (chunk, page) = volume.volume.locate(index)?;
-        match volume.pages.read_page(chunk, page)? {
-            Some(content) => out.copy_from_slice(&content),
-            None => out.fill(0),
+        match self.writeback.get((volume.volume.id, index)) {
+            Some(Content::Page(content)) => out.copy_from_slice(&content),
+            Some(Content::Trimmed) => out.fill(0),
+            None => match volume.pages.read_page(chunk, page)? {
+                Some(content) => out.copy_from_slice(&content),
+                None => out.fill(0),
+            },
         }
         volume.latency.page_read.observe(started.elapsed());
         Ok(())
     }
 
-    /// Writes page `index` of a volume, durably.
+    /// Writes page `index` of a volume, durably (the page protocol: the engine chose the mode).
     pub fn write_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
         let started = Instant::now();
         check_len(volume, content.len())?;
+        volume.volume.locate(index)?;
+        let _no_flush = self.writeback.direct();
+        // An older cached version must never overwrite this one later.
+        let mut shard = self.writeback.lock((volume.volume.id, index));
+        shard.remove();
+        self.store_page(volume, index, mode, content)?;
+        drop(shard);
+        volume.latency.page_write.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// Compresses and stores one page: durable when it returns.
+    fn store_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
         let (chunk, page) = volume.volume.locate(index)?;
         let version = self.version.fetch_add(1, Ordering::Relaxed);
         let mode = if volume.volume.mode == VolumeMode::None { WriteMode::None } else { mode };
@@ -370,15 +403,17 @@ impl Node {
             WriteMode::Zstd => volume.pages.write_page_with(chunk, page, content, version, Some(Algorithm::Zstd))?,
             WriteMode::None => volume.pages.write_page_with(chunk, page, content, version, None)?,
         }
-        volume.latency.page_write.observe(started.elapsed());
         Ok(())
     }
 
     /// Removes `count` pages from `first`: they read as zeros and their blocks are freed.
     pub fn trim_pages(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
         check_range(volume, first, count)?;
+        let _no_flush = self.writeback.direct();
         for index in first..first + count {
             let (chunk, page) = volume.volume.locate(index)?;
+            let mut shard = self.writeback.lock((volume.volume.id, index));
+            shard.remove();
             volume.pages.trim_page(chunk, page)?;
         }
         Ok(())
@@ -395,6 +430,10 @@ impl Node {
         if volume.volume.mode == VolumeMode::None {
             return Err(Error::Invalid(format!("volume {:?} is never compressed", volume.volume.name)));
         }
+        // The range is archived as the store holds it: cached writes go there first. Writes
+        // that arrive later stay cached and replace the archived pages when flushed.
+        self.flush_dirty()?;
+        let _no_flush = self.writeback.direct();
         let mut total = tundra_store::pages::HeavyReport::default();
         let per_chunk = volume.volume.pages_per_chunk();
         let mut index = first;
@@ -411,16 +450,68 @@ impl Node {
         Ok(total)
     }
 
-    /// Makes every write durable. Writes already are when they return; this flushes the
-    /// devices for clients that count on it.
+    /// Makes every acknowledged write durable: the write-back cache is written to the store
+    /// (compressed, journalled) and the devices are flushed.
     pub fn flush(&self, volume: Option<&VolumeRef>) -> Result<()> {
         let started = Instant::now();
+        self.flush_dirty()?;
         self.drive.flush()?;
         self.fast_device.flush()?;
         if let Some(volume) = volume {
             volume.latency.flush.observe(started.elapsed());
         }
         Ok(())
+    }
+
+    /// Writes every page that was dirty when it was called to the store, several at a time so
+    /// that their journal records share group commits. One flush runs at a time.
+    fn flush_dirty(&self) -> Result<()> {
+        if self.writeback.is_empty() {
+            return Ok(());
+        }
+        let _exclusive = self.writeback.flushing();
+        let dirty = self.writeback.snapshot();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failure: Mutex<Option<Error>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..FLUSH_WORKERS.min(dirty.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= dirty.len() || failure.lock().is_some() {
+                            break;
+                        }
+                        match self.flush_one(&dirty[i]) {
+                            Ok(()) => self.writeback.flushed(&dirty[i]),
+                            Err(error) => {
+                                failure.lock().get_or_insert(error);
+                                break;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        match failure.into_inner() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn flush_one(&self, dirty: &Snapshot) -> Result<()> {
+        let (volume_id, index) = dirty.key;
+        // A volume deleted since has nothing left to write.
+        let Ok(volume) = self.volume(volume_id) else { return Ok(()) };
+        match &dirty.content {
+            Content::Page(content) => self.store_page(&volume, index, self.block_write_mode(&volume, index), content),
+            Content::Trimmed => {
+                let (chunk, page) = volume.volume.locate(index)?;
+                Ok(volume.pages.trim_page(chunk, page)?)
+            }
+        }
     }
 
     /// Reads `buf.len()` bytes at byte `offset` of a volume.
@@ -445,8 +536,10 @@ impl Node {
         Ok(())
     }
 
-    /// Writes `data` at byte `offset`: whole aligned pages through Algorithm 1, pieces merged
-    /// into their page and stored raw (the none mode).
+    /// Writes `data` at byte `offset` (a block-device client): into the write-back cache, whole
+    /// pages as they are and pieces merged into their page; durable at the next flush. With
+    /// the cache off, whole aligned pages go through Algorithm 1 at once and pieces are merged
+    /// into their stored page and stored raw (the none mode).
     pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<()> {
         check_bytes(volume, offset, data.len() as u64)?;
         let page_size = volume.page_size();
@@ -456,16 +549,39 @@ impl Node {
             let index = at / page_size as u64;
             let within = (at % page_size as u64) as usize;
             let n = (page_size - within).min(data.len() - done);
-            if within == 0 && n == page_size {
-                self.write_page(volume, index, self.block_write_mode(volume, index), &data[done..done + n])?;
+            let piece = &data[done..done + n];
+            let started = Instant::now();
+            if self.writeback_enabled {
+                let (chunk, page) = volume.volume.locate(index)?;
+                let mut shard = self.writeback.lock((volume.volume.id, index));
+                if n == page_size {
+                    shard.put(Content::Page(Arc::new(piece.to_vec())));
+                } else if let Some(cached) = shard.page_mut() {
+                    cached[within..within + n].copy_from_slice(piece);
+                } else {
+                    // The page's current content, under the shard's lock so that no other
+                    // writer of this page slips in between the read and the merge.
+                    let mut content = match shard.get() {
+                        Some(Content::Trimmed) => None,
+                        _ => volume.pages.read_page(chunk, page)?,
+                    }
+                    .unwrap_or_else(|| vec![0u8; page_size]);
+                    content[within..within + n].copy_from_slice(piece);
+                    shard.put(Content::Page(Arc::new(content)));
+                }
+            } else if within == 0 && n == page_size {
+                let _no_flush = self.writeback.direct();
+                self.store_page(volume, index, self.block_write_mode(volume, index), piece)?;
             } else {
-                let started = Instant::now();
                 let (chunk, page) = volume.volume.locate(index)?;
                 let version = self.version.fetch_add(1, Ordering::Relaxed);
-                volume.pages.write_partial(chunk, page, within, &data[done..done + n], version)?;
-                volume.latency.page_write.observe(started.elapsed());
+                volume.pages.write_partial(chunk, page, within, piece, version)?;
             }
+            volume.latency.page_write.observe(started.elapsed());
             done += n;
+        }
+        if self.writeback.over_limit() {
+            self.flush_dirty()?;
         }
         Ok(())
     }
@@ -495,19 +611,30 @@ impl Node {
             if within == 0 && n == page_size {
                 // A run of whole pages.
                 let pages = (end - at) / page_size;
-                self.trim_pages(volume, index, pages)?;
+                if self.writeback_enabled {
+                    for i in index..index + pages {
+                        self.writeback.lock((volume.volume.id, i)).put(Content::Trimmed);
+                    }
+                } else {
+                    self.trim_pages(volume, index, pages)?;
+                }
                 at += pages * page_size;
             } else {
                 self.write_bytes(volume, at, &vec![0u8; n as usize])?;
                 at += n;
             }
         }
+        if self.writeback.over_limit() {
+            self.flush_dirty()?;
+        }
         Ok(())
     }
 
-    /// Background work, called about once a second: checkpoints when the journal is half full,
-    /// compresses pages partial writes left raw.
+    /// Background work, called about once a second: writes the write-back cache to the store
+    /// (so unflushed writes are at most about a second old), checkpoints when the journal is
+    /// half full, compresses pages partial writes left raw.
     pub fn background(&self) -> Result<()> {
+        self.flush_dirty()?;
         self.data.maybe_checkpoint()?;
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {
@@ -539,8 +666,10 @@ impl Node {
         Ok(reports)
     }
 
-    /// Checkpoints both stores and the drive, so the next start recovers at once.
+    /// Writes the write-back cache out and checkpoints both stores and the drive, so the next
+    /// start recovers at once.
     pub fn close(&self) -> Result<()> {
+        self.flush_dirty()?;
         self.data.checkpoint()?;
         self.fast.checkpoint()?;
         self.drive.checkpoint()?;
@@ -628,6 +757,7 @@ impl Node {
             },
             cache_hits: cache.0,
             cache_misses: cache.1,
+            write_back_dirty_bytes: self.writeback.dirty_bytes(),
             volumes,
         }
     }
@@ -753,6 +883,8 @@ pub struct NodeStats {
     pub index_bytes_per_page: f64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Block-device writes acknowledged and held in the write-back cache until the next flush.
+    pub write_back_dirty_bytes: u64,
     pub volumes: Vec<VolumeStats>,
 }
 

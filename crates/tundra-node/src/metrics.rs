@@ -59,6 +59,12 @@ pub fn render(node: &Node) -> String {
     gauge(&mut registry, "index_memory_bytes", "Memory of the page index", stats.index_memory_bytes as f64);
     gauge(&mut registry, "cache_hits", "Page cache hits", stats.cache_hits as f64);
     gauge(&mut registry, "cache_misses", "Page cache misses", stats.cache_misses as f64);
+    gauge(
+        &mut registry,
+        "write_back_dirty_bytes",
+        "Block-device writes held in the write-back cache until the next flush",
+        stats.write_back_dirty_bytes as f64,
+    );
     for volume in node.volumes() {
         let v = stats.volumes.iter().find(|s| s.id == volume.volume.id.0);
         let sub = registry.sub_registry_with_label(("volume".into(), volume.volume.name.clone().into()));

@@ -53,6 +53,22 @@ fn nbd_error(e: Error) -> ExportError {
     }
 }
 
+impl VolumeExport {
+    /// Reports a failure the operator must see (damaged data, a failing device) on the node's
+    /// log, then turns it into the client's errno.
+    fn fail(&self, what: &str, offset: u64, len: u64, e: Error) -> ExportError {
+        if matches!(e, Error::Corrupted(_) | Error::Io(_)) {
+            eprintln!("tundra: NBD {what} of volume {:?} at {offset}+{len} failed: {e}", self.volume.volume.name);
+        }
+        nbd_error(e)
+    }
+
+    /// FUA: the write is durable before it is acknowledged.
+    fn fua(&self, fua: bool, what: &str, offset: u64, len: u64) -> Result<(), ExportError> {
+        if fua { self.node.flush(Some(&self.volume)).map_err(|e| self.fail(what, offset, len, e)) } else { Ok(()) }
+    }
+}
+
 impl Export for VolumeExport {
     fn size(&self) -> u64 {
         self.volume.volume.size_bytes
@@ -63,28 +79,26 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.node.read_bytes(&self.volume, offset, buf).map_err(nbd_error)
+        self.node.read_bytes(&self.volume, offset, buf).map_err(|e| self.fail("read", offset, buf.len() as u64, e))
     }
 
-    /// Writes are durable when they return, so FUA asks for nothing more.
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
-        self.node.write_bytes(&self.volume, offset, data).map_err(nbd_error)
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        let len = data.len() as u64;
+        self.node.write_bytes(&self.volume, offset, data).map_err(|e| self.fail("write", offset, len, e))?;
+        self.fua(fua, "write", offset, len)
     }
 
     fn flush(&self) -> Result<(), ExportError> {
-        self.node.flush(Some(&self.volume)).map_err(nbd_error)
+        self.node.flush(Some(&self.volume)).map_err(|e| self.fail("flush", 0, 0, e))
     }
 
-    /// Whole pages are dropped; the pieces of pages at either end are zeroed, so a trimmed range
-    /// always reads as zeros.
-    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
-        self.node.zero_bytes(&self.volume, offset, len).map_err(nbd_error)
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.node.zero_bytes(&self.volume, offset, len).map_err(|e| self.fail("trim", offset, len, e))?;
+        self.fua(fua, "trim", offset, len)
     }
 
-    /// Whole pages are dropped even when the client asks for no hole: a dropped page reads as
-    /// zeros and the node never fails a later write of it for lack of a reservation it could
-    /// have had.
-    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool, _fua: bool) -> Result<(), ExportError> {
-        self.node.zero_bytes(&self.volume, offset, len).map_err(nbd_error)
+    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool, fua: bool) -> Result<(), ExportError> {
+        self.node.zero_bytes(&self.volume, offset, len).map_err(|e| self.fail("write-zeroes", offset, len, e))?;
+        self.fua(fua, "write-zeroes", offset, len)
     }
 }

@@ -220,11 +220,12 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         num(d, "segments"),
     );
     println!(
-        "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses",
+        "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses; write-back cache: {} not yet flushed",
         bytes(&stats, "index_memory_bytes"),
         num(&stats, "index_bytes_per_page"),
         num(&stats, "cache_hits"),
-        num(&stats, "cache_misses")
+        num(&stats, "cache_misses"),
+        bytes(&stats, "write_back_dirty_bytes")
     );
     if let Some(volumes) = stats["volumes"].as_array() {
         for v in volumes {

@@ -52,6 +52,9 @@ fn fio(node: &Node, dir: &Path, volume: &str, args: &[&str]) -> String {
         "--verify=crc32c",
         "--verify_fatal=1",
         "--verify_state_save=0",
+        // A flush at the end: what the job wrote is then in the store, not only in the node's
+        // write-back cache, when the test looks at the stats.
+        "--end_fsync=1",
     ]);
     command.args(args);
     let out = run(&mut command);
@@ -140,8 +143,14 @@ fn fio_verifies_writes_and_trims_on_compressed_and_uncompressed_volumes() {
         ],
     );
     // The uncompressed volume, on the fast device.
-    fio(&node, dir, "wal", &["--rw=randwrite", "--bs=8k", "--size=8m", "--buffer_compress_percentage=50"]);
-    fio(&node, dir, "wal", &["--rw=randtrimwrite", "--bsrange=4k-64k", "--offset=8m", "--size=4m"]);
+    // (fio 3.33 issues only the trims of a trimwrite job that has an --offset: keep it at 0.)
+    fio(&node, dir, "wal", &["--rw=randtrimwrite", "--bsrange=4k-64k", "--size=4m"]);
+    fio(
+        &node,
+        dir,
+        "wal",
+        &["--rw=randwrite", "--bs=8k", "--offset=4m", "--size=8m", "--buffer_compress_percentage=50"],
+    );
 
     let stats = stats(&node);
     let pages = volume_stats(&stats, "pages");
