@@ -160,6 +160,8 @@ pub struct Node {
 
 /// Pages a flush writes to the store at once: their journal records share group commits.
 const FLUSH_WORKERS: usize = 4;
+/// Pages of one chunk a flush stores with one journal commit.
+const FLUSH_BATCH_PAGES: usize = 64;
 
 const PAGE_SIZES: [PageSize; 2] = [PageSize::Kib8, PageSize::Kib16];
 
@@ -474,18 +476,35 @@ impl Node {
         if dirty.is_empty() {
             return Ok(());
         }
+        // Batches of pages of one chunk, each stored with one journal commit; trims alone.
+        let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
+        let chunk_of = |d: &Snapshot| match (&d.content, self.volume(d.key.0)) {
+            (Content::Page(_), Ok(volume)) => volume.volume.locate(d.key.1).ok().map(|(chunk, _)| chunk),
+            _ => None,
+        };
+        let mut start = 0;
+        let mut start_chunk = chunk_of(&dirty[0]);
+        for i in 1..=dirty.len() {
+            let chunk = if i < dirty.len() { chunk_of(&dirty[i]) } else { None };
+            if i == dirty.len() || chunk.is_none() || chunk != start_chunk || i - start >= FLUSH_BATCH_PAGES {
+                batches.push(start..i);
+                start = i;
+                start_chunk = chunk;
+            }
+        }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failure: Mutex<Option<Error>> = Mutex::new(None);
         std::thread::scope(|scope| {
-            for _ in 0..FLUSH_WORKERS.min(dirty.len()) {
+            for _ in 0..FLUSH_WORKERS.min(batches.len()) {
                 scope.spawn(|| {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= dirty.len() || failure.lock().is_some() {
+                        if i >= batches.len() || failure.lock().is_some() {
                             break;
                         }
-                        match self.flush_one(&dirty[i]) {
-                            Ok(()) => self.writeback.flushed(&dirty[i]),
+                        let batch = &dirty[batches[i].clone()];
+                        match self.flush_batch(batch) {
+                            Ok(()) => batch.iter().for_each(|d| self.writeback.flushed(d)),
                             Err(error) => {
                                 failure.lock().get_or_insert(error);
                                 break;
@@ -501,17 +520,27 @@ impl Node {
         }
     }
 
-    fn flush_one(&self, dirty: &Snapshot) -> Result<()> {
-        let (volume_id, index) = dirty.key;
+    /// Stores one batch of a flush: pages of one chunk together, or one trim.
+    fn flush_batch(&self, batch: &[Snapshot]) -> Result<()> {
+        let (volume_id, first) = batch[0].key;
         // A volume deleted since has nothing left to write.
         let Ok(volume) = self.volume(volume_id) else { return Ok(()) };
-        match &dirty.content {
-            Content::Page(content) => self.store_page(&volume, index, self.block_write_mode(&volume, index), content),
-            Content::Trimmed => {
-                let (chunk, page) = volume.volume.locate(index)?;
-                Ok(volume.pages.trim_page(chunk, page)?)
-            }
+        if let [Snapshot { content: Content::Trimmed, .. }] = batch {
+            let (chunk, page) = volume.volume.locate(first)?;
+            return Ok(volume.pages.trim_page(chunk, page)?);
         }
+        let (chunk, _) = volume.volume.locate(first)?;
+        let mut items = Vec::with_capacity(batch.len());
+        for d in batch {
+            let Content::Page(content) = &d.content else { unreachable!("trims are flushed alone") };
+            let (_, page) = volume.volume.locate(d.key.1)?;
+            let WriteMode::Auto { update_fraction } = self.block_write_mode(&volume, d.key.1) else {
+                unreachable!("block writes use Algorithm 1")
+            };
+            let version = self.version.fetch_add(1, Ordering::Relaxed);
+            items.push((page, content.as_slice(), version, update_fraction));
+        }
+        Ok(volume.pages.write_pages(chunk, &items)?)
     }
 
     /// Reads `buf.len()` bytes at byte `offset` of a volume.

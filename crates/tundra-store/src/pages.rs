@@ -188,6 +188,60 @@ impl Pages {
         self.store_encoded(chunk, page, content, selection.page, version)
     }
 
+    /// Writes several whole pages of one chunk with one journal commit (a write-back cache's
+    /// flush): each is compressed as [`Pages::write_page`] would (Algorithm 1, or raw on a
+    /// volume of mode none), then all are stored together. Each item is (page, content,
+    /// version, update fraction); pages must be distinct.
+    pub fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], u64, Option<f64>)]) -> Result<()> {
+        for &(_, content, _, _) in pages {
+            self.check_page(chunk, content.len())?;
+        }
+        // Every page's writer lock, taken in stripe order so that two batches cannot deadlock.
+        let mut stripes: Vec<usize> = pages.iter().map(|&(page, ..)| self.stripe(chunk, page)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
+        let uncompressed = self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None);
+        let cpu = self.cpu_load()?;
+        let mut images = Vec::with_capacity(pages.len());
+        let mut counters = Vec::with_capacity(pages.len());
+        for &(page, content, version, update_fraction) in pages {
+            let encoded = if uncompressed {
+                raw(content)
+            } else {
+                let history = match self.store.entry(chunk, page) {
+                    None => PageHistory::FirstWrite,
+                    Some(entry) => PageHistory::Rewrite {
+                        last_algorithm: if entry.encoding == Encoding::Zstd { Algorithm::Zstd } else { Algorithm::Lz4 },
+                        update_fraction: update_fraction.unwrap_or(1.0),
+                    },
+                };
+                self.selector.select(content, history, cpu).map_err(codec_error)?.page
+            };
+            let (encoding, counter) = match encoded.encoding {
+                tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
+                tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
+                tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, &self.written_zstd),
+            };
+            let image = PageImage { encoding, bytes: encoded.data, checksum: page_checksum(chunk, page, content) };
+            images.push((page, image, version));
+            counters.push(counter);
+        }
+        self.store.apply_writes(chunk, &images)?;
+        {
+            let mut partial = self.partial_raw.lock();
+            let mut cache = self.cache.lock();
+            for &(page, ..) in pages {
+                partial.remove(&(chunk, page));
+                cache.invalidate((chunk, page));
+            }
+        }
+        for counter in counters {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// The host's CPU utilisation for Algorithm 1, in [0, 1].
     fn cpu_load(&self) -> Result<f64> {
         let fraction = match &self.cpu {
@@ -732,6 +786,30 @@ mod tests {
                 assert!(read == content(t, p, 59), "page {} lost its last write", t * 8 + p);
             }
         }
+        let report = pages.check().unwrap();
+        assert!(report.damaged.is_empty(), "{:?}", report.damaged);
+    }
+
+    #[test]
+    fn a_batch_of_pages_is_stored_with_one_commit_or_not_at_all() {
+        let (_, _, pages) = pages_on_a_drive(8192);
+        let chunk = ChunkId(10);
+        pages.write_page(chunk, PageNo(3), &table_page(300, 8192), 1, None).unwrap();
+        let contents: Vec<Vec<u8>> = (0..40u64).map(|p| table_page(p + 1000, 8192)).collect();
+        let items: Vec<_> =
+            contents.iter().enumerate().map(|(p, c)| (PageNo(p as u32), c.as_slice(), 2, None)).collect();
+        pages.write_pages(chunk, &items).unwrap();
+        for (p, content) in contents.iter().enumerate() {
+            assert!(pages.read_page(chunk, PageNo(p as u32)).unwrap().unwrap() == *content, "page {p}");
+        }
+        let counts = pages.counts();
+        assert_eq!(counts.written_lz4 + counts.written_zstd + counts.written_raw, 41);
+        // A batch with one page outside the volume stores nothing and leaks nothing.
+        let before = pages.store().stats();
+        let bad = [(PageNo(50), contents[0].as_slice(), 3, None), (PageNo(u32::MAX), contents[1].as_slice(), 3, None)];
+        assert!(pages.write_pages(chunk, &bad).is_err());
+        assert_eq!(pages.read_page(chunk, PageNo(50)).unwrap(), None);
+        assert_eq!(pages.store().stats().stored_bytes, before.stored_bytes);
         let report = pages.check().unwrap();
         assert!(report.damaged.is_empty(), "{:?}", report.damaged);
     }

@@ -253,7 +253,49 @@ impl Store {
             checksum: image.checksum,
             version,
         };
-        self.commit_and_install(chunk, &[(page, Some(entry))], Some(run))
+        self.commit_and_install(chunk, &[(page, Some(entry))], &[run])
+    }
+
+    /// Stores several pages of one chunk with one journal commit: each image is written to its
+    /// own blocks, then one group of records installs them all (one data flush and one journal
+    /// flush for the lot, where page-at-a-time writes pay both per page). On an error nothing
+    /// is installed and the blocks written are freed.
+    pub fn apply_writes(&self, chunk: ChunkId, pages: &[(PageNo, PageImage, u64)]) -> Result<()> {
+        let mut entries = Vec::with_capacity(pages.len());
+        let mut runs: Vec<BlockRun> = Vec::with_capacity(pages.len());
+        for (page, image, version) in pages {
+            let written = self
+                .volume_of(chunk, *page)
+                .and_then(|volume| check_image(&volume, image))
+                .and_then(|blocks| self.write_run(chunk, &image.bytes, blocks));
+            let run = match written {
+                Ok(run) => run,
+                Err(error) => {
+                    // Nothing points at the blocks written: trimmed (so they hold no space on
+                    // a compressing drive), then allocatable again.
+                    for &run in &runs {
+                        self.data.trim(run.first_lba(), u64::from(run.count))?;
+                    }
+                    let mut state = self.state.lock();
+                    for &run in &runs {
+                        state.chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
+                    }
+                    return Err(error);
+                }
+            };
+            runs.push(run);
+            entries.push((
+                *page,
+                Some(PageEntry {
+                    encoding: image.encoding,
+                    run,
+                    stored_len: image.bytes.len() as u16,
+                    checksum: image.checksum,
+                    version: *version,
+                }),
+            ));
+        }
+        self.commit_and_install(chunk, &entries, &runs)
     }
 
     /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
@@ -286,7 +328,7 @@ impl Store {
                 (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, version }))
             })
             .collect();
-        self.commit_and_install(chunk, &entries, Some(run))
+        self.commit_and_install(chunk, &entries, &[run])
     }
 
     /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
@@ -309,7 +351,7 @@ impl Store {
         if !mapped {
             return Ok(());
         }
-        self.commit_and_install(chunk, &[(page, None)], None)
+        self.commit_and_install(chunk, &[(page, None)], &[])
     }
 
     /// Takes `blocks` contiguous blocks in `chunk`, granting the chunk a new extent if needed.
@@ -330,13 +372,13 @@ impl Store {
     }
 
     /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
-    /// and lets go of the blocks they replace. On a journal error `new_run`, the blocks the
+    /// and lets go of the blocks they replace. On a journal error `new_runs`, the blocks the
     /// entries point at, is freed and the store stops.
     fn commit_and_install(
         &self,
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
-        new_run: Option<BlockRun>,
+        new_runs: &[BlockRun],
     ) -> Result<()> {
         let records: Vec<Record> = entries
             .iter()
@@ -348,7 +390,7 @@ impl Store {
         let _no_checkpoint = self.checkpoint_gate.read();
         if let Err(error) = self.journal.commit(&records) {
             let mut state = self.state.lock();
-            if let Some(run) = new_run {
+            for &run in new_runs {
                 state.chunks.get_mut(&chunk).expect("allocated").blocks.free(run);
             }
             state.failed.get_or_insert_with(|| error.to_string());
