@@ -1,0 +1,367 @@
+"""The evaluation's report: report.md with its tables and PNG plots, from results.json.
+
+`python -m bench.eval.report DIR` rewrites DIR/report.md and DIR/*.png from DIR/results.json.
+Every figure is captioned with the command, configuration, versions, machine and date of the run.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MIB = 1 << 20
+PALETTE = {
+    "ext4": "#7f7f7f", "xfs": "#bcbd22", "btrfs-force": "#1f77b4", "btrfs-zstd": "#17becf",
+    "innodb-lz4": "#9467bd", "innodb-zlib": "#8c564b", "innodb-row-compressed": "#e377c2",
+    "tundra": "#d62728", "tundra-zstd": "#ff7f0e", "tundra-lz4": "#ffbb78",
+    "tundra-drive-only": "#2ca02c", "tundra-software-only": "#98df8a", "tundra-off": "#c7c7c7",
+    "tundra-drive-only-wal-on-data": "#393b79", "tundra-zstd-wal-on-data": "#6b6ecf",
+}
+
+
+def ratio(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def times(x) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def mib(n) -> str:
+    return "—" if n is None else f"{n / MIB:,.1f}"
+
+
+class Report:
+    def __init__(self, results: dict, out: pathlib.Path):
+        self.r, self.out = results, out
+        self.meta = results.get("meta", {})
+        self.lines: list[str] = []
+        self.figure_no = 0
+
+    # --- helpers --------------------------------------------------------------------------
+    def caption(self) -> str:
+        m = self.meta
+        mach = m.get("machine", {})
+        return (f"`{m.get('command')}` · {m.get('date')} · Tundra {m.get('tundra', {}).get('git')}"
+                f"{' (dirty)' if m.get('tundra', {}).get('dirty') else ''} · {mach.get('cpu')}, "
+                f"{mach.get('nproc')} cores, Linux {mach.get('kernel')}")
+
+    def figure(self, fig, name: str, title: str) -> None:
+        self.figure_no += 1
+        fig.text(0.01, 1.0, self.caption().replace("`", ""), fontsize=6, color="#555555", va="bottom")
+        fig.savefig(self.out / f"{name}.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        self.lines.append(f"![Figure {self.figure_no}: {title}]({name}.png)\n")
+        self.lines.append(f"*Figure {self.figure_no}: {title}.* {self.caption()}\n")
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.lines.append("| " + " | ".join(header) + " |")
+        self.lines.append("| " + " | ".join("---" for _ in header) + " |")
+        for row in rows:
+            self.lines.append("| " + " | ".join(row) + " |")
+        self.lines.append("")
+
+    def ok(self, entries):
+        return [e for e in entries if "error" not in e]
+
+    def space_entries(self, database: str):
+        """Space results of DATABASE: the dataset loads plus the sysbench tables."""
+        entries = [e for e in self.r.get("space", []) if e["database"] == database]
+        entries += [e for e in self.r.get("throughput", []) if e["database"] == database]
+        return entries
+
+    def systems_of(self, entries) -> list[str]:
+        order = list(self.meta.get("systems", {}))
+        present = {e["system"] for e in entries}
+        return [s for s in order if s in present]
+
+    # --- sections -------------------------------------------------------------------------
+    def header(self) -> None:
+        m = self.meta
+        size = m.get("size", {})
+        mach = m.get("machine", {})
+        self.lines += [
+            "# Tundra evaluation", "",
+            f"Command: `{m.get('command')}`  ",
+            f"Date: {m.get('date')} to {m.get('finished')}, wall time {m.get('wall_seconds', 0):,.0f} s  ",
+            f"Tundra: {m.get('tundra', {}).get('git')}{' (uncommitted changes)' if m.get('tundra', {}).get('dirty') else ''}  ",
+            f"Machine: {mach.get('cpu')}, {mach.get('nproc')} cores, {mach.get('ram_gib')} GiB, Linux {mach.get('kernel')}  ",
+            "Definitions: docs/evaluation.md. Every raw number: results.json beside this file.", "",
+            "## Configuration", "",
+            f"- size `{size.get('name')}`: datasets {', '.join(m.get('datasets', []))} at scale `{size.get('scale')}`; "
+            f"{size.get('update_seconds')} s of updates per dataset, sizes sampled every {size.get('sample_every')} s",
+            f"- sysbench: {size.get('sysbench_tables')} tables × {size.get('sysbench_rows'):,} rows, "
+            f"{size.get('threads')} threads, {size.get('workload_seconds')} s per workload: {', '.join(m.get('workloads', []))}",
+            f"- databases: {', '.join(m.get('databases', []))}; each in a memory cgroup of {size.get('memory_limit')} "
+            f"(page cache included), {size.get('db_memory')} of shared_buffers / buffer pool; caches dropped between phases",
+            f"- every stack is {size.get('stack_size')} logical, built fresh for every dataset and for the sysbench run",
+            "",
+        ]
+        versions = {}
+        for e in self.r.get("space", []) + self.r.get("throughput", []):
+            versions.update(e.get("versions") or {})
+        if versions:
+            self.lines.append("Versions: " + "; ".join(f"{k} {v}" for k, v in sorted(versions.items())) + "\n")
+        rows = []
+        for name, s in m.get("systems", {}).items():
+            used = {e["system"] for e in self.r.get("space", []) + self.r.get("throughput", [])}
+            if name in used:
+                rows.append([f"`{name}`", s["description"], f"`{s['baseline']}`",
+                             s["table_options"] or "—", ", ".join(f"{k}={v}" for k, v in s["settings"].items()) or "—"])
+        self.table(["system", "what", "normalised to", "table options", "server settings"], rows)
+
+    def space(self, database: str) -> None:
+        entries = self.space_entries(database)
+        if not entries:
+            return
+        self.lines += [f"## Space on {database} (seed 000 Figures 2 and 14)", "",
+                       "Each cell: logical ÷ physical after the load → after the updates; below it, the "
+                       "physical bytes against ext4's for the same dataset after the load (higher is smaller).", ""]
+        datasets = []
+        for e in entries:
+            if e.get("dataset") and e["dataset"] not in datasets:
+                datasets.append(e["dataset"])
+        by = {(e["system"], e.get("dataset")): e for e in entries}
+        systems = self.systems_of(entries)
+        rows = []
+        for s in systems:
+            row = [f"`{s}`"]
+            for d in datasets:
+                e = by.get((s, d))
+                if e is None:
+                    row.append("")
+                elif "error" in e:
+                    row.append("failed")
+                else:
+                    base = by.get(("ext4", d))
+                    vs = None
+                    if base and "error" not in base:
+                        vs = base["after_load"]["physical_bytes"] / e["after_load"]["physical_bytes"]
+                    row.append(f"{ratio(e['after_load']['ratio'])} → {ratio(e['after_updates']['ratio'])}"
+                               f"<br>{times(vs)} vs ext4")
+            rows.append(row)
+        self.table(["system"] + datasets, rows)
+
+        # Bars: ratio after load and after updates, per dataset.
+        fig, axes = plt.subplots(1, len(datasets), figsize=(max(6, 3.2 * len(datasets)), 3.6), squeeze=False)
+        for ax, d in zip(axes[0], datasets):
+            names, load, upd = [], [], []
+            for s in systems:
+                e = by.get((s, d))
+                if e and "error" not in e:
+                    names.append(s)
+                    load.append(e["after_load"]["ratio"] or 0)
+                    upd.append(e["after_updates"]["ratio"] or 0)
+            x = range(len(names))
+            ax.bar([i - 0.2 for i in x], load, 0.4, label="after load",
+                   color=[PALETTE.get(n, "#333333") for n in names])
+            ax.bar([i + 0.2 for i in x], upd, 0.4, label="after updates", color=[PALETTE.get(n, "#333333") for n in names],
+                   alpha=0.5, hatch="//")
+            ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+            ax.set_title(d, fontsize=9)
+            ax.axhline(1.0, color="black", linewidth=0.5)
+        axes[0][0].set_ylabel("logical ÷ physical")
+        axes[0][0].legend(fontsize=7)
+        self.figure(fig, f"space-{database}", f"space ratio per dataset on {database}, after the load (solid) and after the updates (hatched)")
+
+        # Decay: ratio over time during the updates.
+        decay = [d for d in datasets if any(by.get((s, d), {}).get("samples") for s in systems)]
+        if decay:
+            fig, axes = plt.subplots(1, len(decay), figsize=(max(6, 3.2 * len(decay)), 3.2), squeeze=False)
+            for ax, d in zip(axes[0], decay):
+                for s in systems:
+                    e = by.get((s, d))
+                    if not e or "error" in e or not e.get("samples"):
+                        continue
+                    pts = [(0.0, e["after_load"]["ratio"])] + [(p["t"], p["ratio"]) for p in e["samples"]]
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=s, color=PALETTE.get(s))
+                ax.set_title(d, fontsize=9)
+                ax.set_xlabel("seconds of updates")
+            axes[0][0].set_ylabel("logical ÷ physical")
+            axes[0][-1].legend(fontsize=6, loc="best")
+            self.figure(fig, f"decay-{database}", f"the space ratio during sustained updates on {database}")
+
+        # Table 3: the lz4/zstd mix Algorithm 1 chose, per dataset.
+        rows = []
+        for d in datasets:
+            e = by.get(("tundra", d))
+            mix = ((e or {}).get("after_load") or {}).get("details", {}).get("mix") if e and "error" not in e else None
+            if mix:
+                rows.append([d] + [f"{mix.get(k, 0) * 100:.1f}%" for k in ("raw", "lz4", "zstd")])
+        if rows:
+            self.lines += [f"Algorithm 1's choices on {database} after the load (seed 000 Table 3), share of pages:", ""]
+            self.table(["dataset", "raw", "lz4", "zstd"], rows)
+
+    def throughput(self, database: str) -> None:
+        entries = [e for e in self.r.get("throughput", []) if e["database"] == database]
+        if not entries:
+            return
+        workloads = self.meta.get("workloads", [])
+        by = {e["system"]: e for e in entries}
+        systems = self.systems_of(entries)
+
+        def tps(s, w):
+            e = by.get(s)
+            if not e or "error" in e:
+                return None
+            run = e.get("workloads", {}).get(w)
+            return run["tps"] if run else None
+
+        def norm(s, w, base):
+            a, b = tps(s, w), tps(base, w)
+            return a / b if a is not None and b else None
+
+        self.lines += [f"## Throughput on {database} (seed 000 Figure 12)", "",
+                       "tps of each sysbench workload, normalised to the system's uncompressed baseline measured "
+                       "in the same run (and, for Tundra's configurations, to ext4 in brackets); p95 latency in ms below.", ""]
+        rows = []
+        systems_cfg = self.meta.get("systems", {})
+        for s in systems:
+            base = systems_cfg.get(s, {}).get("baseline", "ext4")
+            row = [f"`{s}` ÷ `{base}`"]
+            for w in workloads:
+                e = by[s]
+                if "error" in e:
+                    row.append("failed")
+                    continue
+                run = e.get("workloads", {}).get(w)
+                if not run:
+                    row.append("")
+                    continue
+                cell = times(norm(s, w, base))
+                if base != "ext4":
+                    cell += f" ({times(norm(s, w, 'ext4'))})"
+                cell += f"<br>{run['tps']:,.0f} tps, p95 {run.get('p95_ms')}"
+                row.append(cell)
+            rows.append(row)
+        self.table(["system"] + [w.replace("oltp_", "") for w in workloads], rows)
+
+        fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(workloads)), 3.6))
+        plotted = [s for s in systems if "error" not in by[s]]
+        width = 0.8 / max(1, len(plotted))
+        for i, s in enumerate(plotted):
+            base = systems_cfg.get(s, {}).get("baseline", "ext4")
+            ys = [norm(s, w, base) or 0 for w in workloads]
+            ax.bar([j + i * width for j in range(len(workloads))], ys, width, label=f"{s} ÷ {base}",
+                   color=PALETTE.get(s, "#333333"))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))],
+                      [w.replace("oltp_", "") for w in workloads], rotation=20, fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.5)
+        ax.set_ylabel("tps ÷ baseline")
+        ax.legend(fontsize=6, ncol=2)
+        self.figure(fig, f"throughput-{database}", f"sysbench tps on {database}, each system ÷ its uncompressed baseline")
+
+        steps = [(s, label) for s, label in self.meta.get("ablation", []) if s in by and "error" not in by[s]]
+        if steps and "tundra-off" in by:
+            self.lines += [f"### Ablation on {database} (seed 000 Figure 13)", "",
+                           "Each step adds one thing to the one above; tps ÷ Tundra with compression off.", ""]
+            rows = []
+            for s, label in steps:
+                rows.append([label, f"`{s}`"] + [times(norm(s, w, "tundra-off")) for w in workloads])
+            self.table(["step", "system"] + [w.replace("oltp_", "") for w in workloads], rows)
+            means = {}
+            for s, label in steps:
+                vals = [norm(s, w, "tundra-off") for w in workloads]
+                vals = [v for v in vals if v]
+                if vals:
+                    means[label] = statistics.geometric_mean(vals)
+            if means:
+                fig, ax = plt.subplots(figsize=(6, 3))
+                ax.bar(range(len(means)), list(means.values()), color="#d62728")
+                ax.set_xticks(range(len(means)), list(means), rotation=15, fontsize=7, ha="right")
+                ax.axhline(1.0, color="black", linewidth=0.5)
+                ax.set_ylabel("geomean tps ÷ tundra-off")
+                self.figure(fig, f"ablation-{database}", f"the ablation on {database}: geometric mean over the workloads")
+
+    def drive(self) -> None:
+        d = self.r.get("drive")
+        if not d or not d.get("latency"):
+            return
+        pts = d["latency"]
+        self.lines += ["## The drive alone (seed 000 Figure 7)", "",
+                       f"`{d.get('command')}`: 16 KiB I/O at queue depth 1 on the emulated drive and on a plain "
+                       f"file in the same run ({d.get('configuration')}).", ""]
+        rows = [[f"{p['target_ratio']:.1f}", f"{p['achieved_ratio']:.2f}",
+                 f"{p['drive_read_p50_us']:.0f} / {p['plain_read_p50_us']:.0f}",
+                 f"{p['drive_write_p50_us']:.0f} / {p['plain_write_p50_us']:.0f}",
+                 f"{p['drive_read_p99_us']:.0f} / {p['plain_read_p99_us']:.0f}",
+                 f"{p['drive_write_p99_us']:.0f} / {p['plain_write_p99_us']:.0f}"] for p in pts]
+        self.table(["target ratio", "achieved", "read p50 µs drive / plain", "write p50",
+                    "read p99", "write p99"], rows)
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        xs = [p["target_ratio"] for p in pts]
+        for key, label, style in (("drive_read_p50_us", "drive read p50", "o-"), ("plain_read_p50_us", "plain read p50", "o--"),
+                                  ("drive_write_p50_us", "drive write p50", "s-"), ("plain_write_p50_us", "plain write p50", "s--")):
+            ax.plot(xs, [p[key] for p in pts], style, label=label)
+        ax.set_xlabel("compressibility of the data")
+        ax.set_ylabel("µs")
+        ax.legend(fontsize=7)
+        self.figure(fig, "drive-latency", "16 KiB latency of the emulated drive against a plain file, by compressibility")
+
+    def losses(self) -> None:
+        """Every place a peer beats Tundra (Algorithm 1, both layers), stated plainly."""
+        notes = []
+        for database in self.meta.get("databases", []):
+            entries = self.ok(self.space_entries(database))
+            by = {(e["system"], e.get("dataset")): e for e in entries}
+            for (s, d), e in by.items():
+                t = by.get(("tundra", d))
+                if s.startswith("tundra") or t is None:
+                    continue
+                for phase in ("after_load", "after_updates"):
+                    if e[phase]["physical_bytes"] < t[phase]["physical_bytes"]:
+                        notes.append(f"{database}, {d}, {phase.replace('_', ' ')}: `{s}` holds "
+                                     f"{mib(e[phase]['physical_bytes'])} MiB against Tundra's {mib(t[phase]['physical_bytes'])} MiB.")
+            tp = {e["system"]: e for e in self.ok([e for e in self.r.get("throughput", []) if e["database"] == database])}
+            t = tp.get("tundra")
+            if t:
+                for s, e in tp.items():
+                    if s.startswith("tundra"):
+                        continue
+                    for w, run in e.get("workloads", {}).items():
+                        mine = t.get("workloads", {}).get(w)
+                        if mine and run["tps"] > mine["tps"]:
+                            notes.append(f"{database}, {w}: `{s}` {run['tps']:,.0f} tps against Tundra's {mine['tps']:,.0f}.")
+        self.lines += ["## Where a peer beats Tundra", ""]
+        if notes:
+            self.lines += [f"- {n}" for n in notes] + [""]
+        else:
+            self.lines += ["No peer used less space or ran faster than Tundra in this run.", ""]
+
+    def problems(self) -> None:
+        self.lines += ["## Problems", ""]
+        probs = self.r.get("problems", [])
+        self.lines += ([f"- {p}" for p in probs] if probs else
+                       ["None: every system set up, loaded, ran and passed its checks "
+                        "(pg_amcheck or CHECK TABLE, and `tundra fsck` after every Tundra run)."]) + [""]
+
+    def write(self) -> pathlib.Path:
+        self.header()
+        for database in self.meta.get("databases", []):
+            self.space(database)
+            self.throughput(database)
+        self.drive()
+        self.losses()
+        self.problems()
+        path = self.out / "report.md"
+        path.write_text("\n".join(self.lines) + "\n")
+        return path
+
+
+def write_report(results: dict, out: pathlib.Path) -> pathlib.Path:
+    return Report(results, out).write()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m bench.eval.report DIR (holding results.json)")
+    d = pathlib.Path(sys.argv[1])
+    print(write_report(json.loads((d / "results.json").read_text()), d))

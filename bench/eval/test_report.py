@@ -1,0 +1,72 @@
+"""Tests of the report's arithmetic on hand-made results (run: python -m unittest bench.eval.test_report)."""
+from __future__ import annotations
+
+import pathlib
+import tempfile
+import unittest
+
+from bench.eval.report import write_report
+from bench.eval.run import ABLATION, QUICK, SYSTEMS
+
+MIB = 1 << 20
+
+
+def sizes(logical_mib: float, physical_mib: float) -> dict:
+    return {"logical_bytes": logical_mib * MIB, "physical_bytes": physical_mib * MIB,
+            "ratio": logical_mib / physical_mib, "details": {"mix": {"raw": 0.1, "lz4": 0.3, "zstd": 0.6}}}
+
+
+def results() -> dict:
+    systems = {s.name: {"stack": s.stack, "baseline": s.baseline, "table_options": s.table_options,
+                        "settings": s.settings, "description": s.description} for s in SYSTEMS}
+    space = [
+        {"database": "postgresql", "system": "ext4", "dataset": "tpch", "after_load": sizes(100, 100),
+         "after_updates": sizes(110, 110), "samples": [{"t": 3.0, "ratio": 1.0}]},
+        {"database": "postgresql", "system": "btrfs-force", "dataset": "tpch", "after_load": sizes(100, 25),
+         "after_updates": sizes(110, 80), "samples": [{"t": 3.0, "ratio": 2.0}]},
+        {"database": "postgresql", "system": "tundra", "dataset": "tpch", "after_load": sizes(100, 40),
+         "after_updates": sizes(110, 44), "samples": [{"t": 3.0, "ratio": 2.5}]},
+        {"database": "postgresql", "system": "xfs", "dataset": "tpch", "error": "mkfs.xfs failed: test"},
+    ]
+
+    def run(tps):
+        return {"tps": tps, "p95_ms": 5.0}
+    throughput = [
+        {"database": "postgresql", "system": "ext4", "dataset": "sysbench", "after_load": sizes(50, 50),
+         "after_updates": sizes(60, 60), "workloads": {"oltp_point_select": run(1000), "oltp_insert": run(200)}},
+        {"database": "postgresql", "system": "tundra-off", "dataset": "sysbench", "after_load": sizes(50, 50),
+         "after_updates": sizes(60, 60), "workloads": {"oltp_point_select": run(500), "oltp_insert": run(100)}},
+        {"database": "postgresql", "system": "tundra", "dataset": "sysbench", "after_load": sizes(50, 20),
+         "after_updates": sizes(60, 24), "workloads": {"oltp_point_select": run(490), "oltp_insert": run(110)}},
+    ]
+    return {"meta": {"command": "bench/run --quick", "date": "2026-11-23T00:00:00+00:00", "finished": "x",
+                     "wall_seconds": 1, "size": QUICK.__dict__ | {"name": "quick"}, "databases": ["postgresql"],
+                     "datasets": ["tpch"], "workloads": ["oltp_point_select", "oltp_insert"],
+                     "systems": systems, "ablation": ABLATION, "machine": {}, "tundra": {"git": "abc"}},
+            "space": space, "throughput": throughput, "drive": None,
+            "problems": ["postgresql / xfs / tpch: mkfs.xfs failed: test"]}
+
+
+class ReportTest(unittest.TestCase):
+    def test_tables_plots_and_losses(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = pathlib.Path(d)
+            text = write_report(results(), out).read_text()
+            # Space: tundra 2.50 -> 2.50 and 100/40 = 2.50x smaller than ext4; btrfs 4.00 -> 1.38.
+            self.assertIn("| `tundra` | 2.50 → 2.50<br>2.50x vs ext4 |", text)
+            self.assertIn("| `btrfs-force` | 4.00 → 1.38<br>4.00x vs ext4 |", text)
+            self.assertIn("| `xfs` | failed |", text)
+            # Throughput: normalised to the baseline, and to ext4 in brackets.
+            self.assertIn("0.98x (0.49x)", text)
+            self.assertIn("1.10x (0.55x)", text)
+            # The peer that beats Tundra is named, in space after load and in throughput.
+            self.assertIn("`btrfs-force` holds 25.0 MiB against Tundra's 40.0 MiB", text)
+            self.assertIn("`ext4` 1,000 tps against Tundra's 490", text)
+            self.assertIn("mkfs.xfs failed: test", text)
+            self.assertIn("| tpch | 10.0% | 30.0% | 60.0% |", text)
+            for png in ("space-postgresql.png", "decay-postgresql.png", "throughput-postgresql.png"):
+                self.assertGreater((out / png).stat().st_size, 1000, png)
+
+
+if __name__ == "__main__":
+    unittest.main()
