@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tundra_codec::{DRIVE_TIE_BYTES_PER_US, SelectorConfig};
+use tundra_device::csd::CompressionMode;
+use tundra_store::pages::SoftwareCompression;
 
 use crate::{Error, Result};
 
@@ -60,7 +62,8 @@ impl Default for Listen {
     }
 }
 
-/// The emulated compressing drive; used when the data directory is first set up.
+/// The emulated compressing drive. The sizes apply when the data directory is first set up;
+/// `compression` at every start.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DriveConfig {
@@ -68,6 +71,36 @@ pub struct DriveConfig {
     pub physical: Option<String>,
     /// Logical capacity the drive exposes; default: twice the physical.
     pub logical: Option<String>,
+    /// Whether the drive compresses the 4 KiB blocks it stores.
+    pub compression: DriveCompression,
+}
+
+/// The drive layer of seed 000 §5.3 (Figure 13): on compresses every 4 KiB block in the drive
+/// (PolarCSD, §3.2.2); off stores blocks as written, so the node runs on software compression
+/// alone. A runtime setting: blocks written under either stay readable under the other.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveCompression {
+    #[default]
+    On,
+    Off,
+}
+
+impl DriveCompression {
+    pub fn name(self) -> &'static str {
+        match self {
+            DriveCompression::On => "on",
+            DriveCompression::Off => "off",
+        }
+    }
+
+    /// The drive's compression mode for this setting.
+    pub fn mode(self) -> CompressionMode {
+        match self {
+            DriveCompression::On => CompressionMode::Inline,
+            DriveCompression::Off => CompressionMode::Off,
+        }
+    }
 }
 
 /// The fast device: the store's journal, and the uncompressed volumes (mode none).
@@ -78,10 +111,15 @@ pub struct FastConfig {
     pub volumes: Option<String>,
 }
 
-/// Algorithm 1's thresholds (seed 000 §3.3.2) and Tundra's tie rule.
+/// The software layer: which algorithm compresses whole pages, and Algorithm 1's thresholds
+/// (seed 000 §3.3.2) and Tundra's tie rule.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct CompressionConfig {
+    /// "auto" (Algorithm 1), "lz4" or "zstd" (that algorithm for every page), "off" (every page
+    /// raw, left to the drive): the software layer of seed 000 §5.3 (Figure 13).
+    #[serde(with = "SoftwareCompressionName")]
+    pub software: SoftwareCompression,
     pub threshold_bytes_per_us: f64,
     pub cpu_busy_threshold: f64,
     pub update_threshold: f64,
@@ -93,12 +131,23 @@ impl Default for CompressionConfig {
     fn default() -> CompressionConfig {
         let paper = SelectorConfig::default();
         CompressionConfig {
+            software: SoftwareCompression::Auto,
             threshold_bytes_per_us: paper.threshold_bytes_per_us,
             cpu_busy_threshold: paper.cpu_busy_threshold,
             update_threshold: paper.update_threshold,
             tie_bytes_per_us: DRIVE_TIE_BYTES_PER_US,
         }
     }
+}
+
+/// The names of [`SoftwareCompression`] in the file.
+#[derive(Deserialize, Serialize)]
+#[serde(remote = "SoftwareCompression", rename_all = "lowercase")]
+enum SoftwareCompressionName {
+    Auto,
+    Lz4,
+    Zstd,
+    Off,
 }
 
 impl CompressionConfig {

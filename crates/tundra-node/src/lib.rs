@@ -13,6 +13,11 @@
 //! and stored raw (the none mode of seed 000 §3.2.3), and compressed again later by a
 //! background pass once it can be.
 //!
+//! Two settings choose the layers that compress, as seed 000 §5.3 (Figure 13) compares them:
+//! `[compression] software` (Algorithm 1, one algorithm for every page, or none; decided in
+//! [`Pages`] for every write path and the background pass) and `[drive] compression` (the drive
+//! compresses its 4 KiB blocks or stores them as written). [`Node::configuration`] reports both.
+//!
 //! Every write is durable when it returns (the store's journal commits it), so flush has nothing
 //! left to do but is kept for the protocols.
 
@@ -42,9 +47,10 @@ use tundra_store::pages::{CheckReport, CpuLoad, Pages};
 use tundra_store::store::Store;
 use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
 
-pub use config::Config;
+pub use config::{Config, DriveCompression};
 use histogram::{Histogram, LatencySummary};
 pub use layout::Layout;
+pub use tundra_store::pages::SoftwareCompression;
 use writeback::{Content, Snapshot, WriteBack};
 
 /// What went wrong, in the classes the protocols report.
@@ -89,7 +95,8 @@ impl From<tundra_device::Error> for Error {
     }
 }
 
-/// How a page write is compressed.
+/// How a page write asks to be compressed. Under `[compression] software = "auto"` it gets
+/// what it asks; any other setting decides for every page of a mode normal volume.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum WriteMode {
     /// Algorithm 1. `update_fraction` is the caller's estimate of how much of the page changed
@@ -155,7 +162,17 @@ pub struct Node {
     /// Block-device writes not yet flushed (writeback.rs).
     writeback: WriteBack,
     writeback_enabled: bool,
+    configuration: Configuration,
     pub started: Instant,
+}
+
+/// Which layers compress: the node's configuration as `tundra stats` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Configuration {
+    /// `[compression] software`: "auto", "lz4", "zstd" or "off".
+    pub software_compression: &'static str,
+    /// `[drive] compression`: "on" or "off".
+    pub drive_compression: &'static str,
 }
 
 /// Pages a flush writes to the store at once: their journal records share group commits.
@@ -173,7 +190,7 @@ impl Node {
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
         let (layout, fresh) = layout::open_or_create(&dir, config, progress)?;
         let drive_media = FileDevice::open(dir.join(layout::DRIVE_FILE))?;
-        let csd_config = CsdConfig::default();
+        let csd_config = CsdConfig { compression: config.drive.compression.mode(), ..CsdConfig::default() };
         let drive = Arc::new(if fresh {
             CsdDevice::format(Arc::new(drive_media), &layout.drive_format(), csd_config)?
         } else {
@@ -209,7 +226,8 @@ impl Node {
                     Ok(sampler) => CpuLoad::Sampled(Mutex::new(sampler)),
                     Err(_) => CpuLoad::Fixed(0.0),
                 };
-                let pages = Pages::new(store.clone(), page_size, selector, codec, cpu)?;
+                let pages = Pages::new(store.clone(), page_size, selector, codec, cpu)?
+                    .with_software_compression(config.compression.software);
                 pages.set_cache_pages(config.cache.pages);
                 paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
             }
@@ -231,6 +249,10 @@ impl Node {
             admin: Mutex::new(()),
             writeback: WriteBack::new(write_back_bytes),
             writeback_enabled: write_back_bytes > 0,
+            configuration: Configuration {
+                software_compression: config.compression.software.name(),
+                drive_compression: config.drive.compression.name(),
+            },
             started: Instant::now(),
         };
         node.refresh_volumes();
@@ -243,6 +265,11 @@ impl Node {
 
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Which layers compress, as configured at start.
+    pub fn configuration(&self) -> Configuration {
+        self.configuration
     }
 
     fn store(&self, device: Device) -> &Arc<Store> {
@@ -661,7 +688,8 @@ impl Node {
 
     /// Background work, called about once a second: writes the write-back cache to the store
     /// (so unflushed writes are at most about a second old), checkpoints when the journal is
-    /// half full, compresses pages partial writes left raw.
+    /// half full, compresses pages partial writes left raw (as the software setting says:
+    /// never when it is off).
     pub fn background(&self) -> Result<()> {
         self.flush_dirty()?;
         self.data.maybe_checkpoint()?;
@@ -764,6 +792,7 @@ impl Node {
         NodeStats {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             data_dir: self.data_dir.display().to_string(),
+            configuration: self.configuration,
             software_ratio: ratio(node.logical_bytes, node.software_bytes),
             drive_ratio: ratio(drive.mapped_bytes, drive.physical_used_bytes),
             ratio: ratio(node.logical_bytes, drive.physical_used_bytes),
@@ -899,6 +928,8 @@ pub struct VolumeStats {
 pub struct NodeStats {
     pub uptime_seconds: f64,
     pub data_dir: String,
+    /// Which layers compress.
+    pub configuration: Configuration,
     /// The compressed volumes' pages (mode none volumes excluded).
     pub compressed: SpaceStats,
     /// Logical over software bytes.

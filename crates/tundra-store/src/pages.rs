@@ -7,6 +7,10 @@
 //! merges the new bytes and stores the page raw. Beyond the paper, such pages are remembered and
 //! [`Pages::recompress_partial`] compresses them again once no partial write is pending, so a
 //! database that writes in pieces does not leave its pages uncompressed for ever.
+//!
+//! A [`SoftwareCompression`] policy, fixed when the path is built, can replace Algorithm 1 by one
+//! algorithm or by none, for every whole page of a mode normal volume: the software-layer
+//! configurations that seed 000 §5.3 (Figure 13) compares.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,6 +33,54 @@ pub enum CpuLoad {
     Sampled(Mutex<CpuSampler>),
     /// A fixed value, for tests and for tools that assume an idle or a busy host.
     Fixed(f64),
+}
+
+/// How the software layer compresses the whole pages of mode normal volumes. Pages of mode none
+/// volumes and partial writes are stored raw whatever the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SoftwareCompression {
+    /// Algorithm 1 chooses lz4 or zstd per page (seed 000 §3.3.2); a write that names an
+    /// algorithm (or raw) gets it.
+    #[default]
+    Auto,
+    /// Every page with lz4, stored raw when that saves no 4 KiB block.
+    Lz4,
+    /// Every page with zstd, stored raw when that saves no 4 KiB block.
+    Zstd,
+    /// Every page stored raw: compression is left to the drive alone.
+    Off,
+}
+
+impl SoftwareCompression {
+    /// The name used in configuration files and stats.
+    pub fn name(self) -> &'static str {
+        match self {
+            SoftwareCompression::Auto => "auto",
+            SoftwareCompression::Lz4 => "lz4",
+            SoftwareCompression::Zstd => "zstd",
+            SoftwareCompression::Off => "off",
+        }
+    }
+
+    /// The encoding every page gets whatever the writer asked: `None` under `Auto`, else
+    /// `Some(algorithm)`, where `Some(None)` is raw.
+    pub fn forced(self) -> Option<Option<Algorithm>> {
+        match self {
+            SoftwareCompression::Auto => None,
+            SoftwareCompression::Lz4 => Some(Some(Algorithm::Lz4)),
+            SoftwareCompression::Zstd => Some(Some(Algorithm::Zstd)),
+            SoftwareCompression::Off => Some(None),
+        }
+    }
+}
+
+/// What a whole-page write asks for, before the policy has its say.
+#[derive(Clone, Copy, Debug)]
+enum Wanted {
+    /// Algorithm 1, with the page's history.
+    Select(PageHistory),
+    /// This algorithm, or raw.
+    Fixed(Option<Algorithm>),
 }
 
 /// What [`Pages::check`] found.
@@ -70,6 +122,7 @@ pub struct Pages {
     /// Decompressed heavy segments by first block, each with the nonce of the segment it holds.
     segments: Mutex<(SegmentCache, std::collections::HashMap<u64, u64>)>,
     heavy: HeavyConfig,
+    software: SoftwareCompression,
 }
 
 /// Decompressed heavy segments kept for the next read.
@@ -116,7 +169,62 @@ impl Pages {
             partial_raw: Mutex::new(HashSet::new()),
             segments: Mutex::new((SegmentCache::new(SEGMENT_CACHE_SEGMENTS), std::collections::HashMap::new())),
             heavy: HeavyConfig::default(),
+            software: SoftwareCompression::Auto,
         })
+    }
+
+    /// This path with `policy` deciding how whole pages are compressed (default: Algorithm 1).
+    pub fn with_software_compression(mut self, policy: SoftwareCompression) -> Pages {
+        self.software = policy;
+        self
+    }
+
+    pub fn software_compression(&self) -> SoftwareCompression {
+        self.software
+    }
+
+    /// True when the pages of `chunk`'s volume are never compressed (mode none).
+    fn uncompressed(&self, chunk: ChunkId) -> bool {
+        self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None)
+    }
+
+    /// Algorithm 1's view of a page about to be rewritten: `update_fraction` of it changed
+    /// since its last write (None: unknown, the choice is made again).
+    fn history(&self, chunk: ChunkId, page: PageNo, update_fraction: Option<f64>) -> PageHistory {
+        match self.store.entry(chunk, page) {
+            None => PageHistory::FirstWrite,
+            Some(entry) => PageHistory::Rewrite {
+                last_algorithm: if entry.encoding == Encoding::Zstd { Algorithm::Zstd } else { Algorithm::Lz4 },
+                update_fraction: update_fraction.unwrap_or(1.0),
+            },
+        }
+    }
+
+    /// Encodes a whole page: raw on a volume of mode none; otherwise as the policy forces, or
+    /// as the writer asked under `Auto`. `cpu` caches the CPU utilisation for a batch.
+    /// Compression that saves no 4 KiB block stores the page raw.
+    fn encode_whole(
+        &self,
+        chunk: ChunkId,
+        content: &[u8],
+        wanted: Wanted,
+        cpu: &mut Option<f64>,
+    ) -> Result<EncodedPage> {
+        if self.uncompressed(chunk) {
+            return Ok(raw(content));
+        }
+        let wanted = self.software.forced().map_or(wanted, Wanted::Fixed);
+        match wanted {
+            Wanted::Fixed(None) => Ok(raw(content)),
+            Wanted::Fixed(Some(algorithm)) => self.codec.encode(algorithm, content).map_err(codec_error),
+            Wanted::Select(history) => {
+                let cpu = match *cpu {
+                    Some(cpu) => cpu,
+                    None => *cpu.insert(self.cpu_load()?),
+                };
+                Ok(self.selector.select(content, history, cpu).map_err(codec_error)?.page)
+            }
+        }
     }
 
     /// Replaces the page cache with one of `pages` pages (0 turns caching off).
@@ -159,10 +267,11 @@ impl Pages {
         Ok(())
     }
 
-    /// Compresses a page with the algorithm Algorithm 1 picks and stores it. `update_fraction`
-    /// is the database layer's estimate of how much of the page changed since its last write
-    /// (None when it has no estimate: the choice is made again). Returns how the page was
-    /// stored: raw when compression saves no block or the volume is of mode none.
+    /// Compresses a page with the algorithm Algorithm 1 picks (or the one the policy forces)
+    /// and stores it. `update_fraction` is the database layer's estimate of how much of the
+    /// page changed since its last write (None when it has no estimate: the choice is made
+    /// again). Returns how the page was stored: raw when compression saves no block, the
+    /// policy is off or the volume is of mode none.
     pub fn write_page(
         &self,
         chunk: ChunkId,
@@ -174,24 +283,15 @@ impl Pages {
         self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
-        let history = match self.store.entry(chunk, page) {
-            None => PageHistory::FirstWrite,
-            Some(entry) => PageHistory::Rewrite {
-                last_algorithm: if entry.encoding == Encoding::Zstd { Algorithm::Zstd } else { Algorithm::Lz4 },
-                update_fraction: update_fraction.unwrap_or(1.0),
-            },
-        };
-        if self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None) {
-            return self.store_encoded(chunk, page, content, raw(content), version);
-        }
-        let selection = self.selector.select(content, history, self.cpu_load()?).map_err(codec_error)?;
-        self.store_encoded(chunk, page, content, selection.page, version)
+        let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
+        let encoded = self.encode_whole(chunk, content, wanted, &mut None)?;
+        self.store_encoded(chunk, page, content, encoded, version)
     }
 
     /// Writes several whole pages of one chunk with one journal commit (a write-back cache's
-    /// flush): each is compressed as [`Pages::write_page`] would (Algorithm 1, or raw on a
-    /// volume of mode none), then all are stored together. Each item is (page, content,
-    /// version, update fraction); pages must be distinct.
+    /// flush): each is compressed as [`Pages::write_page`] would (Algorithm 1 or the policy's
+    /// algorithm, or raw on a volume of mode none), then all are stored together. Each item is
+    /// (page, content, version, update fraction); pages must be distinct.
     pub fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], u64, Option<f64>)]) -> Result<()> {
         for &(_, content, _, _) in pages {
             self.check_page(chunk, content.len())?;
@@ -201,23 +301,12 @@ impl Pages {
         stripes.sort_unstable();
         stripes.dedup();
         let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
-        let uncompressed = self.store.volume(chunk.volume()).is_some_and(|v| v.mode == crate::volume::VolumeMode::None);
-        let cpu = self.cpu_load()?;
+        let mut cpu = None;
         let mut images = Vec::with_capacity(pages.len());
         let mut counters = Vec::with_capacity(pages.len());
         for &(page, content, version, update_fraction) in pages {
-            let encoded = if uncompressed {
-                raw(content)
-            } else {
-                let history = match self.store.entry(chunk, page) {
-                    None => PageHistory::FirstWrite,
-                    Some(entry) => PageHistory::Rewrite {
-                        last_algorithm: if entry.encoding == Encoding::Zstd { Algorithm::Zstd } else { Algorithm::Lz4 },
-                        update_fraction: update_fraction.unwrap_or(1.0),
-                    },
-                };
-                self.selector.select(content, history, cpu).map_err(codec_error)?.page
-            };
+            let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
+            let encoded = self.encode_whole(chunk, content, wanted, &mut cpu)?;
             let (encoding, counter) = match encoded.encoding {
                 tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
                 tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
@@ -271,8 +360,10 @@ impl Pages {
         Ok(encoding)
     }
 
-    /// Compresses a page with `algorithm`, whatever Algorithm 1 would say, and stores it: for
-    /// measuring one algorithm against another.
+    /// Compresses a page with `algorithm` (None: raw), whatever Algorithm 1 would say, and
+    /// stores it: for writers that choose, and for measuring one algorithm against another.
+    /// A policy other than `Auto` still has the last word, and a volume of mode none is
+    /// stored raw.
     pub fn write_page_with(
         &self,
         chunk: ChunkId,
@@ -284,21 +375,7 @@ impl Pages {
         self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
-        self.write_locked(chunk, page, content, version, algorithm)
-    }
-
-    fn write_locked(
-        &self,
-        chunk: ChunkId,
-        page: PageNo,
-        content: &[u8],
-        version: u64,
-        algorithm: Option<Algorithm>,
-    ) -> Result<()> {
-        let encoded = match algorithm {
-            None => raw(content),
-            Some(algorithm) => self.codec.encode(algorithm, content).map_err(codec_error)?,
-        };
+        let encoded = self.encode_whole(chunk, content, Wanted::Fixed(algorithm), &mut None)?;
         self.store_encoded(chunk, page, content, encoded, version).map(|_| ())
     }
 
@@ -320,15 +397,18 @@ impl Pages {
             None => vec![0u8; self.page_size.bytes()],
         };
         content[offset..end].copy_from_slice(bytes);
-        self.write_locked(chunk, page, &content, version, None)?;
+        self.store_encoded(chunk, page, &content, raw(&content), version)?;
         self.partial_raw.lock().insert((chunk, page));
         Ok(())
     }
 
-    /// Compresses again, with Algorithm 1, the pages that partial writes left raw. Returns how
-    /// many it compressed.
+    /// Compresses again, with Algorithm 1 or the policy's algorithm, the pages that partial
+    /// writes left raw. Returns how many it compressed; none when the policy is off.
     pub fn recompress_partial(&self) -> Result<usize> {
         let pending: Vec<(ChunkId, PageNo)> = self.partial_raw.lock().drain().collect();
+        if self.software == SoftwareCompression::Off {
+            return Ok(0);
+        }
         let mut done = 0;
         for (chunk, page) in pending {
             let Some(content) = self.read_page(chunk, page)? else { continue };
@@ -345,10 +425,9 @@ impl Pages {
             if self.store.entry(chunk, page) != Some(entry) {
                 continue;
             }
-            let selection =
-                self.selector.select(&content, PageHistory::FirstWrite, self.cpu_load()?).map_err(codec_error)?;
-            if selection.page.encoding != tundra_codec::Encoding::Raw {
-                self.store_encoded(chunk, page, &content, selection.page, entry.version)?;
+            let encoded = self.encode_whole(chunk, &content, Wanted::Select(PageHistory::FirstWrite), &mut None)?;
+            if encoded.encoding != tundra_codec::Encoding::Raw {
+                self.store_encoded(chunk, page, &content, encoded, entry.version)?;
                 done += 1;
             }
         }
@@ -460,8 +539,11 @@ impl Pages {
     /// data: the pages that exist are read, verified, and compressed together with zstd at a high
     /// level in segments of at most one extent, then each page points into its segment. Pages
     /// written while this runs keep their newer content: each page is locked from its read to
-    /// the segment's installation.
+    /// the segment's installation. Refused when the software policy is off.
     pub fn heavy_compress(&self, chunk: ChunkId, first: PageNo, count: u32) -> Result<HeavyReport> {
+        if self.software == SoftwareCompression::Off {
+            return Err(Error::invalid("software compression is off on this node: no heavy compression"));
+        }
         let volume = self
             .store
             .volume(chunk.volume())
@@ -702,6 +784,55 @@ mod tests {
         for (offset, len) in [(16384, 1), (16380, 5), (0, 0)] {
             let err = pages.write_partial(chunk, PageNo(0), offset, &vec![1u8; len], 3).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::Invalid);
+        }
+    }
+
+    /// Every write path follows the software policy: single pages, batches, pages written with
+    /// a named algorithm, and the background pass over partial writes.
+    #[test]
+    fn the_software_policy_decides_every_whole_page() {
+        let expected = [
+            (SoftwareCompression::Lz4, Some(Encoding::Lz4)),
+            (SoftwareCompression::Zstd, Some(Encoding::Zstd)),
+            (SoftwareCompression::Off, Some(Encoding::Raw)),
+            (SoftwareCompression::Auto, None),
+        ];
+        for (policy, encoding) in expected {
+            let (_, _, pages) = pages_on_a_drive(16384);
+            let pages = pages.with_software_compression(policy);
+            assert_eq!(pages.software_compression(), policy);
+            let chunk = ChunkId(3);
+            let contents: Vec<Vec<u8>> = (0..12u64).map(|p| table_page(p + 40, 16384)).collect();
+            for p in 0..4u32 {
+                pages.write_page(chunk, PageNo(p), &contents[p as usize], 1, None).unwrap();
+            }
+            let items: Vec<_> = (4..8u32).map(|p| (PageNo(p), contents[p as usize].as_slice(), 1, None)).collect();
+            pages.write_pages(chunk, &items).unwrap();
+            // A writer that names an algorithm (or raw) gets it only under Auto.
+            pages.write_page_with(chunk, PageNo(8), &contents[8], 1, Some(Algorithm::Zstd)).unwrap();
+            pages.write_page_with(chunk, PageNo(9), &contents[9], 1, Some(Algorithm::Lz4)).unwrap();
+            pages.write_page_with(chunk, PageNo(10), &contents[10], 1, None).unwrap();
+            // A partial write is stored raw, then the background pass compresses it again.
+            pages.write_partial(chunk, PageNo(11), 0, &contents[11][..100], 1).unwrap();
+            let recompressed = pages.recompress_partial().unwrap();
+            let stored: Vec<Encoding> =
+                (0..12u32).map(|p| pages.store().entry(chunk, PageNo(p)).unwrap().encoding).collect();
+            match encoding {
+                Some(encoding) => {
+                    assert!(stored.iter().all(|&e| e == encoding), "{policy:?}: {stored:?}");
+                    assert_eq!(recompressed, usize::from(encoding != Encoding::Raw), "{policy:?}");
+                }
+                None => {
+                    assert_eq!(&stored[8..11], &[Encoding::Zstd, Encoding::Lz4, Encoding::Raw]);
+                    assert!(stored[..8].iter().chain(&stored[11..]).all(|&e| e != Encoding::Raw), "{stored:?}");
+                    assert_eq!(recompressed, 1);
+                }
+            }
+            let heavy = pages.heavy_compress(chunk, PageNo(0), 4);
+            assert_eq!(heavy.is_err(), policy == SoftwareCompression::Off, "{policy:?}: {heavy:?}");
+            for (p, content) in contents.iter().enumerate().take(11) {
+                assert!(pages.read_page(chunk, PageNo(p as u32)).unwrap().unwrap() == *content, "page {p}");
+            }
         }
     }
 

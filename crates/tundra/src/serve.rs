@@ -55,6 +55,11 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         tundra_device::size::format_size(layout.fast_volume_bytes),
         node.volumes().len()
     ));
+    let running = node.configuration();
+    say(&format!(
+        "compression: software {} (compression.software), drive {} (drive.compression)",
+        running.software_compression, running.drive_compression
+    ));
     check_local(&config.listen.native, "native")?;
     check_local(&config.listen.nbd, "nbd")?;
     check_local(&config.listen.metrics, "metrics")?;

@@ -192,6 +192,12 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&stats)?);
         return Ok(());
     }
+    let running = &stats["configuration"];
+    println!(
+        "configuration: software compression {}, drive compression {}",
+        running["software_compression"].as_str().unwrap_or("?"),
+        running["drive_compression"].as_str().unwrap_or("?")
+    );
     let c = &stats["compressed"];
     println!(
         "compressed volumes: {} pages, {} logical -> {} after software ({:.2}x) -> {} physical on the drive ({:.2}x both layers; drive alone {:.2}x)",

@@ -729,6 +729,10 @@ fn stats_json_and_prometheus_metrics_after_compressible_writes() {
     assert_eq!(wal["software_ratio"].as_f64(), Some(1.0), "{wal}");
     assert!(stats["software_ratio"].as_f64().unwrap() > 1.0, "{stats}");
     assert_eq!(stats["compressed"]["pages"], 5 * 128, "mode none volumes are not counted: {stats}");
+    // The configuration the node runs with, printed at start and reported with the figures.
+    assert_eq!(stats["configuration"]["software_compression"], "auto", "{stats}");
+    assert_eq!(stats["configuration"]["drive_compression"], "on", "{stats}");
+    assert!(node.log().contains("compression: software auto"), "{}", node.log());
 
     // The same figures for one volume, and the text forms.
     let out = succeeds(&node.with_addr(&["volume", "stats", "pg", "--json"]));

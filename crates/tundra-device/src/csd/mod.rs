@@ -3,6 +3,8 @@
 //!
 //! Each 4 KiB logical block is compressed on its own with raw deflate level 5 ([`deflate`]),
 //! stored raw when that saves nothing, and not stored at all when it is all zeros (seed 001 §2).
+//! Compression is a runtime setting ([`CompressionMode`]), not part of the media: with it off,
+//! every block is stored as is, and a drive reads whatever records it finds either way.
 //! Payloads are packed at 16-byte granularity as records in a log of fixed-size segments
 //! ([`layout`]); an in-memory map of 7 bytes per LBA says where each block's record is ([`map`]).
 //! Overwrites and TRIM leave dead records behind; garbage collection ([`gc`]) relocates the live
@@ -58,6 +60,12 @@ pub enum CompressionMode {
     /// Store blocks raw at once and compress them in a background pass: writes return sooner
     /// on a busy host, and physical usage drops once the pass catches up.
     Deferred,
+    /// Never compress: every block written is stored as is, all-zero blocks included, as a
+    /// drive without compression stores them, so physical usage equals the blocks written.
+    /// Records written compressed earlier stay readable and stay compressed (garbage
+    /// collection moves them as they are); the "software only" configuration of seed 000
+    /// §5.3 (Figure 13).
+    Off,
 }
 
 /// How an opened drive behaves; none of it is part of the on-media format.
@@ -205,10 +213,9 @@ enum Prepared<'a> {
 
 impl<'a> Prepared<'a> {
     fn of(block: &'a [u8], mode: CompressionMode) -> Prepared<'a> {
-        if crate::is_zero(block) {
-            return Prepared::Zero;
-        }
         match mode {
+            CompressionMode::Off => Prepared::Raw(block),
+            _ if crate::is_zero(block) => Prepared::Zero,
             CompressionMode::Deferred => Prepared::Raw(block),
             CompressionMode::Inline => match compress_block(block) {
                 Stored::Deflate(payload) => Prepared::Deflate(payload),

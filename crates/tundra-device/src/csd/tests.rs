@@ -42,6 +42,12 @@ fn conformance_deferred_without_background() {
 }
 
 #[test]
+fn conformance_compression_off() {
+    let config = CsdConfig { compression: CompressionMode::Off, ..quiet() };
+    conformance::run_all(&|blocks| Box::new(new_drive(blocks, 2 << 20, config)));
+}
+
+#[test]
 fn conformance_cost_benefit_small_physical() {
     // Physical space for a fraction of the logical space: the random test runs GC constantly.
     let config = CsdConfig { gc_policy: GcPolicy::CostBenefit, ..quiet() };
@@ -245,6 +251,54 @@ fn deferred_compression_catches_up() {
     let mut back = vec![0u8; 512 * 4096];
     drive.read(Lba(0), &mut back).unwrap();
     assert_eq!(back, data);
+}
+
+/// With compression off, physical usage is exactly the blocks written (zeros included); the
+/// setting belongs to the opened drive, not to the media: blocks written compressed stay
+/// readable and compressed after a reopen with compression off, and the other way round.
+#[test]
+fn compression_off_stores_blocks_as_written_and_reads_either_kind() {
+    let off = CsdConfig { compression: CompressionMode::Off, ..quiet() };
+    let options = options(1024, 8 << 20);
+    let media = media_for(&options);
+    // Highly compressible text, then a run of zeros.
+    let text: Vec<u8> = (0..256).flat_map(|i| block_content(i + 1, 1)).collect();
+    let zeros = vec![0u8; 16 * 4096];
+    let drive = CsdDevice::format(media.clone(), &options, off).unwrap();
+    drive.write(Lba(0), &text).unwrap();
+    drive.write(Lba(256), &zeros).unwrap();
+    let stats = drive.stats();
+    assert_eq!(stats.mapped_bytes, (256 + 16) * 4096, "{stats:?}");
+    assert_eq!(stats.physical_used_bytes, stats.mapped_bytes, "nothing compressed: {stats:?}");
+    drive.check_invariants();
+    drive.close().unwrap();
+
+    // Reopened compressing: the raw blocks read back, new writes compress.
+    let drive = CsdDevice::open(media.clone(), quiet()).unwrap();
+    let mut back = vec![0u8; 272 * 4096];
+    drive.read(Lba(0), &mut back).unwrap();
+    assert!(back[..text.len()] == text[..] && crate::is_zero(&back[text.len()..]));
+    let more: Vec<u8> = (0..256).flat_map(|i| block_content(i + 1000, 1)).collect();
+    drive.write(Lba(512), &more).unwrap();
+    let compressed_part = drive.stats().physical_used_bytes - stats.physical_used_bytes;
+    assert!(compressed_part * 4 < 256 * 4096, "inline compression is on again: {compressed_part}");
+    drive.close().unwrap();
+
+    // Reopened with compression off: the compressed blocks read back and stay compressed,
+    // through garbage collection too.
+    let drive = CsdDevice::open(media, off).unwrap();
+    let before = drive.stats().physical_used_bytes;
+    drive.trim(Lba(0), 128).unwrap();
+    drive.checkpoint().unwrap();
+    drive.collect_garbage(usize::MAX).unwrap();
+    let after = drive.stats();
+    assert_eq!(after.physical_used_bytes, before - 128 * 4096, "{after:?}");
+    let mut back = vec![0u8; 256 * 4096];
+    drive.read(Lba(512), &mut back).unwrap();
+    assert!(back == more);
+    drive.read(Lba(128), &mut back[..128 * 4096]).unwrap();
+    assert!(back[..128 * 4096] == text[128 * 4096..]);
+    drive.check_invariants();
 }
 
 #[test]
