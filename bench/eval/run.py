@@ -24,7 +24,6 @@ import os
 import pathlib
 import platform
 import shlex
-import shutil
 import sys
 import time
 import traceback
@@ -188,8 +187,7 @@ class Runner:
                 log(f"{tag}: FAILED after the run: {e}")
             if cgroup is not None:
                 cgroup.remove()
-            if not any(common.is_mountpoint(p) for p in work.rglob("*") if p.is_dir()):
-                common.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
+            remove_tree(work)
         if "error" in result:
             self.results["problems"].append(f"{database} / {system.name} / {label}: {result['error']}")
         return result
@@ -306,7 +304,7 @@ class Runner:
         self.save()
         from bench.eval.report import write_report
         report = write_report(self.results, self.out)
-        common.run(["rm", "-rf", "--one-file-system", str(self.work)], check=False)
+        remove_tree(self.work)
         log(f"report: {report}")
         failed = len(self.results["problems"])
         if failed:
@@ -341,6 +339,19 @@ class Runner:
                         "kernel": platform.release()},
             "tundra": {"git": git, "dirty": bool(dirty)},
         }
+
+
+def remove_tree(path: pathlib.Path) -> None:
+    """Deletes a work directory, unless anything is still mounted under it (read from the mount
+    table, which also lists a FUSE mount whose server died); then it is left and said so."""
+    from bench.eval.stacks import mounts_under
+    if not path.exists():
+        return
+    left = mounts_under(path)
+    if left:
+        log(f"warning: {path} is left in place: still mounted under it: {', '.join(left)}")
+        return
+    common.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
 
 
 def fmt_ratio(r) -> str:
@@ -404,8 +415,7 @@ def main(argv=None) -> int:
         log(f"error: {e}")
         return 2
     finally:
-        if runner.work.exists() and not any(common.is_mountpoint(p) for p in runner.work.rglob("*") if p.is_dir()):
-            shutil.rmtree(runner.work, ignore_errors=True)
+        remove_tree(runner.work)
 
 
 if __name__ == "__main__":
