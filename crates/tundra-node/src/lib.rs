@@ -479,27 +479,45 @@ impl Node {
         Ok(total)
     }
 
-    /// Makes every acknowledged write durable: the write-back cache is written to the store
-    /// (compressed, journalled) and the devices are flushed.
+    /// Makes acknowledged writes durable: those of `volume` (an NBD FLUSH covers its own
+    /// export), or of every volume. Their dirty pages are written to the store (compressed,
+    /// journalled) and the devices they live on are flushed. A flush of the uncompressed redo
+    /// volume therefore never waits for data pages to be compressed: redo writes bypass the
+    /// compression path (seed 000 §3.3.1).
     pub fn flush(&self, volume: Option<&VolumeRef>) -> Result<()> {
         let started = Instant::now();
-        self.flush_dirty()?;
-        self.drive.flush()?;
-        self.fast_device.flush()?;
-        if let Some(volume) = volume {
-            volume.latency.flush.observe(started.elapsed());
+        match volume {
+            Some(volume) => {
+                self.flush_dirty_of(Some(volume.volume.id))?;
+                if volume.device == Device::Drive {
+                    self.drive.flush()?;
+                }
+                // The fast device holds mode none volumes and both stores' journals.
+                self.fast_device.flush()?;
+                volume.latency.flush.observe(started.elapsed());
+            }
+            None => {
+                self.flush_dirty()?;
+                self.drive.flush()?;
+                self.fast_device.flush()?;
+            }
         }
         Ok(())
     }
 
-    /// Writes every page that was dirty when it was called to the store, several at a time so
-    /// that their journal records share group commits. One flush runs at a time.
+    /// Writes every page that was dirty when it was called to the store.
     fn flush_dirty(&self) -> Result<()> {
+        self.flush_dirty_of(None)
+    }
+
+    /// Writes the pages dirty when it was called (of one volume, or all) to the store, several
+    /// at a time so that their journal records share group commits. One flush runs at a time.
+    fn flush_dirty_of(&self, only: Option<VolumeId>) -> Result<()> {
         if self.writeback.is_empty() {
             return Ok(());
         }
         let _exclusive = self.writeback.flushing();
-        let dirty = self.writeback.snapshot();
+        let dirty = self.writeback.snapshot(only);
         if dirty.is_empty() {
             return Ok(());
         }

@@ -116,12 +116,15 @@ impl WriteBack {
         self.gate.read()
     }
 
-    /// Every dirty page, as of now (the caller holds [`WriteBack::flushing`]).
-    pub fn snapshot(&self) -> Vec<Snapshot> {
+    /// Every dirty page, or every dirty page of one volume, as of now (the caller holds
+    /// [`WriteBack::flushing`]).
+    pub fn snapshot(&self, only: Option<VolumeId>) -> Vec<Snapshot> {
         let mut all = Vec::new();
         for shard in &self.shards {
             for (&key, dirty) in shard.lock().iter() {
-                all.push(Snapshot { key, content: dirty.content.clone(), generation: dirty.generation });
+                if only.is_none_or(|volume| key.0 == volume) {
+                    all.push(Snapshot { key, content: dirty.content.clone(), generation: dirty.generation });
+                }
             }
         }
         // In page order, so that a flush writes neighbours together.
