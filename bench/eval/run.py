@@ -52,6 +52,7 @@ class System:
     settings: dict = field(default_factory=dict)  # server options
     databases: tuple = DATABASES
     description: str = ""
+    space: bool = True                 # loads the datasets (the ablation steps run sysbench only)
 
 
 SYSTEMS = [
@@ -72,9 +73,9 @@ SYSTEMS = [
     System("tundra-software-only", "tundra-software-only", "tundra-off", description="Tundra: software compresses (Algorithm 1), the drive does not"),
     System("tundra-off", "tundra-off", "tundra-off", description="Tundra with compression off (Tundra's uncompressed baseline)"),
     System("tundra-drive-only-wal-on-data", "tundra-drive-only-wal-on-data", "tundra-off",
-           description="ablation: drive only, WAL on the data volume"),
+           description="ablation: drive only, WAL on the data volume", space=False),
     System("tundra-zstd-wal-on-data", "tundra-zstd-wal-on-data", "tundra-off",
-           description="ablation: + software zstd, WAL on the data volume"),
+           description="ablation: + software zstd, WAL on the data volume", space=False),
 ]
 SYSTEM_BY_NAME = {s.name: s for s in SYSTEMS}
 # Seed 000 Figure 13's steps, as far as they are built: each adds one thing to the one before.
@@ -107,12 +108,19 @@ QUICK = Size(
     sysbench_rows=10000, workload_seconds=3, threads=4, memory_limit="256MiB", db_memory="32MiB",
     stack_size="2GiB", drive_bench=["--quick"],
     systems={"postgresql": ["ext4", "xfs", "btrfs-force", "tundra", "tundra-off"],
-             "mariadb": ["ext4", "innodb-lz4", "tundra"]})
+             "mariadb": ["ext4", "innodb-lz4", "tundra", "tundra-off"]})
+# The published size: every dataset (TPC-H and TPC-DS at the quick scale unless --scale full),
+# every PostgreSQL system, MariaDB's peers and Tundra against its own baseline; about 90 minutes
+# on 2 cores.
 FULL = Size(
-    scale="full", datasets=DATASETS, update_seconds=300, sample_every=30, sysbench_tables=8,
-    sysbench_rows=250000, workload_seconds=60, threads=8, memory_limit="512MiB", db_memory="128MiB",
-    stack_size="16GiB", drive_bench=["--size", "256MiB", "--reads", "4000"],
-    systems={db: [s.name for s in SYSTEMS if db in s.databases] for db in DATABASES})
+    scale="quick", datasets=DATASETS, update_seconds=15, sample_every=5, sysbench_tables=6,
+    sysbench_rows=100000, workload_seconds=8, threads=8, memory_limit="256MiB", db_memory="64MiB",
+    stack_size="8GiB", drive_bench=["--size", "64MiB", "--reads", "2000"],
+    systems={"postgresql": [s.name for s in SYSTEMS if "postgresql" in s.databases],
+             "mariadb": ["ext4", "btrfs-force", "innodb-lz4", "innodb-zlib", "innodb-row-compressed",
+                         "tundra", "tundra-off"]})
+# Tundra volumes take the database's page size, so that a page write is one store page.
+PAGE_SIZE = {"postgresql": 8192, "mariadb": 16384}
 
 
 def db_settings(database: str, size: Size, system: System) -> dict:
@@ -151,7 +159,8 @@ class Runner:
         work.mkdir(parents=True)
         logs.mkdir(parents=True)
         stack = make_stack(system.stack, work_dir=work / "stack", size_bytes=common.parse_size(self.size.stack_size),
-                           tundra_bin=self.tundra_bin, ports=self.ports, log_dir=logs)
+                           tundra_bin=self.tundra_bin, ports=self.ports, log_dir=logs,
+                           page_size=PAGE_SIZE[database])
         cgroup = None
         db = None
         result = {"database": database, "system": system.name, "stack": system.stack}
@@ -287,7 +296,7 @@ class Runner:
             names = a.systems or self.size.systems[database]
             systems = [SYSTEM_BY_NAME[n] for n in names if database in SYSTEM_BY_NAME[n].databases]
             for system in systems:
-                if not a.skip_space:
+                if not a.skip_space and system.space:
                     for dataset in datasets:
                         log(f"{database} / {system.name} / {dataset}: space")
                         self.results["space"].append(self.space(database, system, dataset))
@@ -371,6 +380,8 @@ def main(argv=None) -> int:
     p.add_argument("--databases", type=lambda s: s.split(","), help="postgresql,mariadb")
     p.add_argument("--datasets", type=lambda s: s.split(","), help=",".join(DATASETS))
     p.add_argument("--workloads", type=lambda s: s.split(","), help=",".join(WORKLOADS))
+    p.add_argument("--scale", choices=("quick", "full"),
+                   help="scripts/datasets scale of TPC-H and TPC-DS (quick: sf 0.01, full: sf 1)")
     p.add_argument("--update-seconds", type=float, help="sustained updates per dataset")
     p.add_argument("--workload-seconds", type=float, help="seconds per sysbench workload")
     p.add_argument("--skip-space", action="store_true", help="no dataset loads")
@@ -389,6 +400,8 @@ def main(argv=None) -> int:
     size = Size(**size.__dict__)
     if a.update_seconds is not None:
         size.update_seconds = a.update_seconds
+    if a.scale is not None:
+        size.scale = a.scale
     if a.workload_seconds is not None:
         size.workload_seconds = a.workload_seconds
     for name in a.systems or []:
