@@ -248,7 +248,8 @@ class Report:
 
         self.lines += [f"## Throughput on {database} (seed 000 Figure 12)", "",
                        "tps of each sysbench workload, normalised to the system's uncompressed baseline measured "
-                       "in the same run (and, for Tundra's configurations, to ext4 in brackets); p95 latency in ms below.", ""]
+                       "in the same run (and, for Tundra's configurations, to ext4 in brackets); below: tps, p95 latency in ms "
+                       "and the machine's 1-minute load average after the run (2 cores).", ""]
         rows = []
         systems_cfg = self.meta.get("systems", {})
         for s in systems:
@@ -267,6 +268,8 @@ class Report:
                 if base != "ext4":
                     cell += f" ({times(norm(s, w, 'ext4'))})"
                 cell += f"<br>{run['tps']:,.0f} tps, p95 {run.get('p95_ms')}"
+                if run.get("load_average") is not None:
+                    cell += f", load {run['load_average']:.1f}"
                 row.append(cell)
             rows.append(row)
         self.table(["system"] + [w.replace("oltp_", "") for w in workloads], rows)

@@ -259,6 +259,9 @@ class Runner:
                 cgroup.reset_peak()
                 r = db.sysbench_run(workload, size.workload_seconds, size.threads)
                 r["memory"] = cgroup.usage()
+                # The machine is shared: the 1-minute load average after the run says how busy
+                # it was (2 cores; sysbench, the database and the storage stack count too).
+                r["load_average"] = round(os.getloadavg()[0], 2)
                 runs[workload] = r
                 log(f"{database}/{system.name}: {workload}: {r['tps']:.1f} tps, p95 {r['p95_ms']} ms")
             after = self.measure(db, stack)
