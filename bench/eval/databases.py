@@ -426,8 +426,10 @@ def _build_derived(files: DatasetFiles, kind: str, targets: tuple, out: Path) ->
 
     con = duckdb.connect(":memory:", config={"threads": os.cpu_count() or 1, "preserve_insertion_order": True,
                                              "autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False, "enable_progress_bar": False})
+                                             "autoload_known_extensions": False})
     try:
+        # A session setting (DuckDB refuses it in the connection's global config).
+        con.execute("SET enable_progress_bar = false")
         (out / "keys").mkdir()
         keys = {}
         words = set()
