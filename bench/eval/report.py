@@ -95,6 +95,7 @@ class Report:
             f"Tundra: {m.get('tundra', {}).get('git')}{' (uncommitted changes)' if m.get('tundra', {}).get('dirty') else ''}  ",
             f"Machine: {mach.get('cpu')}, {mach.get('nproc')} cores, {mach.get('ram_gib')} GiB, Linux {mach.get('kernel')}  ",
             "Definitions: docs/evaluation.md. Every raw number: results.json beside this file.", "",
+            *[f"Note: {n}  " for n in m.get("notes", [])], *([""] if m.get("notes") else []),
             "## Configuration", "",
             f"- size `{size.get('name')}`: datasets {', '.join(m.get('datasets', []))} at scale `{size.get('scale')}`; "
             f"{size.get('update_seconds')} s of updates per dataset, sizes sampled every {size.get('sample_every')} s",
@@ -290,7 +291,7 @@ class Report:
         self.figure(fig, f"throughput-{database}", f"sysbench tps on {database}, each system ÷ its uncompressed baseline")
 
         steps = [(s, label) for s, label in self.meta.get("ablation", []) if s in by and "error" not in by[s]]
-        if steps and "tundra-off" in by:
+        if len(steps) > 1 and "tundra-off" in by:
             self.lines += [f"### Ablation on {database} (seed 000 Figure 13)", "",
                            "Each step adds one thing to the one above; tps ÷ Tundra with compression off.", ""]
             rows = []
