@@ -163,7 +163,7 @@ class Runner:
                            page_size=PAGE_SIZE[database])
         cgroup = None
         db = None
-        result = {"database": database, "system": system.name, "stack": system.stack}
+        result = {"database": database, "system": system.name, "stack": system.stack, "dataset": label}
         try:
             stack.setup()
             cgroup = common.MemoryCgroup(f"{database}.{system.name}", common.parse_size(self.size.memory_limit))
