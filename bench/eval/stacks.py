@@ -545,7 +545,9 @@ class TundraStack(Stack):
         fuse_dir.mkdir(parents=True, exist_ok=True)
         uri = f"nbd://127.0.0.1:{self.ports['nbd']}/{vol}"
         with open(self.log_dir / f"nbdfuse-{vol}.log", "ab") as out:
-            proc = subprocess.Popen(["nbdfuse", str(fuse_dir), uri], stdin=subprocess.DEVNULL, stdout=out,
+            # -C 5, as scripts/pg-on-tundra: nbdfuse 1.14 carries I/O on all its connections
+            # but one, so this gives four; its default gives three.
+            proc = subprocess.Popen(["nbdfuse", "-C", "5", str(fuse_dir), uri], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self._nbdfuse[vol] = proc
         with open(self.log_file, "a") as f:

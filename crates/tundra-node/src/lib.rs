@@ -44,7 +44,7 @@ use tundra_device::slice::SliceDevice;
 use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
 use tundra_store::ids::VolumeId;
 use tundra_store::pages::{CheckReport, CpuLoad, Pages};
-use tundra_store::store::Store;
+use tundra_store::store::{Store, TrimPolicy};
 use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
 
 pub use config::{Config, DriveCompression};
@@ -211,7 +211,10 @@ impl Node {
         }
         progress("recovering the page store");
         let data = Arc::new(Store::open(drive.clone(), data_journal)?);
-        let fast = Arc::new(Store::open(fast_data, fast_journal)?);
+        // The fast device does not compress: a trim there only gives space back to the
+        // filesystem holding fast.img, at a cost per rewritten page, so freed blocks are
+        // reused untrimmed (trimmed at open, at a check and when a volume is deleted).
+        let fast = Arc::new(Store::open(fast_data, fast_journal)?.with_trim_policy(TrimPolicy::Deferred));
 
         let codec = PageCodec::default();
         let mut paths = BTreeMap::new();
@@ -389,14 +392,21 @@ impl Node {
     /// A page written by a block-device client and not yet flushed is read from the write-back
     /// cache.
     pub fn read_page(&self, volume: &VolumeRef, index: u64, out: &mut [u8]) -> Result<()> {
-        let started = Instant::now();
         check_len(volume, out.len())?;
+        self.read_within(volume, index, 0, out)
+    }
+
+    /// Reads `out.len()` bytes from byte `within` of page `index`: only those bytes are copied,
+    /// from the write-back cache or from the page cache's copy.
+    fn read_within(&self, volume: &VolumeRef, index: u64, within: usize, out: &mut [u8]) -> Result<()> {
+        let started = Instant::now();
         let (chunk, page) = volume.volume.locate(index)?;
+        let range = within..within + out.len();
         match self.writeback.get((volume.volume.id, index)) {
-            Some(Content::Page(content)) => out.copy_from_slice(&content),
+            Some(Content::Page(content)) => out.copy_from_slice(&content[range]),
             Some(Content::Trimmed) => out.fill(0),
-            None => match volume.pages.read_page(chunk, page)? {
-                Some(content) => out.copy_from_slice(&content),
+            None => match volume.pages.read_page_shared(chunk, page)? {
+                Some(content) => out.copy_from_slice(&content[range]),
                 None => out.fill(0),
             },
         }
@@ -481,19 +491,19 @@ impl Node {
 
     /// Makes acknowledged writes durable: those of `volume` (an NBD FLUSH covers its own
     /// export), or of every volume. Their dirty pages are written to the store (compressed,
-    /// journalled) and the devices they live on are flushed. A flush of the uncompressed redo
-    /// volume therefore never waits for data pages to be compressed: redo writes bypass the
-    /// compression path (seed 000 §3.3.1).
+    /// journalled). A flush of the uncompressed redo volume therefore never waits for data
+    /// pages to be compressed: redo writes bypass the compression path (seed 000 §3.3.1).
+    ///
+    /// The store's writes are durable when they return (their journal commit flushes the data
+    /// device, then the journal), and a volume's writes that are not in the write-back cache
+    /// went to the store: so once the volume's cached pages are stored there is nothing of it
+    /// left to flush on the devices, and a flush of a volume with nothing cached does no I/O.
+    /// A flush of every volume (`None`) flushes both devices as well.
     pub fn flush(&self, volume: Option<&VolumeRef>) -> Result<()> {
         let started = Instant::now();
         match volume {
             Some(volume) => {
                 self.flush_dirty_of(Some(volume.volume.id))?;
-                if volume.device == Device::Drive {
-                    self.drive.flush()?;
-                }
-                // The fast device holds mode none volumes and both stores' journals.
-                self.fast_device.flush()?;
                 volume.latency.flush.observe(started.elapsed());
             }
             None => {
@@ -521,11 +531,18 @@ impl Node {
         if dirty.is_empty() {
             return Ok(());
         }
-        // Batches of pages of one chunk, each stored with one journal commit; trims alone.
+        // Batches of pages of one chunk, each stored with one journal commit; trims alone. The
+        // snapshot is in volume order: each volume is looked up once.
         let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
-        let chunk_of = |d: &Snapshot| match (&d.content, self.volume(d.key.0)) {
-            (Content::Page(_), Ok(volume)) => volume.volume.locate(d.key.1).ok().map(|(chunk, _)| chunk),
-            _ => None,
+        let mut volume: Option<(VolumeId, Option<VolumeRef>)> = None;
+        let mut chunk_of = |d: &Snapshot| {
+            if volume.as_ref().is_none_or(|(id, _)| *id != d.key.0) {
+                volume = Some((d.key.0, self.volume(d.key.0).ok()));
+            }
+            match (&d.content, volume.as_ref().and_then(|(_, v)| v.as_ref())) {
+                (Content::Page(_), Some(v)) => v.volume.locate(d.key.1).ok().map(|(chunk, _)| chunk),
+                _ => None,
+            }
         };
         let mut start = 0;
         let mut start_chunk = chunk_of(&dirty[0]);
@@ -539,25 +556,29 @@ impl Node {
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failure: Mutex<Option<Error>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..FLUSH_WORKERS.min(batches.len()) {
-                scope.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= batches.len() || failure.lock().is_some() {
-                            break;
-                        }
-                        let batch = &dirty[batches[i].clone()];
-                        match self.flush_batch(batch) {
-                            Ok(()) => batch.iter().for_each(|d| self.writeback.flushed(d)),
-                            Err(error) => {
-                                failure.lock().get_or_insert(error);
-                                break;
-                            }
-                        }
+        let work = || {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= batches.len() || failure.lock().is_some() {
+                    break;
+                }
+                let batch = &dirty[batches[i].clone()];
+                match self.flush_batch(batch) {
+                    Ok(()) => batch.iter().for_each(|d| self.writeback.flushed(d)),
+                    Err(error) => {
+                        failure.lock().get_or_insert(error);
+                        break;
                     }
-                });
+                }
             }
+        };
+        // The calling thread is one of the writers: a flush of one batch (a redo volume's
+        // commit) starts no thread.
+        std::thread::scope(|scope| {
+            for _ in 1..FLUSH_WORKERS.min(batches.len()) {
+                scope.spawn(work);
+            }
+            work();
         });
         match failure.into_inner() {
             Some(error) => Err(error),
@@ -592,19 +613,13 @@ impl Node {
     pub fn read_bytes(&self, volume: &VolumeRef, offset: u64, buf: &mut [u8]) -> Result<()> {
         check_bytes(volume, offset, buf.len() as u64)?;
         let page_size = volume.page_size();
-        let mut page = vec![0u8; page_size];
         let mut done = 0usize;
         while done < buf.len() {
             let at = offset + done as u64;
             let index = at / page_size as u64;
             let within = (at % page_size as u64) as usize;
             let n = (page_size - within).min(buf.len() - done);
-            if within == 0 && n == page_size {
-                self.read_page(volume, index, &mut buf[done..done + n])?;
-            } else {
-                self.read_page(volume, index, &mut page)?;
-                buf[done..done + n].copy_from_slice(&page[within..within + n]);
-            }
+            self.read_within(volume, index, within, &mut buf[done..done + n])?;
             done += n;
         }
         Ok(())

@@ -10,7 +10,8 @@
 //! - A dirty page stays readable here until the store holds it: a flush writes a page to the
 //!   store first and removes the entry after, and only if no newer write replaced it meanwhile
 //!   (generations).
-//! - Flushes run one at a time; each writes every page dirty when it started.
+//! - Flushes run one at a time; each writes every page dirty when it started (of one volume,
+//!   for a client's flush of that volume; of all, for the background pass and the limit).
 //! - Operations that change the store directly (page-protocol writes, heavy compression, volume
 //!   deletion) first take the page's entry out under its shard's lock, so a cached older
 //!   version can never overwrite them later; they run between flushes, not during one.

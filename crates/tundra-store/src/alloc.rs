@@ -58,21 +58,33 @@ impl ExtentAllocator {
     }
 }
 
-/// A chunk's blocks: for each extent it owns, a bitmap of the 32 blocks in use.
-#[derive(Default)]
+/// A chunk's blocks: for each extent it owns, a bitmap of the 32 blocks in use, and the extents
+/// indexed by the longest run of free blocks each holds, so that an allocation looks only at
+/// extents that can take it instead of scanning every extent of a full chunk.
 pub struct ChunkBlocks {
     extents: BTreeMap<ExtentId, u32>,
+    /// `by_longest[n]`: the extents whose longest free run is `n` blocks (1..=32; full extents
+    /// are in none).
+    by_longest: [BTreeSet<ExtentId>; EXTENT_BLOCKS as usize + 1],
+}
+
+impl Default for ChunkBlocks {
+    fn default() -> ChunkBlocks {
+        ChunkBlocks { extents: BTreeMap::new(), by_longest: std::array::from_fn(|_| BTreeSet::new()) }
+    }
 }
 
 impl ChunkBlocks {
     pub fn add_extent(&mut self, extent: ExtentId) {
         let previous = self.extents.insert(extent, 0);
         assert!(previous.is_none(), "{extent:?} added twice");
+        self.by_longest[EXTENT_BLOCKS as usize].insert(extent);
     }
 
     pub fn remove_extent(&mut self, extent: ExtentId) {
         let bits = self.extents.remove(&extent).expect("removing an extent the chunk does not own");
         assert_eq!(bits, 0, "{extent:?} removed while blocks in it are in use");
+        self.by_longest[EXTENT_BLOCKS as usize].remove(&extent);
     }
 
     pub fn owns(&self, extent: ExtentId) -> bool {
@@ -83,26 +95,61 @@ impl ChunkBlocks {
         self.extents.iter().map(|(&e, &bits)| (e, bits))
     }
 
-    /// Finds `count` contiguous free blocks in one extent (first fit), so that a page is one I/O,
-    /// and marks them used.
-    pub fn allocate(&mut self, count: u8) -> Option<BlockRun> {
-        assert!(count >= 1 && u32::from(count) <= EXTENT_BLOCKS);
-        for (&extent, bits) in self.extents.iter_mut() {
-            if let Some(offset) = first_fit(*bits, count) {
-                let run = BlockRun::new(extent, offset, count);
-                *bits |= run.mask();
-                return Some(run);
+    /// Changes an extent's bitmap and keeps the index by longest free run in step.
+    fn set_bits(&mut self, extent: ExtentId, bits: u32) {
+        let slot = self.extents.get_mut(&extent).expect("an extent of the chunk");
+        let (before, after) = (longest_free_run(*slot), longest_free_run(bits));
+        *slot = bits;
+        if before != after {
+            if before > 0 {
+                self.by_longest[usize::from(before)].remove(&extent);
+            }
+            if after > 0 {
+                self.by_longest[usize::from(after)].insert(extent);
             }
         }
-        None
+    }
+
+    /// Finds `count` contiguous free blocks in one extent (first fit: the lowest extent that
+    /// has room, at its lowest offset), so that a page is one I/O, and marks them used.
+    pub fn allocate(&mut self, count: u8) -> Option<BlockRun> {
+        assert!(count >= 1 && u32::from(count) <= EXTENT_BLOCKS);
+        let extent = self.by_longest[usize::from(count)..].iter().filter_map(|set| set.first()).min().copied()?;
+        let bits = self.extents[&extent];
+        let offset = first_fit(bits, count).expect("the extent's longest free run holds `count` blocks");
+        let run = BlockRun::new(extent, offset, count);
+        self.set_bits(extent, bits | run.mask());
+        Some(run)
+    }
+
+    /// Takes the `count` blocks that directly follow `previous` on the device, if they are free
+    /// and the chunk's (in the same extent, or at the start of the next one), so that pages
+    /// written together can go to the device in one I/O.
+    pub fn allocate_after(&mut self, previous: BlockRun, count: u8) -> Option<BlockRun> {
+        assert!(count >= 1 && u32::from(count) <= EXTENT_BLOCKS);
+        let end = u32::from(previous.offset) + u32::from(previous.count);
+        let (extent, offset) = if end + u32::from(count) <= EXTENT_BLOCKS {
+            (previous.extent, end as u8)
+        } else if end == EXTENT_BLOCKS {
+            (ExtentId(previous.extent.0.checked_add(1)?), 0)
+        } else {
+            return None;
+        };
+        let bits = *self.extents.get(&extent)?;
+        let run = BlockRun::new(extent, offset, count);
+        if bits & run.mask() != 0 {
+            return None;
+        }
+        self.set_bits(extent, bits | run.mask());
+        Some(run)
     }
 
     /// Marks a run used (when replaying the journal). False if the extent is not the chunk's or
     /// a block of the run is already in use.
     pub fn mark_used(&mut self, run: BlockRun) -> bool {
-        match self.extents.get_mut(&run.extent) {
-            Some(bits) if *bits & run.mask() == 0 => {
-                *bits |= run.mask();
+        match self.extents.get(&run.extent) {
+            Some(&bits) if bits & run.mask() == 0 => {
+                self.set_bits(run.extent, bits | run.mask());
                 true
             }
             _ => false,
@@ -111,9 +158,9 @@ impl ChunkBlocks {
 
     /// Returns a run's blocks to the chunk's free space.
     pub fn free(&mut self, run: BlockRun) {
-        let bits = self.extents.get_mut(&run.extent).expect("freeing blocks of an extent the chunk does not own");
-        assert_eq!(*bits & run.mask(), run.mask(), "freeing {run} which is not fully in use");
-        *bits &= !run.mask();
+        let bits = *self.extents.get(&run.extent).expect("freeing blocks of an extent the chunk does not own");
+        assert_eq!(bits & run.mask(), run.mask(), "freeing {run} which is not fully in use");
+        self.set_bits(run.extent, bits & !run.mask());
     }
 
     pub fn used_blocks(&self) -> u64 {
@@ -126,8 +173,20 @@ impl ChunkBlocks {
 
     /// Extents with no block in use, which the chunk can give back.
     pub fn empty_extents(&self) -> Vec<ExtentId> {
-        self.extents.iter().filter(|&(_, &bits)| bits == 0).map(|(&e, _)| e).collect()
+        self.by_longest[EXTENT_BLOCKS as usize].iter().copied().collect()
     }
+}
+
+/// The length of the longest run of zero bits (free blocks) in `bits`.
+fn longest_free_run(bits: u32) -> u8 {
+    // Each step shortens every run of ones in `free` by one.
+    let mut free = !bits;
+    let mut longest = 0;
+    while free != 0 {
+        free &= free << 1;
+        longest += 1;
+    }
+    longest
 }
 
 /// The lowest offset of `count` consecutive zero bits in `bits`.
@@ -169,29 +228,82 @@ mod tests {
         assert_eq!(first_fit(!(0b111 << 29), 3), Some(29));
     }
 
+    #[test]
+    fn longest_free_run_counts_zero_bits() {
+        assert_eq!(longest_free_run(0), 32);
+        assert_eq!(longest_free_run(u32::MAX), 0);
+        assert_eq!(longest_free_run(!(1 << 31)), 1);
+        assert_eq!(longest_free_run(0b1000_0001), 24);
+        assert_eq!(longest_free_run(0xffff_00f0), 8);
+    }
+
+    #[test]
+    fn allocate_after_continues_a_run_into_the_next_extent() {
+        let mut blocks = ChunkBlocks::default();
+        blocks.add_extent(ExtentId(4));
+        blocks.add_extent(ExtentId(5));
+        let first = blocks.allocate(30).unwrap();
+        let second = blocks.allocate_after(first, 2).unwrap();
+        assert_eq!(second.first_lba().0, first.first_lba().0 + 30);
+        let third = blocks.allocate_after(second, 4).unwrap();
+        assert_eq!((third.extent, third.offset), (ExtentId(5), 0));
+        // Straddling an extent boundary, or landing on used blocks, is refused.
+        let straddle = BlockRun::new(ExtentId(5), 4, 26);
+        assert!(blocks.mark_used(straddle));
+        assert_eq!(blocks.allocate_after(straddle, 4), None);
+        blocks.free(first);
+        assert_eq!(blocks.allocate_after(BlockRun::new(ExtentId(4), 28, 1), 2), None);
+        assert_eq!(blocks.allocate(2), Some(BlockRun::new(ExtentId(4), 0, 2)));
+    }
+
+    /// The first fit of the naive allocator: the lowest extent with room, its lowest offset.
+    fn naive_first_fit(used: &HashSet<u64>, extents: &[u64], count: u8) -> Option<(u64, u8)> {
+        extents.iter().find_map(|&extent| {
+            let bits = (0..32u64).fold(0u32, |b, i| b | u32::from(used.contains(&(extent * 32 + i))) << i);
+            first_fit(bits, count).map(|offset| (extent, offset))
+        })
+    }
+
     proptest! {
-        /// Allocations never overlap, frees return exactly what was allocated, and the counts
-        /// match a model set of used blocks.
+        /// Allocations never overlap, frees return exactly what was allocated, the counts match
+        /// a model set of used blocks, and every allocation is the naive first fit (or, after a
+        /// previous run, the blocks right after it when those are free).
         #[test]
-        fn chunk_blocks_match_a_model(ops in proptest::collection::vec((any::<bool>(), 1u8..=8, any::<prop::sample::Index>()), 1..300)) {
+        fn chunk_blocks_match_a_model(ops in proptest::collection::vec((0u8..3, 1u8..=8, any::<prop::sample::Index>()), 1..300)) {
             let mut blocks = ChunkBlocks::default();
-            blocks.add_extent(ExtentId(4));
-            blocks.add_extent(ExtentId(9));
+            let owned = [4u64, 5, 9];
+            for extent in owned {
+                blocks.add_extent(ExtentId(extent as u32));
+            }
             let mut live: Vec<BlockRun> = Vec::new();
             let mut used: HashSet<u64> = HashSet::new();
-            for (alloc, count, pick) in ops {
-                if alloc || live.is_empty() {
-                    if let Some(run) = blocks.allocate(count) {
+            for (op, count, pick) in ops {
+                if op < 2 || live.is_empty() {
+                    let previous = (op == 1 && !live.is_empty()).then(|| live[pick.index(live.len())]);
+                    let after = previous.and_then(|p| {
+                        let lba = p.first_lba().0 + u64::from(p.count);
+                        let fits = u32::from(p.offset) + u32::from(p.count) + u32::from(count) <= 32
+                            || u32::from(p.offset) + u32::from(p.count) == 32;
+                        let free = (lba..lba + u64::from(count)).all(|b| !used.contains(&b) && owned.contains(&(b / 32)));
+                        (fits && free).then_some(lba)
+                    });
+                    let run = match previous {
+                        Some(p) => blocks.allocate_after(p, count),
+                        None => blocks.allocate(count),
+                    };
+                    match (previous, run) {
+                        (Some(_), run) => prop_assert_eq!(run.map(|r| r.first_lba().0), after),
+                        (None, Some(run)) => {
+                            let want = naive_first_fit(&used, &owned, count);
+                            prop_assert_eq!(Some((u64::from(run.extent.0), run.offset)), want);
+                        }
+                        (None, None) => prop_assert!(naive_first_fit(&used, &owned, count).is_none()),
+                    }
+                    if let Some(run) = run {
                         for b in 0..u64::from(run.count) {
                             prop_assert!(used.insert(run.first_lba().0 + b), "overlap at {}", run);
                         }
                         live.push(run);
-                    } else {
-                        // Refused only when no extent has `count` free blocks in a row.
-                        for extent in [4u64, 9] {
-                            let bits = (0..32u64).fold(0u32, |b, i| b | u32::from(used.contains(&(extent * 32 + i))) << i);
-                            prop_assert!(first_fit(bits, count).is_none());
-                        }
                     }
                 } else {
                     let run = live.swap_remove(pick.index(live.len()));
@@ -201,6 +313,12 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(blocks.used_blocks(), used.len() as u64);
+                let empty: Vec<ExtentId> = owned
+                    .iter()
+                    .filter(|&&e| (0..32).all(|i| !used.contains(&(e * 32 + i))))
+                    .map(|&e| ExtentId(e as u32))
+                    .collect();
+                prop_assert_eq!(blocks.empty_extents(), empty);
             }
         }
     }

@@ -9,6 +9,7 @@
 //! This crate knows pages, chunks and blocks. It knows nothing of networks, Raft or SQL.
 
 pub mod alloc;
+pub mod buf;
 pub mod cache;
 mod error;
 pub mod ids;

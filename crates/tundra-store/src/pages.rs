@@ -441,30 +441,63 @@ impl Pages {
             self.reads.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(cached.to_vec()));
         }
+        let Some((entry, content)) = self.load(chunk, page)? else { return Ok(None) };
+        self.remember(chunk, page, entry, || Arc::from(content.as_slice()));
+        Ok(Some(content))
+    }
+
+    /// [`Pages::read_page`] without copying the page out of the cache: a reader that wants
+    /// part of a page, or copies it somewhere anyway, saves a copy and an allocation.
+    pub fn read_page_shared(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Arc<[u8]>>> {
+        if let Some(cached) = self.cache.lock().get((chunk, page)) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(cached));
+        }
+        let Some((entry, content)) = self.load(chunk, page)? else { return Ok(None) };
+        let content: Arc<[u8]> = Arc::from(content);
+        self.remember(chunk, page, entry, || content.clone());
+        Ok(Some(content))
+    }
+
+    /// Reads a page from the store, decompresses and verifies it.
+    fn load(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::index::PageEntry, Vec<u8>)>> {
         let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
-        let encoding = match entry.encoding {
-            Encoding::Raw => tundra_codec::Encoding::Raw,
-            Encoding::Lz4 => tundra_codec::Encoding::Compressed(Algorithm::Lz4),
-            Encoding::Zstd => tundra_codec::Encoding::Compressed(Algorithm::Zstd),
-            Encoding::Heavy => tundra_codec::Encoding::Raw,
-        };
-        let content = if entry.encoding == Encoding::Heavy {
-            self.heavy_page(&entry, &stored)?
-        } else {
-            self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?
+        let content = match entry.encoding {
+            Encoding::Heavy => self.heavy_page(&entry, &stored)?,
+            // A raw page is its stored bytes: no copy.
+            Encoding::Raw if stored.len() == self.page_size.bytes() => stored,
+            Encoding::Raw => {
+                self.codec.decode(tundra_codec::Encoding::Raw, &stored, self.page_size).map_err(codec_error)?
+            }
+            Encoding::Lz4 => self
+                .codec
+                .decode(tundra_codec::Encoding::Compressed(Algorithm::Lz4), &stored, self.page_size)
+                .map_err(codec_error)?,
+            Encoding::Zstd => self
+                .codec
+                .decode(tundra_codec::Encoding::Compressed(Algorithm::Zstd), &stored, self.page_size)
+                .map_err(codec_error)?,
         };
         if page_checksum(chunk, page, &content) != entry.checksum {
             return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
-        {
-            // Cache only what is still the page's current version (see `apply`).
-            let mut cache = self.cache.lock();
-            if self.store.entry(chunk, page) == Some(entry) {
-                cache.insert((chunk, page), Arc::from(content.as_slice()));
-            }
+        Ok(Some((entry, content)))
+    }
+
+    /// Caches a page just read, if what was read is still the page's current version (see
+    /// `apply`).
+    fn remember(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        entry: crate::index::PageEntry,
+        content: impl FnOnce() -> Arc<[u8]>,
+    ) {
+        let mut cache = self.cache.lock();
+        if self.store.entry(chunk, page) == Some(entry) {
+            cache.insert((chunk, page), content());
         }
-        Ok(Some(content))
     }
 
     /// Checks the whole store offline (what `tundra fsck` reports): every page is read from the
@@ -475,6 +508,10 @@ impl Pages {
     /// the referenced bytes but read by their own path's check.
     pub fn check(&self) -> Result<CheckReport> {
         self.store.release_freed()?;
+        if self.store.trim_policy() == crate::store::TrimPolicy::Deferred {
+            // Runs are reused untrimmed under this policy: free blocks may still be mapped.
+            self.store.trim_unused()?;
+        }
         let mut report = CheckReport::default();
         for (chunk, page, entry) in self.store.entries() {
             report.referenced_bytes += u64::from(entry.run.count) * tundra_device::BLOCK_SIZE_BYTES;

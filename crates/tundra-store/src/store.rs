@@ -10,6 +10,10 @@
 //! 4. install the entry in the index: the page is visible;
 //! 5. the page's old run is freed, and trimmed on the data device, only after the record is
 //!    durable (it is, after step 3) and no reader can still be reading it (the reuse gate).
+//!    Under [`TrimPolicy::Deferred`] the run is reused untrimmed.
+//!
+//! Pages stored together ([`Store::apply_writes`]) take consecutive blocks where they are free,
+//! and blocks that follow each other on the device are written with one I/O.
 //!
 //! The mutating entry point, [`Store::apply_write`], takes an already-encoded image, so that a
 //! Raft leader can compress once and every replica stores the same bytes.
@@ -21,6 +25,7 @@ use parking_lot::{Mutex, RwLock};
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::alloc::{ChunkBlocks, ExtentAllocator};
+use crate::buf::with_scratch;
 use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{ChunkIndex, Encoding, PageEntry};
 use crate::journal::{Journal, Record, Replay};
@@ -119,9 +124,27 @@ pub struct VolumeUsage {
     pub heavy_pages: u64,
 }
 
+/// When the store trims data-device blocks it no longer uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TrimPolicy {
+    /// Every run a page lets go of is trimmed before it is reused: on a compressing drive a
+    /// block holds physical space until it is trimmed or overwritten.
+    #[default]
+    EveryRun,
+    /// Blocks let go of are reused as they are, untrimmed; free blocks are trimmed when the
+    /// store opens, when it is checked and when a volume is deleted. For a device where a trim
+    /// only hands space back to a filesystem underneath (a plain file): punching a hole for
+    /// every rewritten page costs more than writing the page, and the next write into the
+    /// hole costs more again (the filesystem allocates, and a data sync then writes its
+    /// metadata too). The device holds at most the blocks in use at the busiest moment since
+    /// the last trim.
+    Deferred,
+}
+
 /// One node's page store.
 pub struct Store {
     data: Arc<dyn BlockDevice>,
+    trim_policy: TrimPolicy,
     journal: Journal,
     state: Mutex<State>,
     /// Writers hold it shared from their journal commit to their index install; a checkpoint
@@ -147,6 +170,7 @@ impl Store {
         let state = rebuild(replay, extent_count)?;
         let store = Store {
             data,
+            trim_policy: TrimPolicy::default(),
             journal,
             state: Mutex::new(state),
             checkpoint_gate: RwLock::new(()),
@@ -154,8 +178,18 @@ impl Store {
         };
         // A checkpoint now makes the replayed state the starting point of the next recovery.
         store.checkpoint()?;
-        store.trim_unreferenced()?;
+        store.trim_unused()?;
         Ok(store)
+    }
+
+    /// The store with another trim policy (the default is [`TrimPolicy::EveryRun`]).
+    pub fn with_trim_policy(mut self, policy: TrimPolicy) -> Store {
+        self.trim_policy = policy;
+        self
+    }
+
+    pub fn trim_policy(&self) -> TrimPolicy {
+        self.trim_policy
     }
 
     /// Creates a volume. Its id and name must be new.
@@ -208,7 +242,11 @@ impl Store {
                 }
             }
         }
-        self.release_freed()
+        self.release_freed()?;
+        if self.trim_policy == TrimPolicy::Deferred {
+            self.trim_unused()?;
+        }
+        Ok(())
     }
 
     fn commit_volume(&self, record: Record) -> Result<()> {
@@ -258,44 +296,76 @@ impl Store {
 
     /// Stores several pages of one chunk with one journal commit: each image is written to its
     /// own blocks, then one group of records installs them all (one data flush and one journal
-    /// flush for the lot, where page-at-a-time writes pay both per page). On an error nothing
-    /// is installed and the blocks written are freed.
+    /// flush for the lot, where page-at-a-time writes pay both per page). The pages take
+    /// consecutive blocks where they are free, and blocks that follow each other on the device
+    /// are written with one I/O. Every image is checked before anything is written; on an
+    /// error nothing is installed and the blocks taken are freed.
     pub fn apply_writes(&self, chunk: ChunkId, pages: &[(PageNo, PageImage, u64)]) -> Result<()> {
-        let mut entries = Vec::with_capacity(pages.len());
-        let mut runs: Vec<BlockRun> = Vec::with_capacity(pages.len());
-        for (page, image, version) in pages {
-            let written = self
-                .volume_of(chunk, *page)
-                .and_then(|volume| check_image(&volume, image))
-                .and_then(|blocks| self.write_run(chunk, &image.bytes, blocks));
-            let run = match written {
-                Ok(run) => run,
-                Err(error) => {
-                    // Nothing points at the blocks written: trimmed (so they hold no space on
-                    // a compressing drive), then allocatable again.
-                    for &run in &runs {
-                        self.data.trim(run.first_lba(), u64::from(run.count))?;
-                    }
-                    let mut state = self.state.lock();
-                    for &run in &runs {
-                        state.chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
-                    }
-                    return Err(error);
-                }
-            };
-            runs.push(run);
-            entries.push((
-                *page,
-                Some(PageEntry {
+        let mut counts = Vec::with_capacity(pages.len());
+        for (page, image, _) in pages {
+            counts.push(check_image(&self.volume_of(chunk, *page)?, image)?);
+        }
+        let runs = self.allocate_many(chunk, &counts)?;
+        let images: Vec<&[u8]> = pages.iter().map(|(_, image, _)| image.bytes.as_slice()).collect();
+        if let Err(error) = self.write_runs(&runs, &images) {
+            // Nothing points at the blocks written: trimmed (so they hold no space on a
+            // compressing drive), then allocatable again.
+            for &run in &runs {
+                self.data.trim(run.first_lba(), u64::from(run.count))?;
+            }
+            let mut state = self.state.lock();
+            for &run in &runs {
+                state.chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
+            }
+            return Err(error);
+        }
+        let entries: Vec<(PageNo, Option<PageEntry>)> = pages
+            .iter()
+            .zip(&runs)
+            .map(|((page, image, version), &run)| {
+                let entry = PageEntry {
                     encoding: image.encoding,
                     run,
                     stored_len: image.bytes.len() as u16,
                     checksum: image.checksum,
                     version: *version,
-                }),
-            ));
-        }
+                };
+                (*page, Some(entry))
+            })
+            .collect();
         self.commit_and_install(chunk, &entries, &runs)
+    }
+
+    /// Writes each image to its run, zero-padded, with one device write for every group of
+    /// runs that follow each other on the device. Not flushed (see [`Store::write_run`]).
+    fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        order.sort_unstable_by_key(|&i| runs[i].first_lba().0);
+        let mut i = 0;
+        while i < order.len() {
+            let first = runs[order[i]].first_lba();
+            let mut end = i + 1;
+            while end < order.len()
+                && runs[order[end]].first_lba().0
+                    == runs[order[end - 1]].first_lba().0 + u64::from(runs[order[end - 1]].count)
+            {
+                end += 1;
+            }
+            let group = &order[i..end];
+            let blocks: usize = group.iter().map(|&j| usize::from(runs[j].count)).sum();
+            with_scratch(blocks * BLOCK_SIZE, |buffer| {
+                let mut at = 0;
+                for &j in group {
+                    let len = usize::from(runs[j].count) * BLOCK_SIZE;
+                    buffer[at..at + images[j].len()].copy_from_slice(images[j]);
+                    buffer[at + images[j].len()..at + len].fill(0);
+                    at += len;
+                }
+                self.data.write(first, buffer)
+            })?;
+            i = end;
+        }
+        Ok(())
     }
 
     /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
@@ -335,9 +405,12 @@ impl Store {
     /// the journal flushes the data device before it writes the record that points here.
     fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
         let run = self.allocate(chunk, blocks)?;
-        let mut padded = bytes.to_vec();
-        padded.resize(usize::from(blocks) * BLOCK_SIZE, 0);
-        if let Err(error) = self.data.write(run.first_lba(), &padded) {
+        let written = with_scratch(usize::from(blocks) * BLOCK_SIZE, |padded| {
+            padded[..bytes.len()].copy_from_slice(bytes);
+            padded[bytes.len()..].fill(0);
+            self.data.write(run.first_lba(), padded)
+        });
+        if let Err(error) = written {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
             return Err(error.into());
         }
@@ -369,6 +442,41 @@ impl Store {
         let blocks_of_chunk = &mut state.chunks.get_mut(&chunk).expect("inserted above").blocks;
         blocks_of_chunk.add_extent(extent);
         Ok(blocks_of_chunk.allocate(blocks).expect("a fresh extent holds any page"))
+    }
+
+    /// Takes a run of `counts[i]` blocks for each page of a group, each directly after the
+    /// previous one where those blocks are free, so that the group goes to the device in few
+    /// I/Os; otherwise as [`Store::allocate`]. All or nothing.
+    fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
+        let mut state = self.state.lock();
+        if let Some(reason) = &state.failed {
+            return Err(Error::closed(format!("the store stopped after an error ({reason})")));
+        }
+        let state = &mut *state;
+        let blocks = &mut state.chunks.entry(chunk).or_default().blocks;
+        let mut runs: Vec<BlockRun> = Vec::with_capacity(counts.len());
+        for &count in counts {
+            let mut run = runs.last().and_then(|&previous| blocks.allocate_after(previous, count));
+            if run.is_none() {
+                run = blocks.allocate(count);
+            }
+            if run.is_none()
+                && let Some(extent) = state.extents.grant(chunk)
+            {
+                blocks.add_extent(extent);
+                run = blocks.allocate(count);
+            }
+            match run {
+                Some(run) => runs.push(run),
+                None => {
+                    for &run in &runs {
+                        blocks.free(run);
+                    }
+                    return Err(Error::new(ErrorKind::Full, "the data device has no free extent"));
+                }
+            }
+        }
+        Ok(runs)
     }
 
     /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
@@ -410,23 +518,25 @@ impl Store {
         Ok(())
     }
 
-    /// Makes freed runs reusable once no reader can hold them, trims them on the data device,
-    /// and gives empty extents back to the device allocator.
+    /// Makes freed runs reusable once no reader can hold them, trims them on the data device
+    /// (under [`TrimPolicy::EveryRun`]), and gives empty extents back to the device allocator.
     pub fn release_freed(&self) -> Result<()> {
         let _no_readers = self.reuse_gate.write();
-        // The runs are trimmed while they are in neither the pending list nor the allocator,
-        // and only then become allocatable: a run freed first and trimmed after could be
-        // handed to a concurrent writer in between, and the trim would then punch out that
-        // writer's new page.
         let mut freed = std::mem::take(&mut self.state.lock().pending_free);
         let mut result = Ok(());
-        for (i, &(_, run)) in freed.iter().enumerate() {
-            if let Err(error) = self.data.trim(run.first_lba(), u64::from(run.count)) {
-                // Not trimmed, so not reusable yet: back to the pending list for the next pass.
-                self.state.lock().pending_free.extend_from_slice(&freed[i..]);
-                freed.truncate(i);
-                result = Err(error.into());
-                break;
+        if self.trim_policy == TrimPolicy::EveryRun {
+            // The runs are trimmed while they are in neither the pending list nor the
+            // allocator, and only then become allocatable: a run freed first and trimmed after
+            // could be handed to a concurrent writer in between, and the trim would then punch
+            // out that writer's new page.
+            for (i, &(_, run)) in freed.iter().enumerate() {
+                if let Err(error) = self.data.trim(run.first_lba(), u64::from(run.count)) {
+                    // Not trimmed, so not reusable yet: back to the pending list for the next pass.
+                    self.state.lock().pending_free.extend_from_slice(&freed[i..]);
+                    freed.truncate(i);
+                    result = Err(error.into());
+                    break;
+                }
             }
         }
         let mut state = self.state.lock();
@@ -450,18 +560,18 @@ impl Store {
 
     /// Trims every block no page references. A crash between a page's data write and its
     /// journal record leaves blocks written but unreferenced; on a compressing drive they would
-    /// hold physical space until reused.
-    fn trim_unreferenced(&self) -> Result<()> {
-        let used: Vec<u32> = {
-            let state = self.state.lock();
-            let mut used = vec![0u32; state.extents.extent_count() as usize];
-            for c in state.chunks.values() {
-                for (extent, bits) in c.blocks.extents() {
-                    used[extent.0 as usize] = bits;
-                }
+    /// hold physical space until reused. Under [`TrimPolicy::Deferred`] it also trims the
+    /// runs reused untrimmed, so the device then maps exactly the blocks pages reference. Holds
+    /// the state lock throughout, so that no writer takes a block while it is being trimmed:
+    /// for opening and checking, not for the I/O path.
+    pub fn trim_unused(&self) -> Result<()> {
+        let state = self.state.lock();
+        let mut used = vec![0u32; state.extents.extent_count() as usize];
+        for c in state.chunks.values() {
+            for (extent, bits) in c.blocks.extents() {
+                used[extent.0 as usize] = bits;
             }
-            used
-        };
+        }
         let mut start: Option<u64> = None;
         let total = used.len() as u64 * u64::from(EXTENT_BLOCKS);
         for block in 0..=total {
@@ -478,6 +588,7 @@ impl Store {
                 _ => {}
             }
         }
+        drop(state);
         self.data.flush()?;
         Ok(())
     }
@@ -489,12 +600,12 @@ impl Store {
         let Some(entry) = self.state.lock().chunks.get(&chunk).and_then(|c| c.index.get(page)) else {
             return Ok(None);
         };
-        let mut bytes = vec![0u8; usize::from(entry.run.count) * BLOCK_SIZE];
-        self.data.read(entry.run.first_lba(), &mut bytes)?;
+        let blocks = usize::from(entry.run.count) * BLOCK_SIZE;
         // A heavy page's image is its whole segment; its stored length is its place in it.
-        if entry.encoding != Encoding::Heavy {
-            bytes.truncate(usize::from(entry.stored_len));
-        }
+        let len = if entry.encoding == Encoding::Heavy { blocks } else { usize::from(entry.stored_len) };
+        let bytes = with_scratch(blocks, |buffer| {
+            self.data.read(entry.run.first_lba(), buffer).map(|()| buffer[..len].to_vec())
+        })?;
         Ok(Some((entry, bytes)))
     }
 
@@ -818,6 +929,8 @@ pub(crate) mod tests {
         let mut rng = Rng::new(7);
         let mut struck = 0;
         for round in 0..150u64 {
+            // Both trim policies; under Deferred freed runs are reused untrimmed.
+            let policy = if round % 2 == 0 { TrimPolicy::EveryRun } else { TrimPolicy::Deferred };
             let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), round));
             let fast = Arc::new(FaultyDevice::new(MemDevice::new(JOURNAL.total_blocks()), round + 1000));
             Journal::format(fast.as_ref(), JOURNAL).unwrap();
@@ -825,7 +938,7 @@ pub(crate) mod tests {
             let mut acknowledged: BTreeMap<u32, u64> = BTreeMap::new();
             let mut attempted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
             for crash in 0..3u64 {
-                let store = open_store(data.clone(), fast.clone());
+                let store = open_store(data.clone(), fast.clone()).with_trim_policy(policy);
                 for page in 0..12u32 {
                     let got = tag_of(&store, chunk, PageNo(page));
                     // A page holds its acknowledged version or one attempted since (a trim
@@ -849,19 +962,40 @@ pub(crate) mod tests {
                     let tag = round * 10_000 + crash * 100 + step;
                     let result = if rng.chance(15) {
                         attempted.entry(page).or_default().push(0);
-                        store.trim_page(chunk, PageNo(page)).map(|()| None)
+                        store.trim_page(chunk, PageNo(page)).map(|()| vec![(page, None)])
+                    } else if rng.chance(30) {
+                        // A group of distinct pages with one commit, written in few I/Os.
+                        let mut group: Vec<u32> = (0..1 + rng.below(4)).map(|i| (page + i as u32 * 5) % 12).collect();
+                        group.dedup();
+                        let images: Vec<(PageNo, PageImage, u64)> = group
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &p)| {
+                                let tag = tag + i as u64 * 1_000_000;
+                                attempted.entry(p).or_default().push(tag);
+                                (PageNo(p), raw_image(chunk, PageNo(p), tag), tag)
+                            })
+                            .collect();
+                        store
+                            .apply_writes(chunk, &images)
+                            .map(|()| images.iter().map(|(p, _, tag)| (p.0, Some(*tag))).collect())
                     } else {
                         attempted.entry(page).or_default().push(tag);
                         store
                             .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), tag)
-                            .map(|()| Some(tag))
+                            .map(|()| vec![(page, Some(tag))])
                     };
-                    match result.and_then(|r| store.maybe_checkpoint().map(|()| r)) {
-                        Ok(Some(tag)) => {
-                            acknowledged.insert(page, tag);
-                        }
-                        Ok(None) => {
-                            acknowledged.remove(&page);
+                    let result = result.and_then(|r| store.maybe_checkpoint().map(|()| r));
+                    let result =
+                        if rng.chance(20) { result.and_then(|r| store.release_freed().map(|()| r)) } else { result };
+                    match result {
+                        Ok(done) => {
+                            for (page, tag) in done {
+                                match tag {
+                                    Some(tag) => acknowledged.insert(page, tag),
+                                    None => acknowledged.remove(&page),
+                                };
+                            }
                         }
                         Err(_) => {
                             struck += 1;
@@ -877,6 +1011,54 @@ pub(crate) mod tests {
             }
         }
         assert!(struck > 150, "power should often fail inside an operation: {struck}");
+    }
+
+    #[test]
+    fn grouped_pages_take_consecutive_blocks_and_deferred_trims_wait() {
+        let (data, _fast, store) = new_store(4096);
+        let store = store.with_trim_policy(TrimPolicy::Deferred);
+        let chunk = ChunkId(0);
+        // Every block of every image holds data (the memory device does not map zero blocks).
+        let image = |page: PageNo, tag: u64| {
+            let mut image = raw_image(chunk, page, tag);
+            Rng::new(tag).fill(&mut image.bytes[64..]);
+            image.checksum = page_checksum(chunk, page, &image.bytes);
+            image
+        };
+        let images = |pages: std::ops::Range<u32>, tag: u64| -> Vec<(PageNo, PageImage, u64)> {
+            pages.map(|p| (PageNo(p), image(PageNo(p), tag + u64::from(p)), tag)).collect()
+        };
+        store.apply_writes(chunk, &images(0..8, 100)).unwrap();
+        let lbas: Vec<u64> = (0..8).map(|p| store.entry(chunk, PageNo(p)).unwrap().run.first_lba().0).collect();
+        for pair in lbas.windows(2) {
+            assert_eq!(pair[1], pair[0] + 4, "16 KiB raw pages written together lie back to back: {lbas:?}");
+        }
+        let page_bytes = PAGE as u64;
+        assert_eq!(data.usage().mapped_bytes, 8 * page_bytes);
+        // The runs a rewrite lets go of stay mapped...
+        store.apply_writes(chunk, &images(0..4, 200)).unwrap();
+        store.release_freed().unwrap();
+        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
+        // ...and the next rewrite reuses them (first fit). The second extent, empty again, goes
+        // back to the device allocator untrimmed.
+        store.apply_writes(chunk, &images(0..4, 300)).unwrap();
+        assert_eq!(store.entry(chunk, PageNo(0)).unwrap().run.first_lba().0, lbas[0]);
+        store.release_freed().unwrap();
+        assert_eq!(store.stats().extents_in_use, 1);
+        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
+        for p in 0..8 {
+            assert_eq!(tag_of(&store, chunk, PageNo(p)), Some(if p < 4 { 300 } else { 100 } + u64::from(p)));
+        }
+        // Trimmed pages free their blocks without trimming them; a check's trim of unused
+        // blocks, or deleting the volume, does.
+        store.trim_page(chunk, PageNo(7)).unwrap();
+        store.release_freed().unwrap();
+        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
+        store.trim_unused().unwrap();
+        assert_eq!(data.usage().mapped_bytes, 7 * page_bytes);
+        store.delete_volume(VolumeId(0)).unwrap();
+        assert_eq!(data.usage().mapped_bytes, 0);
+        assert_eq!(store.stats().extents_in_use, 0);
     }
 
     #[test]
