@@ -13,18 +13,16 @@
 //! `O_DIRECT` requires block-aligned memory. Callers hand in ordinary `Vec`s, so unaligned buffers
 //! go through a small aligned bounce buffer; aligned ones are used as they are.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc, handle_alloc_error};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{FallocateFlags, OFlags};
 use rustix::io::Errno;
 
+use crate::buf::BlockBuf;
 use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Error, Lba, Result, Usage, check_io, check_range};
 
 /// Whether a [`FileDevice`] bypasses the kernel's page cache with `O_DIRECT`.
@@ -164,7 +162,7 @@ impl FileDevice {
         if !self.direct {
             return Ok(());
         }
-        let mut probe = AlignedBuf::new(BLOCK_SIZE);
+        let mut probe = BlockBuf::zeroed(BLOCK_SIZE);
         match self.file.read_exact_at(&mut probe, 0) {
             Ok(()) => Ok(()),
             Err(e) if mode == DirectIo::Auto && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -199,7 +197,7 @@ impl FileDevice {
     }
 
     fn read_bounced(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES));
+        let mut bounce = BlockBuf::zeroed(buf.len().min(BOUNCE_BYTES));
         let step = bounce.len();
         for (i, out) in buf.chunks_mut(step).enumerate() {
             let staged = &mut bounce[..out.len()];
@@ -210,7 +208,7 @@ impl FileDevice {
     }
 
     fn write_bounced(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let mut bounce = AlignedBuf::new(data.len().min(BOUNCE_BYTES));
+        let mut bounce = BlockBuf::zeroed(data.len().min(BOUNCE_BYTES));
         let step = bounce.len();
         for (i, piece) in data.chunks(step).enumerate() {
             let staged = &mut bounce[..piece.len()];
@@ -230,7 +228,7 @@ impl FileDevice {
     /// The trim of last resort: overwrite the range with zeros, from an aligned buffer so that it
     /// works under `O_DIRECT` too.
     fn write_zeros(&self, offset: u64, len: u64) -> Result<()> {
-        let zeros = AlignedBuf::new(len.min(BOUNCE_BYTES as u64) as usize);
+        let zeros = BlockBuf::zeroed(len.min(BOUNCE_BYTES as u64) as usize);
         let mut done = 0;
         while done < len {
             let n = (len - done).min(zeros.len() as u64) as usize;
@@ -489,48 +487,6 @@ fn block_device_size(file: &File) -> io::Result<u64> {
     Ok(size?)
 }
 
-/// A zeroed heap buffer whose start is aligned to [`BLOCK_SIZE`], as `O_DIRECT` requires of the
-/// memory it transfers to and from.
-struct AlignedBuf {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl AlignedBuf {
-    /// A buffer of `len` bytes; `len` is non-zero and at most a few hundred KiB.
-    fn new(len: usize) -> AlignedBuf {
-        assert!(len > 0, "an aligned buffer holds at least one byte");
-        let layout = Layout::from_size_align(len, BLOCK_SIZE).expect("a small aligned layout");
-        // SAFETY: the layout's size is non-zero, as `alloc_zeroed` requires.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, layout }
-    }
-}
-
-impl Deref for AlignedBuf {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes that this value owns.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed` with this very layout and is freed only here.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -618,7 +574,7 @@ mod tests {
         // Larger than the bounce buffer, so an unaligned request passes through it in pieces.
         let len = 300 * BLOCK_SIZE;
         let data: Vec<u8> = (0..300).flat_map(|i| block_content(i, 2)).collect();
-        let mut memory = AlignedBuf::new(len + BLOCK_SIZE);
+        let mut memory = BlockBuf::zeroed(len + BLOCK_SIZE);
         memory[512..512 + len].copy_from_slice(&data);
         dev.write(Lba(1), &memory[512..512 + len]).expect("unaligned write");
         dev.read(Lba(1), &mut memory[..len]).expect("aligned read");

@@ -8,6 +8,7 @@
 //!
 //! The device layer knows nothing of pages, volumes or chunks: it stores numbered 4 KiB blocks.
 
+pub mod buf;
 pub mod conformance;
 pub mod csd;
 mod error;
