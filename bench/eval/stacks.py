@@ -122,6 +122,20 @@ def mounted(path: Path) -> bool:
     return p.returncode == 0
 
 
+def parse_btrfs_df(p: subprocess.CompletedProcess) -> dict:
+    """`btrfs filesystem df -b`'s output: total (allocated chunks) and used bytes per block group
+    type, or the error it printed."""
+    out = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"(\w+), (\w+): total=(\d+), used=(\d+)", line.strip())
+        if m:
+            out[m.group(1).lower()] = {"profile": m.group(2), "total_bytes": int(m.group(3)),
+                                       "used_bytes": int(m.group(4))}
+    if not out:
+        out["error"] = (p.stderr or p.stdout).strip()[-300:]
+    return out
+
+
 def mounts_under(root: Path) -> list[str]:
     """Mount points at or under ROOT."""
     p = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True)
@@ -393,16 +407,8 @@ class LoopFsStack(Stack):
         return out
 
     def _btrfs_df(self) -> dict:
-        p = self._run(["btrfs", "filesystem", "df", "-b", self.data_mount], "btrfs filesystem df", check=False)
-        out = {}
-        for line in p.stdout.splitlines():
-            m = re.match(r"(\w+), (\w+): total=(\d+), used=(\d+)", line.strip())
-            if m:
-                out[m.group(1).lower()] = {"profile": m.group(2), "total_bytes": int(m.group(3)),
-                                           "used_bytes": int(m.group(4))}
-        if not out:
-            out["error"] = (p.stderr or p.stdout).strip()[-300:]
-        return out
+        return parse_btrfs_df(self._run(["btrfs", "filesystem", "df", "-b", self.data_mount],
+                                        "btrfs filesystem df", check=False))
 
     def teardown(self) -> None:
         """Unmounts, detaches the loop device, removes the image; raises BenchError listing
