@@ -110,8 +110,8 @@ QUICK = Size(
     systems={"postgresql": ["ext4", "xfs", "btrfs-force", "tundra", "tundra-off"],
              "mariadb": ["ext4", "innodb-lz4", "tundra", "tundra-off"]})
 # The published size: every dataset (TPC-H and TPC-DS at the quick scale unless --scale full),
-# every PostgreSQL system, MariaDB's peers and Tundra against its own baseline; about 90 minutes
-# on 2 cores.
+# every PostgreSQL system, MariaDB's peers and Tundra against its own baseline; about an hour on
+# 2 cores.
 FULL = Size(
     scale="quick", datasets=DATASETS, update_seconds=15, sample_every=5, sysbench_tables=6,
     sysbench_rows=100000, workload_seconds=8, threads=8, memory_limit="256MiB", db_memory="64MiB",
@@ -378,7 +378,8 @@ def main(argv=None) -> int:
     group.add_argument("--quick", dest="size", action="store_const", const="quick",
                        help="a few minutes: TPC-H at the quick scale, a subset of systems, 3 s workloads")
     group.add_argument("--full", dest="size", action="store_const", const="full",
-                       help="the published size: every dataset at full scale, every system (hours)")
+                       help="the published size: every dataset (TPC-H and TPC-DS at sf 0.01 unless --scale full), "
+                            "every PostgreSQL system, MariaDB's peers; about an hour")
     p.add_argument("--systems", type=lambda s: s.split(","), help="comma-separated system names (default: the size's)")
     p.add_argument("--databases", type=lambda s: s.split(","), help="postgresql,mariadb")
     p.add_argument("--datasets", type=lambda s: s.split(","), help=",".join(DATASETS))
