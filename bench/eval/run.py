@@ -8,8 +8,10 @@ MariaDB InnoDB's own compression on ext4), on a fresh stack every time:
   throughput  the sysbench tables prepared (their sizes are the "sysbench" dataset of the space
               tables), then the seven workloads of seed 000 Figure 12, caches dropped before
               each, the database in a memory cgroup so that it reads from storage; sizes after.
-Then the drive alone (`tundra drive bench --suite latency`, Figure 7) and the report:
-results.json, report.md and PNG plots in the output directory.
+Then the store alone on each dataset's PostgreSQL relation files (`scripts/datasets`, then
+`tundra store measure` and `tundra analyze`: seed 000 Figures 14, 5c and 2, Table 3), the drive
+alone (`tundra drive bench --suite latency`, Figure 7) and the report: results.json, report.md
+and PNG plots in the output directory.
 
 Every system is normalised to its uncompressed baseline measured in the same run: the
 filesystems and InnoDB's compression to ext4, Tundra's configurations to Tundra with compression
@@ -135,7 +137,7 @@ class Runner:
         self.args, self.size, self.out = args, size, out
         self.tundra_bin = REPO / "target" / "release" / "tundra"
         self.work = pathlib.Path(args.work_dir or "/tmp") / f"tundra-bench.{os.getpid()}"
-        self.results = {"space": [], "throughput": [], "drive": None, "problems": []}
+        self.results = {"space": [], "throughput": [], "store": [], "drive": None, "problems": []}
         self.ports = self._pick_ports()
 
     def _pick_ports(self) -> dict:
@@ -269,6 +271,48 @@ class Runner:
                     "after_updates": after}
         return self.with_stack(database, system, "sysbench", body)
 
+    def store(self, dataset: str) -> dict:
+        """Seed 000 Figure 14, Table 3 and Figure 5c on the store alone: the dataset's PostgreSQL
+        relation files (tables and indexes, from `scripts/datasets`) written page by page through
+        the store onto an emulated drive, once per way of compressing, sizes from the store's and
+        the drive's own usage (`tundra store measure`); and what `tundra analyze` estimates for
+        the same files, which must agree."""
+        scale = self.size.scale
+        logs = self.out / "logs" / "store"
+        logs.mkdir(parents=True, exist_ok=True)
+        result = {"dataset": dataset, "scale": scale}
+        try:
+            common.run([str(REPO / "scripts" / "datasets"), "--scale", scale, dataset],
+                       what=f"scripts/datasets --scale {scale} {dataset}", log_file=logs / f"{dataset}-datasets.log")
+            source = REPO / "target" / "datasets" / scale / dataset
+            files = sorted(source.glob("*.heap")) + sorted(source.glob("*.index"))
+            if not files:
+                raise BenchError(f"scripts/datasets made no relation files in {source}")
+            work = self.work / "store"
+            work.mkdir(parents=True, exist_ok=True)
+            names = [str(f) for f in files]
+            measure = [str(self.tundra_bin), "store", "measure", *names, "--page-size", "8KiB", "--json",
+                       "--dir", str(work)]
+            analyze = [str(self.tundra_bin), "analyze", *names, "--page-size", "8KiB", "--json"]
+            started = time.monotonic()
+            result["measure"] = json.loads(common.run(measure, what="tundra store measure").stdout)
+            result["analyze"] = json.loads(common.run(analyze, what="tundra analyze").stdout)
+            result["seconds"] = round(time.monotonic() - started, 1)
+            shown = f"target/datasets/{scale}/{dataset}/*.heap target/datasets/{scale}/{dataset}/*.index"
+            result["commands"] = [f"scripts/datasets --scale {scale} {dataset}",
+                                  f"tundra store measure {shown} --page-size 8KiB --json",
+                                  f"tundra analyze {shown} --page-size 8KiB --json"]
+            for name, data in (("measure", result["measure"]), ("analyze", result["analyze"])):
+                (logs / f"{dataset}-{name}.json").write_text(json.dumps(data, indent=1))
+            adaptive = {layout["name"]: layout for layout in result["measure"]["layouts"]}.get("adaptive", {})
+            log(f"store / {dataset}: drive only {fmt_ratio(result['measure'].get('drive_only_ratio'))}, "
+                f"Algorithm 1 + drive {fmt_ratio(adaptive.get('ratio'))} ({result['seconds']} s)")
+        except (BenchError, ValueError) as e:
+            result["error"] = str(e)
+            log(f"store / {dataset}: FAILED: {e}")
+            self.results["problems"].append(f"store / {dataset}: {e}")
+        return result
+
     def drive(self) -> dict | None:
         """Figure 7: the emulated drive's 16 KiB latency against a plain file, by compressibility."""
         out = self.out / "drive-bench.json"
@@ -308,6 +352,11 @@ class Runner:
                     log(f"{database} / {system.name}: sysbench")
                     self.results["throughput"].append(self.throughput(database, system))
                     self.save()
+        if not a.skip_store:
+            for dataset in datasets:
+                log(f"the store alone / {dataset} (Figure 14)")
+                self.results["store"].append(self.store(dataset))
+                self.save()
         if not a.skip_drive:
             log("the drive alone (Figure 7)")
             self.results["drive"] = self.drive()
@@ -390,6 +439,8 @@ def main(argv=None) -> int:
     p.add_argument("--workload-seconds", type=float, help="seconds per sysbench workload")
     p.add_argument("--skip-space", action="store_true", help="no dataset loads")
     p.add_argument("--skip-throughput", action="store_true", help="no sysbench")
+    p.add_argument("--skip-store", action="store_true",
+                   help="no store measurement on the datasets' files (Figures 14, 5c, 2; Table 3)")
     p.add_argument("--skip-drive", action="store_true", help="no drive latency (Figure 7)")
     p.add_argument("--out", help="output directory (default target/bench/eval/<UTC time>)")
     p.add_argument("--work-dir", help="where stacks are built (default /tmp)")

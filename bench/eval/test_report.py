@@ -39,11 +39,28 @@ def results() -> dict:
         {"database": "postgresql", "system": "tundra", "dataset": "sysbench", "after_load": sizes(50, 20),
          "after_updates": sizes(60, 24), "workloads": {"oltp_point_select": run(490), "oltp_insert": run(110)}},
     ]
+    def layout(name, physical, lz4=0, zstd=0, raw=0):
+        return {"name": name, "pages": 100, "software_4k_bytes": 400 * 1024, "physical_bytes": physical,
+                "software_4k_ratio": 2.0, "ratio": 819200 / physical, "lz4_pages": lz4, "zstd_pages": zstd,
+                "raw_pages": raw, "write_us_mean": 300.0, "read_us_mean": 90.0, "decompress_us_mean": 5.0,
+                "read_overhead_us": 1.5}
+    measure = {"logical_bytes": 819200, "drive_only_physical_bytes": 409600, "drive_only_ratio": 2.0,
+               "plain_write_us_mean": 150.0, "plain_read_us_mean": 60.0,
+               "layouts": [layout("none", 409600, raw=100), layout("lz4", 409600, lz4=100),
+                           layout("zstd", 320000, zstd=100), layout("adaptive", 327680, lz4=20, zstd=80)]}
+    analyze = {"algorithms": {"adaptive": {"dual_layer_bytes": 331000}},
+               "figure5c": {"software_percent": 40.0, "software_4k_percent": 5.0, "dual_layer_percent": 2.0},
+               "figure2": {"granularity": {"block_4k_extra_percent": 60.0},
+                           "input_sizes": [{"input_bytes": 4096, "ratio": 2.0}, {"input_bytes": 16384, "ratio": 2.5},
+                                           {"input_bytes": 65536, "ratio": 3.0}, {"input_bytes": 1 << 20, "ratio": 3.5}]}}
+    store = [{"dataset": "tpch", "scale": "quick", "measure": measure, "analyze": analyze, "seconds": 1.0,
+              "commands": ["scripts/datasets --scale quick tpch"]},
+             {"dataset": "tpcds", "scale": "quick", "error": "tundra store measure failed: test"}]
     return {"meta": {"command": "bench/run --quick", "date": "2026-11-23T00:00:00+00:00", "finished": "x",
                      "wall_seconds": 1, "size": QUICK.__dict__ | {"name": "quick"}, "databases": ["postgresql"],
                      "datasets": ["tpch"], "workloads": ["oltp_point_select", "oltp_insert"],
                      "systems": systems, "ablation": ABLATION, "machine": {}, "tundra": {"git": "abc"}},
-            "space": space, "throughput": throughput, "drive": None,
+            "space": space, "throughput": throughput, "store": store, "drive": None,
             "problems": ["postgresql / xfs / tpch: mkfs.xfs failed: test"]}
 
 
@@ -64,7 +81,13 @@ class ReportTest(unittest.TestCase):
             self.assertIn("`ext4` 1,000 tps against Tundra's 490", text)
             self.assertIn("mkfs.xfs failed: test", text)
             self.assertIn("| tpch | 10.0% | 30.0% | 60.0% |", text)
-            for png in ("space-postgresql.png", "decay-postgresql.png", "throughput-postgresql.png"):
+            # The store alone: 819200 / 327680 = 2.50, 25.0% over the drive alone (2.00); Algorithm 1
+            # stores 327680 / 320000 - 1 = 2.4% more than zstd; analyze 331000 / 327680 - 1 = +1.01%.
+            self.assertIn("| tpch | 0.8 | 2.00 | 2.00 | 2.00 | 2.56 | 2.50 (+25.0%) | +2.4% | 20 / 80 / 0 | +1.01% |", text)
+            self.assertIn("| tpcds | failed |", text)
+            self.assertIn("| tpch | 150 | 300 (2.00x) | 60 | 90 (1.50x) | 5.0 / 5.0 / 5.0 | +1.5 |", text)
+            self.assertIn("| tpch | +40.0% | +5.0% | +2.0% | +60.0% | 2.00 / 2.50 / 3.00 / 3.50 |", text)
+            for png in ("space-postgresql.png", "store-ratios.png", "decay-postgresql.png", "throughput-postgresql.png"):
                 self.assertGreater((out / png).stat().st_size, 1000, png)
 
 
