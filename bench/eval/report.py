@@ -327,7 +327,8 @@ class Report:
                        "`tundra analyze`'s estimate of Algorithm 1 on both layers for the same files, against "
                        "the store's measured bytes. Commands, per dataset: "
                        + "; ".join(f"`{c}`" for c in (ok[0]["commands"] if ok else [])) + ".", ""]
-        rows, plot = [], []
+        # One pass: the space table (failed datasets included), the latency and the analyze tables.
+        rows, latency, analyze, plot = [], [], [], []
         for e in entries:
             if "error" in e:
                 rows.append([e["dataset"], "failed"] + [""] * 8)
@@ -345,40 +346,34 @@ class Report:
                          f"{extra:+.1f}%", f"{alg1['lz4_pages']:,} / {alg1['zstd_pages']:,} / {alg1['raw_pages']:,}",
                          f"{agree:+.2f}%"])
             plot.append((e["dataset"], drive_only, lz4["ratio"], zstd["ratio"], alg1["ratio"]))
+            latency.append([e["dataset"], f"{m['plain_write_us_mean']:.0f}",
+                            f"{alg1['write_us_mean']:.0f} ({alg1['write_us_mean'] / m['plain_write_us_mean']:.2f}x)",
+                            f"{m['plain_read_us_mean']:.0f}",
+                            f"{alg1['read_us_mean']:.0f} ({alg1['read_us_mean'] / m['plain_read_us_mean']:.2f}x)",
+                            " / ".join(f"{lay[n]['decompress_us_mean']:.1f}" for n in ("lz4", "zstd", "adaptive")),
+                            f"{alg1['read_overhead_us']:+.1f}"])
+            f5, f2 = e["analyze"]["figure5c"], e["analyze"]["figure2"]
+            sizes = {x["input_bytes"]: x["ratio"] for x in f2["input_sizes"]}
+            analyze.append([e["dataset"], f"{f5['software_percent']:+.1f}%", f"{f5['software_4k_percent']:+.1f}%",
+                            f"{f5['dual_layer_percent']:+.1f}%", f"{f2['granularity']['block_4k_extra_percent']:+.1f}%",
+                            " / ".join(ratio(sizes.get(k)) for k in (4096, 16384, 65536, 1 << 20))])
         self.table(["dataset", "logical MiB", "drive only", "software only (Alg. 1)", "lz4 + drive", "zstd + drive",
                     "Algorithm 1 + drive (vs drive only)", "Alg. 1 stores more than zstd (Figure 14: +0.7 to +2.6%)",
                     "Alg. 1 pages lz4 / zstd / raw (Table 3)", "analyze vs store"], rows)
-        rows = []
-        for e in ok:
-            m = e["measure"]
-            lay = {x["name"]: x for x in m["layouts"]}
-            a = lay["adaptive"]
-            rows.append([e["dataset"], f"{m['plain_write_us_mean']:.0f}", f"{a['write_us_mean']:.0f} ({a['write_us_mean'] / m['plain_write_us_mean']:.2f}x)",
-                         f"{m['plain_read_us_mean']:.0f}", f"{a['read_us_mean']:.0f} ({a['read_us_mean'] / m['plain_read_us_mean']:.2f}x)",
-                         " / ".join(f"{lay[n]['decompress_us_mean']:.1f}" for n in ("lz4", "zstd", "adaptive")),
-                         f"{a['read_overhead_us']:+.1f}"])
-        if rows:
+        if latency:
             self.lines += ["Page writes (durable, queue depth 1) and random page reads (page cache off) through the "
                            "store with Algorithm 1, against the same pages on a plain file device in the same run "
                            "(means); decompression per page; what the store adds to a read over the device read "
                            "plus the decompression (the issue's bar: 10 µs).", ""]
             self.table(["dataset", "plain write µs", "store write µs", "plain read µs", "store read µs",
-                        "decompress µs lz4 / zstd / Alg. 1", "read overhead µs"], rows)
-        rows = []
-        for e in ok:
-            an = e["analyze"]
-            f5, f2 = an["figure5c"], an["figure2"]
-            sizes = {x["input_bytes"]: x["ratio"] for x in f2["input_sizes"]}
-            rows.append([e["dataset"], f"{f5['software_percent']:+.1f}%", f"{f5['software_4k_percent']:+.1f}%",
-                         f"{f5['dual_layer_percent']:+.1f}%", f"{f2['granularity']['block_4k_extra_percent']:+.1f}%",
-                         " / ".join(ratio(sizes.get(k)) for k in (4096, 16384, 65536, 1 << 20))])
-        if rows:
+                        "decompress µs lz4 / zstd / Alg. 1", "read overhead µs"], latency)
+        if analyze:
             self.lines += ["How much more lz4 stores than zstd at each layer (seed 000 Figure 5c: +58.9% in software, "
                            "+9.0% after the drive), how much more a 4 KiB-granular index stores than a byte-granular "
                            "one on 16 KiB inputs (Figure 2a: +80.5%), and zstd's ratio by input size (Figure 2b), "
                            "from `tundra analyze`.", ""]
             self.table(["dataset", "lz4 over zstd: software", "in 4 KiB blocks", "after the drive",
-                        "4 KiB index over byte index", "zstd ratio at 4 KiB / 16 KiB / 64 KiB / 1 MiB"], rows)
+                        "4 KiB index over byte index", "zstd ratio at 4 KiB / 16 KiB / 64 KiB / 1 MiB"], analyze)
         if plot:
             fig, ax = plt.subplots(figsize=(7, 3.2))
             labels = ("drive only", "lz4 + drive", "zstd + drive", "Algorithm 1 + drive")

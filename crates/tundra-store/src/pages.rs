@@ -307,12 +307,7 @@ impl Pages {
         for &(page, content, version, update_fraction) in pages {
             let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
             let encoded = self.encode_whole(chunk, content, wanted, &mut cpu)?;
-            let (encoding, counter) = match encoded.encoding {
-                tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
-                tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
-                tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, &self.written_zstd),
-            };
-            let image = PageImage { encoding, bytes: encoded.data, checksum: page_checksum(chunk, page, content) };
+            let (image, counter) = self.image(chunk, page, content, encoded);
             images.push((page, image, version));
             counters.push(counter);
         }
@@ -340,6 +335,17 @@ impl Pages {
         Ok(fraction.clamp(0.0, 1.0))
     }
 
+    /// The image the store keeps of a page the codec has encoded, and the counter of pages
+    /// stored that way (counted once the store holds it).
+    fn image(&self, chunk: ChunkId, page: PageNo, content: &[u8], encoded: EncodedPage) -> (PageImage, &AtomicU64) {
+        let (encoding, counter) = match encoded.encoding {
+            tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
+            tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
+            tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, &self.written_zstd),
+        };
+        (PageImage { encoding, bytes: encoded.data, checksum: page_checksum(chunk, page, content) }, counter)
+    }
+
     /// Stores a page the codec has encoded, and counts how it was stored.
     fn store_encoded(
         &self,
@@ -349,15 +355,10 @@ impl Pages {
         encoded: EncodedPage,
         version: u64,
     ) -> Result<Encoding> {
-        let (encoding, counter) = match encoded.encoding {
-            tundra_codec::Encoding::Raw => (Encoding::Raw, &self.written_raw),
-            tundra_codec::Encoding::Compressed(Algorithm::Lz4) => (Encoding::Lz4, &self.written_lz4),
-            tundra_codec::Encoding::Compressed(Algorithm::Zstd) => (Encoding::Zstd, &self.written_zstd),
-        };
-        let image = PageImage { encoding, bytes: encoded.data, checksum: page_checksum(chunk, page, content) };
+        let (image, counter) = self.image(chunk, page, content, encoded);
         self.apply(chunk, page, &image, version)?;
         counter.fetch_add(1, Ordering::Relaxed);
-        Ok(encoding)
+        Ok(image.encoding)
     }
 
     /// Compresses a page with `algorithm` (None: raw), whatever Algorithm 1 would say, and
@@ -462,21 +463,17 @@ impl Pages {
     /// Reads a page from the store, decompresses and verifies it.
     fn load(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::index::PageEntry, Vec<u8>)>> {
         let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
-        let content = match entry.encoding {
-            Encoding::Heavy => self.heavy_page(&entry, &stored)?,
+        let encoding = match entry.encoding {
+            Encoding::Heavy => None,
+            Encoding::Raw => Some(tundra_codec::Encoding::Raw),
+            Encoding::Lz4 => Some(tundra_codec::Encoding::Compressed(Algorithm::Lz4)),
+            Encoding::Zstd => Some(tundra_codec::Encoding::Compressed(Algorithm::Zstd)),
+        };
+        let content = match encoding {
+            None => self.heavy_page(&entry, &stored)?,
             // A raw page is its stored bytes: no copy.
-            Encoding::Raw if stored.len() == self.page_size.bytes() => stored,
-            Encoding::Raw => {
-                self.codec.decode(tundra_codec::Encoding::Raw, &stored, self.page_size).map_err(codec_error)?
-            }
-            Encoding::Lz4 => self
-                .codec
-                .decode(tundra_codec::Encoding::Compressed(Algorithm::Lz4), &stored, self.page_size)
-                .map_err(codec_error)?,
-            Encoding::Zstd => self
-                .codec
-                .decode(tundra_codec::Encoding::Compressed(Algorithm::Zstd), &stored, self.page_size)
-                .map_err(codec_error)?,
+            Some(tundra_codec::Encoding::Raw) if stored.len() == self.page_size.bytes() => stored,
+            Some(encoding) => self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?,
         };
         if page_checksum(chunk, page, &content) != entry.checksum {
             return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
@@ -748,16 +745,20 @@ mod tests {
     fn pages_over(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>, page_size: usize) -> Pages {
         let store = Arc::new(Store::open(data, fast).unwrap());
         store.create_volume(test_volume(page_size)).unwrap();
+        path_of(store, page_size, CpuLoad::Fixed(0.0))
+    }
+
+    /// The page path over `store`, with a fixed cost model that keeps Algorithm 1's decisions
+    /// independent of this machine's timing.
+    fn path_of(store: Arc<Store>, page_size: usize, cpu: CpuLoad) -> Pages {
         let codec = PageCodec::new(1).unwrap();
-        // A fixed cost model keeps the decisions independent of this machine's timing.
         let cost = DecompressCost {
             page_size: PageSize::from_bytes(page_size as u64).unwrap(),
             lz4: LinearCost { fixed_us: 0.5, us_per_byte: 0.5 / 1024.0 },
             zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
         };
         let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
-        let page_size = PageSize::from_bytes(page_size as u64).unwrap();
-        Pages::new(store, page_size, selector, codec, CpuLoad::Fixed(0.0)).unwrap()
+        Pages::new(store, PageSize::from_bytes(page_size as u64).unwrap(), selector, codec, cpu).unwrap()
     }
 
     #[test]
@@ -1070,16 +1071,7 @@ mod tests {
         let store = Arc::new(Store::open(drive.clone(), fast.clone()).unwrap());
         let extents = store.stats().extents_in_use;
         assert_eq!(extents, 1, "one segment in one extent");
-        let codec = PageCodec::new(1).unwrap();
-        let cost = DecompressCost {
-            page_size: PageSize::from_bytes(8192).unwrap(),
-            lz4: LinearCost { fixed_us: 0.5, us_per_byte: 0.5 / 1024.0 },
-            zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
-        };
-        let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
-        let pages =
-            Pages::new(store.clone(), PageSize::from_bytes(8192).unwrap(), selector, codec, CpuLoad::Fixed(0.0))
-                .unwrap();
+        let pages = path_of(store.clone(), 8192, CpuLoad::Fixed(0.0));
         for p in 0..16u32 {
             assert_eq!(pages.read_page(chunk, PageNo(p)).unwrap().unwrap(), table_page(u64::from(p), 8192));
         }
@@ -1222,15 +1214,7 @@ mod tests {
                         Volume { id: VolumeId(1), name: "wal".into(), mode: VolumeMode::None, ..test_volume(PAGE) };
                     store.create_volume(none).unwrap();
                 }
-                let codec = PageCodec::new(1).unwrap();
-                let cost = DecompressCost {
-                    page_size: PageSize::from_bytes(PAGE as u64).unwrap(),
-                    lz4: LinearCost { fixed_us: 0.5, us_per_byte: 0.5 / 1024.0 },
-                    zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
-                };
-                let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
-                let cpu = CpuLoad::Fixed(if busy { 0.9 } else { 0.0 });
-                Pages::new(store, PageSize::from_bytes(PAGE as u64).unwrap(), selector, codec, cpu).unwrap()
+                path_of(store, PAGE, CpuLoad::Fixed(if busy { 0.9 } else { 0.0 }))
             }
         }
 
@@ -1391,16 +1375,7 @@ mod tests {
                 if store.volume(crate::ids::VolumeId(0)).is_none() {
                     store.create_volume(test_volume(8192)).unwrap();
                 }
-                let cost = DecompressCost {
-                    page_size: PageSize::from_bytes(8192).unwrap(),
-                    lz4: LinearCost { fixed_us: 0.5, us_per_byte: 0.5 / 1024.0 },
-                    zstd: LinearCost { fixed_us: 2.0, us_per_byte: 2.0 / 1024.0 },
-                };
-                let codec = PageCodec::new(1).unwrap();
-                let selector = Selector::new(SelectorConfig::default(), codec, cost).unwrap();
-                let pages =
-                    Pages::new(store, PageSize::from_bytes(8192).unwrap(), selector, codec, CpuLoad::Fixed(0.0))
-                        .unwrap();
+                let pages = path_of(store, 8192, CpuLoad::Fixed(0.0));
                 // What `tundra fsck` runs: every page verified, no block leaked.
                 let report = pages.check().unwrap_or_else(|e| panic!("round {round} crash {crash}: check: {e}"));
                 assert!(report.damaged.is_empty(), "round {round} crash {crash}: {:?}", report.damaged);

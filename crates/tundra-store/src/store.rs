@@ -404,15 +404,10 @@ impl Store {
     /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
     /// the journal flushes the data device before it writes the record that points here.
     fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
-        let run = self.allocate(chunk, blocks)?;
-        let written = with_scratch(usize::from(blocks) * BLOCK_SIZE, |padded| {
-            padded[..bytes.len()].copy_from_slice(bytes);
-            padded[bytes.len()..].fill(0);
-            self.data.write(run.first_lba(), padded)
-        });
-        if let Err(error) = written {
+        let run = self.allocate_many(chunk, &[blocks])?[0];
+        if let Err(error) = self.write_runs(&[run], &[bytes]) {
             self.state.lock().chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
-            return Err(error.into());
+            return Err(error);
         }
         Ok(run)
     }
@@ -427,26 +422,10 @@ impl Store {
         self.commit_and_install(chunk, &[(page, None)], &[])
     }
 
-    /// Takes `blocks` contiguous blocks in `chunk`, granting the chunk a new extent if needed.
-    fn allocate(&self, chunk: ChunkId, blocks: u8) -> Result<BlockRun> {
-        let mut state = self.state.lock();
-        if let Some(reason) = &state.failed {
-            return Err(Error::closed(format!("the store stopped after an error ({reason})")));
-        }
-        if let Some(run) = state.chunks.entry(chunk).or_default().blocks.allocate(blocks) {
-            return Ok(run);
-        }
-        let Some(extent) = state.extents.grant(chunk) else {
-            return Err(Error::new(ErrorKind::Full, "the data device has no free extent"));
-        };
-        let blocks_of_chunk = &mut state.chunks.get_mut(&chunk).expect("inserted above").blocks;
-        blocks_of_chunk.add_extent(extent);
-        Ok(blocks_of_chunk.allocate(blocks).expect("a fresh extent holds any page"))
-    }
-
-    /// Takes a run of `counts[i]` blocks for each page of a group, each directly after the
-    /// previous one where those blocks are free, so that the group goes to the device in few
-    /// I/Os; otherwise as [`Store::allocate`]. All or nothing.
+    /// Takes a run of `counts[i]` contiguous blocks for each page of a group, each directly
+    /// after the previous one where those blocks are free (so that the group goes to the device
+    /// in few I/Os), otherwise the chunk's first fit, granting the chunk a new extent if
+    /// needed. All or nothing.
     fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
         let mut state = self.state.lock();
         if let Some(reason) = &state.failed {
