@@ -1,12 +1,18 @@
 //! The journal (seed 000 §3.2.1): a write-ahead log of index changes on the fast device, with
 //! group commit, and checkpoints of the whole index that bound recovery.
 //!
-//! The fast device holds two superblock slots, two checkpoint slots and a ring of log blocks.
-//! Every log block carries its position in the log, the epoch it was written in and a checksum;
-//! replay reads from the checkpoint's position while each block is the next position, of an
-//! epoch no older than the one before it, and verifies. Each recovery starts a new epoch, so a
+//! The fast device holds two superblock slots, two checkpoint slots and a ring of log blocks
+//! (framing in [`frame`], docs/format.md "The journal"). Every log block carries its position in
+//! the log, the epoch it was written in, a checksum of its header and one of its body; replay
+//! ([`recovery`]) reads from the checkpoint's position while each block is the next position, of
+//! an epoch no older than the one before it, and verifies. Each recovery starts a new epoch, so a
 //! block left from before a crash beyond the recovered end can never be read as part of the log
-//! once newer blocks are written in front of it.
+//! once newer blocks are written in front of it. A block that fails its checksum is damage, not
+//! the end of the log: recovery refuses rather than roll back acknowledged writes.
+//!
+//! The previous checkpoint is kept until the next one is durable, and the log ring never reuses
+//! a block either checkpoint still needs, so a damaged newest checkpoint is recovered from the
+//! one before it.
 //!
 //! The allocator's state is not journalled: it is a function of the index (the blocks in use are
 //! exactly the runs of the mapped pages), rebuilt at recovery. So the two can never disagree.
@@ -16,16 +22,22 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
+mod frame;
+mod recovery;
+#[cfg(test)]
+mod tests;
+
+pub use frame::JournalGeometry;
+use frame::{CheckpointHeader, LOG_PAYLOAD_BYTES, Superblock, encode_log_block};
+#[cfg(test)]
+pub(crate) use recovery::set_damage_ends_log;
+pub use recovery::{Inspection, JournalPlace, LogDamage, inspect};
+
 use crate::ids::VolumeId;
 use crate::ids::{BlockRun, ChunkId, ExtentId, PageNo};
 use crate::index::{Encoding, PageEntry};
 use crate::volume::{MAX_NAME_BYTES, Volume, VolumeMode};
 use crate::{Error, Result};
-
-const SUPERBLOCK_MAGIC: &[u8; 8] = b"TNDRJNL1";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"TNDRJCK1";
-const LOG_MAGIC: u32 = 0x544a_4c42; // "TJLB"
-const LOG_HEADER_BYTES: usize = 32;
 
 /// One change to a chunk's index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,115 +203,6 @@ impl Cursor<'_> {
     }
 }
 
-/// Where the journal's parts are on the fast device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JournalGeometry {
-    pub checkpoint_blocks: u64,
-    pub log_blocks: u64,
-}
-
-impl JournalGeometry {
-    fn checkpoint_lba(&self, slot: u64) -> Lba {
-        Lba(2 + slot * self.checkpoint_blocks)
-    }
-
-    fn log_lba(&self, position: u64) -> Lba {
-        Lba(2 + 2 * self.checkpoint_blocks + position % self.log_blocks)
-    }
-
-    pub fn total_blocks(&self) -> u64 {
-        2 + 2 * self.checkpoint_blocks + self.log_blocks
-    }
-}
-
-/// The journal superblock: geometry, the current checkpoint, and the epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Superblock {
-    geometry: JournalGeometry,
-    generation: u64,
-    checkpoint_slot: u64,
-    /// Log position of the first block the checkpoint does not reflect.
-    checkpoint_position: u64,
-    epoch: u64,
-}
-
-impl Superblock {
-    fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(BLOCK_SIZE);
-        b.extend_from_slice(SUPERBLOCK_MAGIC);
-        for v in [
-            self.geometry.checkpoint_blocks,
-            self.geometry.log_blocks,
-            self.generation,
-            self.checkpoint_slot,
-            self.checkpoint_position,
-            self.epoch,
-        ] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        seal_block(b)
-    }
-
-    fn decode(block: &[u8]) -> Option<Superblock> {
-        let body = verified_block(block)?;
-        if &body[..8] != SUPERBLOCK_MAGIC {
-            return None;
-        }
-        let field = |i: usize| u64::from_le_bytes(body[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
-        let superblock = Superblock {
-            geometry: JournalGeometry { checkpoint_blocks: field(0), log_blocks: field(1) },
-            generation: field(2),
-            checkpoint_slot: field(3),
-            checkpoint_position: field(4),
-            epoch: field(5),
-        };
-        (superblock.checkpoint_slot < 2 && superblock.geometry.log_blocks > 0).then_some(superblock)
-    }
-}
-
-/// Pads a block body to 4092 bytes and appends its crc32c.
-fn seal_block(mut body: Vec<u8>) -> Vec<u8> {
-    assert!(body.len() <= BLOCK_SIZE - 4);
-    body.resize(BLOCK_SIZE - 4, 0);
-    let crc = crc32c::crc32c(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
-    body
-}
-
-fn verified_block(block: &[u8]) -> Option<&[u8]> {
-    let (body, crc) = block.split_at(BLOCK_SIZE - 4);
-    (crc32c::crc32c(body) == u32::from_le_bytes(crc.try_into().expect("4 bytes"))).then_some(body)
-}
-
-/// A log block: header (magic, position, epoch, payload length) then records.
-fn encode_log_block(position: u64, epoch: u64, records: &[u8]) -> Vec<u8> {
-    assert!(records.len() <= BLOCK_SIZE - 4 - LOG_HEADER_BYTES);
-    let mut b = Vec::with_capacity(BLOCK_SIZE);
-    b.extend_from_slice(&LOG_MAGIC.to_le_bytes());
-    b.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    b.extend_from_slice(&position.to_le_bytes());
-    b.extend_from_slice(&epoch.to_le_bytes());
-    b.resize(LOG_HEADER_BYTES, 0);
-    b.extend_from_slice(records);
-    seal_block(b)
-}
-
-/// The records of a log block if it is the block at `position`, of an epoch not older than
-/// `min_epoch`; with its epoch.
-fn decode_log_block(block: &[u8], position: u64, min_epoch: u64) -> Option<(u64, &[u8])> {
-    let body = verified_block(block)?;
-    let magic = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
-    let length = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
-    let at = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
-    let epoch = u64::from_le_bytes(body[16..24].try_into().expect("8 bytes"));
-    let fits = LOG_HEADER_BYTES + length <= body.len();
-    (magic == LOG_MAGIC && at == position && epoch >= min_epoch && fits)
-        .then(|| (epoch, &body[LOG_HEADER_BYTES..LOG_HEADER_BYTES + length]))
-}
-
-/// Records packed per log block.
-const LOG_PAYLOAD_BYTES: usize = BLOCK_SIZE - 4 - LOG_HEADER_BYTES;
-
 struct Committer {
     /// Encoded records waiting for the next group commit, with the batch they belong to.
     pending: Vec<u8>,
@@ -312,8 +215,20 @@ struct Committer {
     next_position: u64,
     tail: Vec<u8>,
     epoch: u64,
+    /// The newest checkpoint's position, and the oldest position either checkpoint still needs:
+    /// the ring never reuses a block from there on.
     checkpoint_position: u64,
+    retain_from: u64,
     failed: Option<String>,
+}
+
+/// The superblock's view of the checkpoints: its generation, the newest checkpoint's slot and
+/// each slot's log position.
+#[derive(Clone, Copy)]
+struct Checkpoints {
+    generation: u64,
+    current: u64,
+    positions: [u64; 2],
 }
 
 /// The journal on a fast device.
@@ -322,7 +237,7 @@ pub struct Journal {
     geometry: JournalGeometry,
     committer: Mutex<Committer>,
     committed: Condvar,
-    checkpoint: Mutex<(u64, u64)>,
+    checkpoints: Mutex<Checkpoints>,
     /// A device flushed before every group of records is written: the data device, whose blocks
     /// the records point at. One flush then covers every writer of the group.
     barrier: Option<Arc<dyn BlockDevice>>,
@@ -332,11 +247,18 @@ pub struct Journal {
 pub struct Replay {
     pub checkpoint: Vec<Record>,
     pub log: Vec<Record>,
+    /// Damage recovered from without loss (a superblock copy, the newest checkpoint), and the
+    /// truncation a repair made, one line each, for the open's progress output.
+    pub notes: Vec<String>,
+    /// The damage a repair truncated the log at: what was dropped.
+    pub lost: Option<LogDamage>,
 }
 
 impl Journal {
     /// Lays an empty journal on `device` with a log of `log_blocks` and checkpoint slots of
-    /// `checkpoint_blocks`.
+    /// `checkpoint_blocks`. The whole journal is trimmed first: a trimmed block reads as zeros
+    /// (the `BlockDevice::trim` contract; the file device punches a hole or writes zeros), which
+    /// recovery reads as a log block never written.
     pub fn format(device: &dyn BlockDevice, geometry: JournalGeometry) -> Result<()> {
         if device.block_count() < geometry.total_blocks() || geometry.log_blocks < 2 || geometry.checkpoint_blocks < 1 {
             return Err(Error::invalid(format!(
@@ -346,30 +268,50 @@ impl Journal {
             )));
         }
         device.trim(Lba(0), geometry.total_blocks())?;
-        device.write(geometry.checkpoint_lba(0), &encode_checkpoint(&[], 0)?)?;
+        // Both slots hold the empty checkpoint, so either can be fallen back to.
+        for slot in 0..2 {
+            device.write(geometry.checkpoint_lba(slot), &encode_checkpoint(&[], 0, 0)?)?;
+        }
         device.flush()?;
-        let superblock = Superblock { geometry, generation: 1, checkpoint_slot: 0, checkpoint_position: 0, epoch: 1 };
+        let superblock = Superblock { geometry, generation: 1, epoch: 1, current: 0, positions: [0, 0] };
         device.write(Lba(1), &superblock.encode())?;
         device.flush()?;
         Ok(())
     }
 
-    /// Opens the journal, returning it with everything to replay. A new epoch starts.
+    /// Opens the journal, returning it with everything to replay. A new epoch starts. Damage in
+    /// the log is a `Corrupted` error naming the block.
     pub fn open(device: Arc<dyn BlockDevice>) -> Result<(Journal, Replay)> {
-        let mut blocks = vec![0u8; 2 * BLOCK_SIZE];
-        device.read(Lba(0), &mut blocks)?;
-        let superblock = [Superblock::decode(&blocks[..BLOCK_SIZE]), Superblock::decode(&blocks[BLOCK_SIZE..])]
-            .into_iter()
-            .flatten()
-            .max_by_key(|s| s.generation)
-            .ok_or_else(|| Error::invalid("no valid journal superblock: the fast device holds no Tundra journal"))?;
-        let geometry = superblock.geometry;
-        if device.block_count() < geometry.total_blocks() {
-            return Err(Error::corrupted("the fast device is smaller than its journal"));
+        Journal::open_with(device, &JournalPlace::default(), false)
+    }
+
+    /// [`Journal::open`] with the place to name in messages; with `accept_loss`, damage in the
+    /// log truncates it there instead (the log's blocks from the damage on are trimmed) and the
+    /// replay says what was dropped.
+    pub fn open_with(
+        device: Arc<dyn BlockDevice>,
+        place: &JournalPlace,
+        accept_loss: bool,
+    ) -> Result<(Journal, Replay)> {
+        let found = inspect(device.as_ref(), place)?;
+        let geometry = found.superblock.geometry;
+        let mut notes = found.notes;
+        if let Some(damage) = &found.damage {
+            if !accept_loss {
+                return Err(Error::corrupted(damage.describe(place)));
+            }
+            recovery::truncate(device.as_ref(), geometry, damage.position, found.start + geometry.log_blocks)?;
+            notes.push(format!(
+                "{}: dropped the log from position {} (LBA {}): the damaged block and {} later block(s) holding at \
+                 least {} record(s)",
+                place.name, damage.position, damage.lba, damage.later_blocks, damage.later_records
+            ));
         }
-        let checkpoint = read_checkpoint(device.as_ref(), geometry, superblock.checkpoint_slot)?;
-        let (log, end) = read_log(device.as_ref(), geometry, superblock.checkpoint_position)?;
-        let epoch = superblock.epoch + 1;
+        let mut checkpoints = Checkpoints {
+            generation: found.superblock.generation,
+            current: found.slot,
+            positions: found.superblock.positions,
+        };
         let journal = Journal {
             device,
             geometry,
@@ -378,21 +320,22 @@ impl Journal {
                 pending_batch: 1,
                 durable_batch: 0,
                 committing: false,
-                next_position: end,
+                next_position: found.end,
                 tail: Vec::new(),
-                epoch,
-                checkpoint_position: superblock.checkpoint_position,
+                epoch: found.next_epoch,
+                checkpoint_position: found.start,
+                retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
                 failed: None,
             }),
             committed: Condvar::new(),
-            checkpoint: Mutex::new((superblock.generation, superblock.checkpoint_slot)),
+            checkpoints: Mutex::new(checkpoints),
             barrier: None,
         };
         // The new epoch must be durable before any block of it is written.
-        let mut cursor = journal.checkpoint.lock();
-        journal.write_superblock(&mut cursor, superblock.checkpoint_slot, superblock.checkpoint_position, epoch)?;
-        drop(cursor);
-        Ok((journal, Replay { checkpoint, log }))
+        journal.write_superblock(&mut checkpoints, found.next_epoch)?;
+        *journal.checkpoints.lock() = checkpoints;
+        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage };
+        Ok((journal, replay))
     }
 
     /// Flushes `device` before writing each group of records, so that callers may write their
@@ -426,9 +369,9 @@ impl Journal {
                 batch.append(&mut c.pending);
                 let batch_id = c.pending_batch;
                 c.pending_batch += 1;
-                let (position, epoch, checkpoint_position) = (c.next_position, c.epoch, c.checkpoint_position);
+                let (position, epoch, retain_from) = (c.next_position, c.epoch, c.retain_from);
                 drop(c);
-                let written = self.write_batch(&batch, position, epoch, checkpoint_position);
+                let written = self.write_batch(&batch, position, epoch, retain_from);
                 c = self.committer.lock();
                 c.committing = false;
                 match written {
@@ -451,14 +394,9 @@ impl Journal {
     /// Writes a group of encoded records as log blocks from `position`, and flushes. The first
     /// block rewrites the previous commit's partly filled block, whose records `records` starts
     /// with (a single block write is atomic, so they are never lost). Returns the position of
-    /// the new last block if it has room left, with its records, or of the next block.
-    fn write_batch(
-        &self,
-        records: &[u8],
-        position: u64,
-        epoch: u64,
-        checkpoint_position: u64,
-    ) -> Result<(u64, Vec<u8>)> {
+    /// the new last block if it has room left, with its records, or of the next block. Refuses
+    /// to reuse a block from `retain_from` on: the older checkpoint's replay needs it.
+    fn write_batch(&self, records: &[u8], position: u64, epoch: u64, retain_from: u64) -> Result<(u64, Vec<u8>)> {
         if let Some(barrier) = &self.barrier {
             barrier.flush()?;
         }
@@ -485,8 +423,8 @@ impl Journal {
         } else {
             (next, Vec::new())
         };
-        if next - checkpoint_position > self.geometry.log_blocks {
-            return Err(Error::invalid("the journal is full: a checkpoint must be taken before more commits"));
+        if next - retain_from > self.geometry.log_blocks {
+            return Err(Error::invalid("the journal is full: checkpoints must be taken before more commits"));
         }
         // Write contiguous pieces: the ring may wrap inside the group.
         let mut i = 0;
@@ -501,25 +439,46 @@ impl Journal {
         Ok((tail_position, tail))
     }
 
-    /// Log blocks in use since the last checkpoint, and the ring's size.
+    /// Log blocks the ring holds for recovery (from the older checkpoint's position), and the
+    /// ring's size. A commit that would need more than the ring fails: the journal is full.
     pub fn usage_blocks(&self) -> (u64, u64) {
         let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
-        (c.next_position + partly - c.checkpoint_position, self.geometry.log_blocks)
+        (c.next_position + partly - c.retain_from, self.geometry.log_blocks)
+    }
+
+    /// Whether a checkpoint is due: a third of the ring written since the newest checkpoint, or
+    /// two thirds held since the older one. Checkpoints then come every third of the ring, so
+    /// the blocks both checkpoints need stay within about two thirds of it.
+    pub fn wants_checkpoint(&self) -> bool {
+        let c = self.committer.lock();
+        let partly = u64::from(!c.tail.is_empty());
+        let since_newest = c.next_position + partly - c.checkpoint_position;
+        let held = c.next_position + partly - c.retain_from;
+        let ring = self.geometry.log_blocks;
+        since_newest > 0 && (since_newest * 3 >= ring || held * 3 >= ring * 2)
     }
 
     /// Writes `records` (the whole index, as of log position `position`) as the new checkpoint
-    /// and makes the log before `position` reusable. The caller guarantees that every record
-    /// committed before `position` is reflected in `records`.
+    /// into the slot of the older one, then names it in the superblock. The checkpoint it
+    /// replaces stays, as the fallback, and the log is kept from its position on. The caller
+    /// guarantees that every record committed before `position` is reflected in `records`.
     pub fn checkpoint(&self, records: &[Record], position: u64) -> Result<()> {
-        let mut cursor = self.checkpoint.lock();
-        let slot = 1 - cursor.1;
-        let image = encode_checkpoint(records, self.geometry.checkpoint_blocks)?;
+        let mut checkpoints = self.checkpoints.lock();
+        let slot = 1 - checkpoints.current;
+        let image = encode_checkpoint(records, position, self.geometry.checkpoint_blocks)?;
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
         let epoch = self.committer.lock().epoch;
-        self.write_superblock(&mut cursor, slot, position, epoch)?;
-        self.committer.lock().checkpoint_position = position;
+        let mut next = *checkpoints;
+        let previous = next.positions[next.current as usize];
+        next.current = slot;
+        next.positions[slot as usize] = position;
+        self.write_superblock(&mut next, epoch)?;
+        *checkpoints = next;
+        let mut c = self.committer.lock();
+        c.checkpoint_position = position;
+        c.retain_from = previous.min(position);
         Ok(())
     }
 
@@ -538,36 +497,38 @@ impl Journal {
         c.next_position
     }
 
-    /// Writes and flushes the next superblock, naming checkpoint `slot`, and advances `cursor`
-    /// (the current generation and slot) to it.
-    fn write_superblock(&self, cursor: &mut (u64, u64), slot: u64, position: u64, epoch: u64) -> Result<()> {
-        let generation = cursor.0 + 1;
+    /// Writes and flushes the next superblock (generation one higher, in the other copy) with
+    /// `checkpoints` and `epoch`, and advances `checkpoints` to that generation.
+    fn write_superblock(&self, checkpoints: &mut Checkpoints, epoch: u64) -> Result<()> {
+        let generation = checkpoints.generation + 1;
         let superblock = Superblock {
             geometry: self.geometry,
             generation,
-            checkpoint_slot: slot,
-            checkpoint_position: position,
             epoch,
+            current: checkpoints.current,
+            positions: checkpoints.positions,
         };
         self.device.write(Lba(generation % 2), &superblock.encode())?;
         self.device.flush()?;
-        *cursor = (generation, slot);
+        checkpoints.generation = generation;
         Ok(())
     }
 }
 
-/// A checkpoint image: a header block (magic, record bytes, crc of the records) then the
-/// records, padded to whole blocks.
-fn encode_checkpoint(records: &[Record], slot_blocks: u64) -> Result<Vec<u8>> {
+/// A checkpoint image: a header block (magic, version, position, record bytes and count, crc of
+/// the records) then the records, padded to whole blocks.
+fn encode_checkpoint(records: &[Record], position: u64, slot_blocks: u64) -> Result<Vec<u8>> {
     let mut body = Vec::with_capacity(records.len() * MAX_RECORD_BYTES);
     for record in records {
         record.encode(&mut body);
     }
-    let mut header = Vec::with_capacity(BLOCK_SIZE);
-    header.extend_from_slice(CHECKPOINT_MAGIC);
-    header.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    header.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-    let mut image = seal_block(header);
+    let header = CheckpointHeader {
+        position,
+        record_bytes: body.len() as u64,
+        record_count: records.len() as u64,
+        crc: crc32c::crc32c(&body),
+    };
+    let mut image = header.encode();
     image.extend_from_slice(&body);
     image.resize(image.len().div_ceil(BLOCK_SIZE) * BLOCK_SIZE, 0);
     if slot_blocks > 0 && image.len() as u64 > slot_blocks * BLOCK_SIZE_BYTES {
@@ -579,28 +540,6 @@ fn encode_checkpoint(records: &[Record], slot_blocks: u64) -> Result<Vec<u8>> {
     Ok(image)
 }
 
-fn read_checkpoint(device: &dyn BlockDevice, geometry: JournalGeometry, slot: u64) -> Result<Vec<Record>> {
-    let mut header = vec![0u8; BLOCK_SIZE];
-    device.read(geometry.checkpoint_lba(slot), &mut header)?;
-    let body = verified_block(&header).filter(|b| &b[..8] == CHECKPOINT_MAGIC);
-    let body = body.ok_or_else(|| Error::corrupted("the journal checkpoint header does not verify"))?;
-    let length = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
-    let crc = u32::from_le_bytes(body[16..20].try_into().expect("4 bytes"));
-    let blocks = length.div_ceil(BLOCK_SIZE_BYTES);
-    if 1 + blocks > geometry.checkpoint_blocks {
-        return Err(Error::corrupted("the journal checkpoint is longer than its slot"));
-    }
-    let mut bytes = vec![0u8; (blocks * BLOCK_SIZE_BYTES) as usize];
-    if blocks > 0 {
-        device.read(Lba(geometry.checkpoint_lba(slot).0 + 1), &mut bytes)?;
-    }
-    bytes.truncate(length as usize);
-    if crc32c::crc32c(&bytes) != crc {
-        return Err(Error::corrupted("the journal checkpoint fails its checksum"));
-    }
-    decode_all(&bytes)
-}
-
 fn decode_all(mut bytes: &[u8]) -> Result<Vec<Record>> {
     let mut records = Vec::new();
     while !bytes.is_empty() {
@@ -609,187 +548,4 @@ fn decode_all(mut bytes: &[u8]) -> Result<Vec<Record>> {
         bytes = &bytes[len..];
     }
     Ok(records)
-}
-
-/// Reads the log from `position` to its end; returns the records and the end position.
-fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, mut position: u64) -> Result<(Vec<Record>, u64)> {
-    let start = position;
-    let mut records = Vec::new();
-    let mut block = vec![0u8; BLOCK_SIZE];
-    let mut min_epoch = 0;
-    while position - start < geometry.log_blocks {
-        device.read(geometry.log_lba(position), &mut block)?;
-        let Some((epoch, payload)) = decode_log_block(&block, position, min_epoch) else { break };
-        records.extend(decode_all(payload)?);
-        min_epoch = epoch;
-        position += 1;
-    }
-    Ok((records, position))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use tundra_device::conformance::Rng;
-    use tundra_device::fault::FaultyDevice;
-    use tundra_device::mem::MemDevice;
-
-    use super::*;
-
-    const GEOMETRY: JournalGeometry = JournalGeometry { checkpoint_blocks: 4, log_blocks: 8 };
-
-    fn set(page: u32, version: u64) -> Record {
-        let entry = PageEntry {
-            encoding: Encoding::Lz4,
-            run: BlockRun::new(ExtentId(page / 4), (page % 4) as u8 * 8, 3),
-            stored_len: 1234,
-            checksum: page ^ 0x5555,
-            version,
-        };
-        Record::PageSet { chunk: ChunkId(7), page: PageNo(page), entry }
-    }
-
-    /// Applies records to a model index: what replay must reproduce.
-    fn apply(model: &mut BTreeMap<u32, Record>, records: &[Record]) {
-        for record in records {
-            match *record {
-                Record::PageSet { page, .. } => {
-                    model.insert(page.0, record.clone());
-                }
-                Record::PageClear { page, .. } => {
-                    model.remove(&page.0);
-                }
-                Record::VolumeSet(_) | Record::VolumeDelete(_) => {}
-            }
-        }
-    }
-
-    fn replayed(replay: &Replay) -> BTreeMap<u32, Record> {
-        let mut model = BTreeMap::new();
-        apply(&mut model, &replay.checkpoint);
-        apply(&mut model, &replay.log);
-        model
-    }
-
-    #[test]
-    fn records_round_trip_and_garbage_is_an_error() {
-        let volume = Volume {
-            id: VolumeId(9),
-            name: "wal-01".into(),
-            size_bytes: 1 << 30,
-            page_size: 8192,
-            chunk_bytes: 1 << 30,
-            mode: VolumeMode::None,
-        };
-        let records = [
-            set(3, 9),
-            Record::PageClear { chunk: ChunkId(1), page: PageNo(2) },
-            Record::VolumeSet(volume),
-            Record::VolumeDelete(VolumeId(4)),
-        ];
-        let mut bytes = Vec::new();
-        for r in &records {
-            r.encode(&mut bytes);
-        }
-        assert_eq!(decode_all(&bytes).unwrap(), records);
-        assert!(Record::decode(&bytes[..10]).is_err());
-        assert!(Record::decode(&[9u8; 40]).is_err());
-    }
-
-    #[test]
-    fn commits_survive_reopen_through_checkpoints_and_ring_wraps() {
-        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
-        Journal::format(device.as_ref(), GEOMETRY).unwrap();
-        let mut model = BTreeMap::new();
-        let (mut journal, _) = Journal::open(device.clone()).unwrap();
-        for round in 0..40u64 {
-            let records: Vec<Record> = (0..30).map(|i| set(((round * 7 + i) % 50) as u32, round)).collect();
-            journal.commit(&records).unwrap();
-            apply(&mut model, &records);
-            if journal.usage_blocks().0 * 2 >= journal.usage_blocks().1 {
-                let snapshot: Vec<Record> = model.values().cloned().collect();
-                journal.checkpoint(&snapshot, journal.position()).unwrap();
-            }
-            if round % 9 == 0 {
-                let (reopened, replay) = Journal::open(device.clone()).unwrap();
-                assert_eq!(replayed(&replay), model, "round {round}");
-                journal = reopened;
-            }
-        }
-    }
-
-    #[test]
-    fn group_commit_from_many_threads() {
-        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GeometryBig::G.total_blocks()));
-        Journal::format(device.as_ref(), GeometryBig::G).unwrap();
-        let (journal, _) = Journal::open(device.clone()).unwrap();
-        std::thread::scope(|scope| {
-            for t in 0..4u32 {
-                let journal = &journal;
-                scope.spawn(move || {
-                    for i in 0..200u32 {
-                        journal.commit(&[set(t * 1000 + i, 1)]).unwrap();
-                    }
-                });
-            }
-        });
-        let (_, replay) = Journal::open(device).unwrap();
-        assert_eq!(replayed(&replay).len(), 800);
-    }
-
-    struct GeometryBig;
-    impl GeometryBig {
-        const G: JournalGeometry = JournalGeometry { checkpoint_blocks: 4, log_blocks: 512 };
-    }
-
-    /// Crashes at random media writes: every acknowledged commit survives, nothing that was not
-    /// committed appears, and a record from before a crash never reappears after a later one.
-    #[test]
-    fn crash_points_lose_no_acknowledged_commit() {
-        let mut rng = Rng::new(42);
-        let mut interrupted = 0;
-        for round in 0..400u64 {
-            let media = Arc::new(FaultyDevice::new(MemDevice::new(GEOMETRY.total_blocks()), round));
-            Journal::format(media.as_ref(), GEOMETRY).unwrap();
-            let mut acknowledged: BTreeMap<u32, Record> = BTreeMap::new();
-            let mut attempted: Vec<Record> = Vec::new();
-            for _crash in 0..4 {
-                let (journal, replay) = match Journal::open(media.clone()) {
-                    Ok(opened) => opened,
-                    Err(e) => panic!("round {round}: reopen failed: {e}"),
-                };
-                let state = replayed(&replay);
-                for (page, record) in &acknowledged {
-                    let got = state.get(page);
-                    let newer = got.is_some_and(|g| attempted.contains(g));
-                    assert!(got == Some(record) || newer, "round {round}: lost page {page}");
-                }
-                for record in state.values() {
-                    assert!(attempted.contains(record), "round {round}: a record never committed: {record:?}");
-                }
-                acknowledged = state;
-                media.crash_after(rng.below(12));
-                for step in 0..20u64 {
-                    let record = set(rng.below(12) as u32, round * 100 + step);
-                    attempted.push(record.clone());
-                    if journal.commit(std::slice::from_ref(&record)).is_err() {
-                        interrupted += 1;
-                        break;
-                    }
-                    apply(&mut acknowledged, std::slice::from_ref(&record));
-                    let nearly_full = journal.usage_blocks().0 + 1 >= journal.usage_blocks().1;
-                    if rng.chance(20) || nearly_full {
-                        let snapshot: Vec<Record> = acknowledged.values().cloned().collect();
-                        if journal.checkpoint(&snapshot, journal.position()).is_err() {
-                            break;
-                        }
-                    }
-                }
-                drop(journal);
-                media.recover().unwrap();
-            }
-        }
-        assert!(interrupted > 400, "power should often fail inside a commit: {interrupted}");
-    }
 }
