@@ -521,6 +521,12 @@ impl Pages {
                 report.damaged.push(format!("chunk {} page {}: {error}", chunk.0, page.0));
             }
         }
+        // Pages whose journal record is damaged are not in the index; they read as errors.
+        for (chunk, page, why) in self.store.damaged_pages() {
+            if self.store.volume(chunk.volume()).is_some_and(|v| v.page_size as usize == self.page_size.bytes()) {
+                report.damaged.push(format!("chunk {} page {}: {why}", chunk.0, page.0));
+            }
+        }
         report.device_mapped_bytes = self.store.data_device().usage().mapped_bytes;
         if report.device_mapped_bytes > report.referenced_bytes {
             report.damaged.push(format!(

@@ -28,9 +28,12 @@ use crate::alloc::{ChunkBlocks, ExtentAllocator};
 use crate::buf::with_scratch;
 use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{ChunkIndex, Encoding, PageEntry};
-use crate::journal::{Journal, Record, Replay};
+use crate::journal::{Journal, JournalPlace, LogDamage, Record};
 use crate::volume::{Volume, VolumeMode};
 use crate::{Error, ErrorKind, Result};
+
+mod rebuild;
+use rebuild::{DamagedEntry, rebuild};
 
 /// An encoded page as the store receives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +69,9 @@ struct State {
     pending_free: Vec<(ChunkId, BlockRun)>,
     /// Pages that share each heavy segment's run; the run is freed when the last one leaves.
     heavy_refs: HashMap<(ChunkId, BlockRun), u32>,
+    /// Pages whose journal record cannot be served (see `rebuild`): they read as corruption
+    /// errors until rewritten or trimmed, and every checkpoint keeps their records.
+    damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry>,
     failed: Option<String>,
 }
 
@@ -86,6 +92,7 @@ impl State {
 
     /// Installs an entry (or removes the page) and lets go of the entry it replaces.
     fn install(&mut self, chunk: ChunkId, page: PageNo, entry: Option<PageEntry>) {
+        self.damaged.remove(&(chunk, page));
         if let Some(new) = entry.filter(|e| e.encoding == Encoding::Heavy) {
             *self.heavy_refs.entry((chunk, new.run)).or_insert(0) += 1;
         }
@@ -141,9 +148,27 @@ pub enum TrimPolicy {
     Deferred,
 }
 
+/// How to open a store: the name and place of its journal for messages, and whether damage in
+/// the journal's log may be truncated away (`tundra repair --accept-loss`).
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    pub place: JournalPlace,
+    pub accept_loss: bool,
+}
+
+/// What recovery found and dealt with when the store opened.
+#[derive(Clone, Debug, Default)]
+pub struct Recovery {
+    /// One line for each damage recovered from, or a truncation made, for the open's output.
+    pub notes: Vec<String>,
+    /// The log damage a repair truncated the journal at: what was dropped.
+    pub lost: Option<LogDamage>,
+}
+
 /// One node's page store.
 pub struct Store {
     data: Arc<dyn BlockDevice>,
+    recovery: Recovery,
     trim_policy: TrimPolicy,
     journal: Journal,
     state: Mutex<State>,
@@ -162,7 +187,14 @@ impl Store {
     /// Opens a store on a data device and a fast device holding a formatted journal, rebuilding
     /// the index from the journal and the allocator from the index.
     pub fn open(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>) -> Result<Store> {
-        let (mut journal, replay) = Journal::open(fast)?;
+        Store::open_with(data, fast, &OpenOptions::default())
+    }
+
+    /// [`Store::open`] with options. Damage in the journal is a `Corrupted` error naming it,
+    /// unless `options.accept_loss`; [`Store::recovery`] then says what was recovered or lost.
+    pub fn open_with(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>, options: &OpenOptions) -> Result<Store> {
+        let (mut journal, mut replay) = Journal::open_with(fast, &options.place, options.accept_loss)?;
+        let recovery = Recovery { notes: std::mem::take(&mut replay.notes), lost: replay.lost.take() };
         // Data blocks are flushed by the journal's group commit, once per group of writers.
         journal.set_barrier(data.clone());
         let extent_count = u32::try_from(data.block_count() / u64::from(EXTENT_BLOCKS))
@@ -170,6 +202,7 @@ impl Store {
         let state = rebuild(replay, extent_count)?;
         let store = Store {
             data,
+            recovery,
             trim_policy: TrimPolicy::default(),
             journal,
             state: Mutex::new(state),
@@ -180,6 +213,17 @@ impl Store {
         store.checkpoint()?;
         store.trim_unused()?;
         Ok(store)
+    }
+
+    /// What recovery found and dealt with when the store opened.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// Pages whose journal record is damaged, with why: they read as corruption errors until
+    /// rewritten or trimmed.
+    pub fn damaged_pages(&self) -> Vec<(ChunkId, PageNo, String)> {
+        self.state.lock().damaged.iter().map(|(&(chunk, page), d)| (chunk, page, d.why.clone())).collect()
     }
 
     /// The store with another trim policy (the default is [`TrimPolicy::EveryRun`]).
@@ -234,6 +278,7 @@ impl Store {
             self.commit_volume(Record::VolumeDelete(id))?;
             let mut state = self.state.lock();
             state.volumes.remove(&id);
+            state.damaged.retain(|(chunk, _), _| chunk.volume() != id);
             let chunks: Vec<ChunkId> = state.chunks.keys().copied().filter(|c| c.volume() == id).collect();
             for chunk in chunks {
                 let pages: Vec<PageNo> = state.chunks[&chunk].index.iter().map(|(p, _)| p).collect();
@@ -415,7 +460,11 @@ impl Store {
     /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
     pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
         self.volume_of(chunk, page)?;
-        let mapped = self.state.lock().chunks.get(&chunk).is_some_and(|c| c.index.get(page).is_some());
+        let mapped = {
+            let state = self.state.lock();
+            state.chunks.get(&chunk).is_some_and(|c| c.index.get(page).is_some())
+                || state.damaged.contains_key(&(chunk, page))
+        };
         if !mapped {
             return Ok(());
         }
@@ -576,12 +625,26 @@ impl Store {
     /// not exist.
     pub fn read_image(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(PageEntry, Vec<u8>)>> {
         let _reading = self.reuse_gate.read();
-        let Some(entry) = self.state.lock().chunks.get(&chunk).and_then(|c| c.index.get(page)) else {
-            return Ok(None);
+        let entry = {
+            let state = self.state.lock();
+            if let Some(damaged) = state.damaged.get(&(chunk, page)) {
+                return Err(Error::corrupted(format!(
+                    "page {} of chunk {}: {}; rewrite or trim the page",
+                    page.0, chunk.0, damaged.why
+                )));
+            }
+            state.chunks.get(&chunk).and_then(|c| c.index.get(page))
         };
+        let Some(entry) = entry else { return Ok(None) };
         let blocks = usize::from(entry.run.count) * BLOCK_SIZE;
         // A heavy page's image is its whole segment; its stored length is its place in it.
         let len = if entry.encoding == Encoding::Heavy { blocks } else { usize::from(entry.stored_len) };
+        if len > blocks {
+            return Err(Error::corrupted(format!(
+                "page {} of chunk {}: a stored length of {len} bytes in {} block(s)",
+                page.0, chunk.0, entry.run.count
+            )));
+        }
         let bytes = with_scratch(blocks, |buffer| {
             self.data.read(entry.run.first_lba(), buffer).map(|()| buffer[..len].to_vec())
         })?;
@@ -597,16 +660,19 @@ impl Store {
             let pages = state.chunks.iter().flat_map(|(&chunk, c)| {
                 c.index.iter().map(move |(page, entry)| Record::PageSet { chunk, page, entry })
             });
-            volumes.chain(pages).collect()
+            // Damaged records are kept as they are, so the next recovery finds them damaged
+            // again rather than reading the pages as absent.
+            let damaged =
+                state.damaged.iter().map(|(&(chunk, page), d)| Record::PageSet { chunk, page, entry: d.entry });
+            volumes.chain(pages).chain(damaged).collect()
         };
         let position = self.journal.position();
         self.journal.checkpoint(&records, position)
     }
 
-    /// Takes a checkpoint when the journal's log is half full.
+    /// Takes a checkpoint when the journal asks for one (see [`Journal::wants_checkpoint`]).
     pub fn maybe_checkpoint(&self) -> Result<()> {
-        let (used, total) = self.journal.usage_blocks();
-        if used * 2 >= total { self.checkpoint() } else { Ok(()) }
+        if self.journal.wants_checkpoint() { self.checkpoint() } else { Ok(()) }
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -700,387 +766,5 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
     Ok(len.div_ceil(BLOCK_SIZE) as u8)
 }
 
-/// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
-/// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
-/// sharing a block, or two chunks sharing an extent, is corruption.
-fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
-    let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
-    let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
-    for record in replay.checkpoint.into_iter().chain(replay.log) {
-        match record {
-            Record::VolumeSet(volume) => {
-                volumes.insert(volume.id, volume);
-            }
-            Record::VolumeDelete(id) => {
-                volumes.remove(&id);
-                chunks.retain(|chunk, _| chunk.volume() != id);
-            }
-            Record::PageSet { chunk, page, entry } => {
-                if !volumes.get(&chunk.volume()).is_some_and(|v| v.contains(chunk, page)) {
-                    return Err(Error::corrupted(format!(
-                        "the journal stores page {} of chunk {} outside every volume",
-                        page.0,
-                        chunk.index()
-                    )));
-                }
-                chunks.entry(chunk).or_default().index.set(page, Some(entry));
-            }
-            Record::PageClear { chunk, page } => {
-                chunks.entry(chunk).or_default().index.set(page, None);
-            }
-        }
-    }
-    let mut extents = ExtentAllocator::new(extent_count);
-    let mut heavy_refs: HashMap<(ChunkId, BlockRun), u32> = HashMap::new();
-    for (&chunk, c) in chunks.iter_mut() {
-        let runs: Vec<(PageNo, PageEntry)> = c.index.iter().collect();
-        for (page, entry) in runs {
-            let run = entry.run;
-            if entry.encoding == Encoding::Heavy {
-                let refs = heavy_refs.entry((chunk, run)).or_insert(0);
-                *refs += 1;
-                if *refs > 1 {
-                    continue;
-                }
-            }
-            if run.extent.0 >= extent_count || !extents.assign(run.extent, chunk) {
-                return Err(Error::corrupted(format!(
-                    "page {} of chunk {} is in {run}, which another chunk owns or which is off the device",
-                    page.0, chunk.0
-                )));
-            }
-            if !c.blocks.owns(run.extent) {
-                c.blocks.add_extent(run.extent);
-            }
-            if !c.blocks.mark_used(run) {
-                return Err(Error::corrupted(format!(
-                    "page {} of chunk {} shares {run} with another page",
-                    page.0, chunk.0
-                )));
-            }
-        }
-    }
-    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), heavy_refs, failed: None })
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::collections::BTreeMap;
-
-    use tundra_device::conformance::Rng;
-    use tundra_device::fault::FaultyDevice;
-    use tundra_device::mem::MemDevice;
-
-    use super::*;
-    use crate::journal::JournalGeometry;
-
-    const PAGE: usize = 16384;
-
-    /// Volume 0, big enough for every test: chunk ids 0, 1, 2 ... are its chunks.
-    pub(crate) fn test_volume(page_size: usize) -> Volume {
-        Volume {
-            id: VolumeId(0),
-            name: "test".into(),
-            size_bytes: 64 << 30,
-            page_size: page_size as u32,
-            chunk_bytes: 1 << 30,
-            mode: VolumeMode::Normal,
-        }
-    }
-
-    /// Opens a store and makes sure volume 0 exists.
-    fn open_store(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>) -> Store {
-        let store = Store::open(data, fast).unwrap();
-        if store.volume(VolumeId(0)).is_none() {
-            store.create_volume(test_volume(PAGE)).unwrap();
-        }
-        store
-    }
-    const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 64 };
-
-    fn raw_image(chunk: ChunkId, page: PageNo, tag: u64) -> PageImage {
-        let mut bytes = vec![0u8; PAGE];
-        Rng::new(tag).fill(&mut bytes[..64]);
-        bytes[..8].copy_from_slice(&tag.to_le_bytes());
-        let checksum = page_checksum(chunk, page, &bytes);
-        PageImage { encoding: Encoding::Raw, bytes, checksum }
-    }
-
-    fn tag_of(store: &Store, chunk: ChunkId, page: PageNo) -> Option<u64> {
-        let (entry, bytes) = store.read_image(chunk, page).unwrap()?;
-        assert_eq!(entry.encoding, Encoding::Raw);
-        assert_eq!(page_checksum(chunk, page, &bytes), entry.checksum, "page {page:?} fails its checksum");
-        Some(u64::from_le_bytes(bytes[..8].try_into().unwrap()))
-    }
-
-    fn new_store(data_blocks: u64) -> (Arc<MemDevice>, Arc<MemDevice>, Store) {
-        let data = Arc::new(MemDevice::new(data_blocks));
-        let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
-        Journal::format(fast.as_ref(), JOURNAL).unwrap();
-        let store = open_store(data.clone(), fast.clone());
-        (data, fast, store)
-    }
-
-    #[test]
-    fn pages_round_trip_overwrite_trim_and_reopen() {
-        let (data, fast, store) = new_store(4096);
-        let chunk = ChunkId(3);
-        for round in 0..5u64 {
-            for page in 0..40u32 {
-                store
-                    .apply_write(
-                        chunk,
-                        PageNo(page),
-                        &raw_image(chunk, PageNo(page), round * 100 + u64::from(page)),
-                        round,
-                    )
-                    .unwrap();
-                store.maybe_checkpoint().unwrap();
-            }
-        }
-        store.trim_page(chunk, PageNo(7)).unwrap();
-        assert_eq!(tag_of(&store, chunk, PageNo(7)), None);
-        assert_eq!(tag_of(&store, chunk, PageNo(8)), Some(408));
-        assert_eq!(store.stats().pages, 39);
-        store.release_freed().unwrap();
-        // 39 live pages of 4 blocks need 5 extents; overwritten runs came back.
-        assert!(store.stats().extents_in_use <= 6, "{:?}", store.stats());
-        drop(store);
-        let store = open_store(data, fast);
-        assert_eq!(tag_of(&store, chunk, PageNo(8)), Some(408));
-        assert_eq!(tag_of(&store, chunk, PageNo(7)), None);
-        assert_eq!(store.stats().pages, 39);
-    }
-
-    #[test]
-    fn blocks_written_but_never_journalled_are_trimmed_at_open() {
-        let (data, fast, store) = new_store(256);
-        let chunk = ChunkId(1);
-        store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), 1).unwrap();
-        drop(store);
-        let referenced = data.usage().mapped_bytes;
-        // As if a crash struck between a page's data write and its journal record.
-        data.write(Lba(200), &vec![7u8; 4 * BLOCK_SIZE]).unwrap();
-        assert_eq!(data.usage().mapped_bytes, referenced + 4 * BLOCK_SIZE as u64);
-        let store = open_store(data.clone(), fast);
-        assert_eq!(data.usage().mapped_bytes, referenced, "only page 0's blocks stay");
-        assert_eq!(tag_of(&store, chunk, PageNo(0)), Some(1));
-    }
-
-    #[test]
-    fn bad_images_are_refused_and_change_nothing() {
-        let (_, _, store) = new_store(512);
-        let chunk = ChunkId(1);
-        let mut short = raw_image(chunk, PageNo(0), 1);
-        short.bytes.truncate(100);
-        assert_eq!(store.apply_write(chunk, PageNo(0), &short, 1).unwrap_err().kind(), ErrorKind::Invalid);
-        let too_long = PageImage { encoding: Encoding::Lz4, bytes: vec![1; PAGE + 1], checksum: 0 };
-        assert_eq!(store.apply_write(chunk, PageNo(0), &too_long, 1).unwrap_err().kind(), ErrorKind::Invalid);
-        assert_eq!(store.stats().pages, 0);
-        assert!(Store::open(Arc::new(MemDevice::new(64)), Arc::new(MemDevice::new(64))).is_err(), "no journal");
-        let bad = Volume { page_size: 4096, ..test_volume(PAGE) };
-        assert_eq!(store.create_volume(bad).unwrap_err().kind(), ErrorKind::Invalid);
-        assert_eq!(store.create_volume(test_volume(PAGE)).unwrap_err().kind(), ErrorKind::Invalid, "exists");
-        let outside = ChunkId::new(VolumeId(7), 0);
-        let image = raw_image(outside, PageNo(0), 1);
-        assert_eq!(store.apply_write(outside, PageNo(0), &image, 1).unwrap_err().kind(), ErrorKind::Invalid);
-    }
-
-    #[test]
-    fn a_full_data_device_is_a_clear_error() {
-        let (_, _, store) = new_store(64);
-        let chunk = ChunkId(1);
-        let mut written = 0;
-        let error = loop {
-            match store.apply_write(chunk, PageNo(written), &raw_image(chunk, PageNo(written), 1), 1) {
-                Ok(()) => written += 1,
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(error.kind(), ErrorKind::Full);
-        assert_eq!(written, 16, "64 blocks hold 16 pages of 16 KiB");
-    }
-
-    /// Power fails at a random write of either device; every acknowledged page write survives
-    /// recovery and every page verifies.
-    #[test]
-    fn crash_points_lose_no_acknowledged_write() {
-        let mut rng = Rng::new(7);
-        let mut struck = 0;
-        for round in 0..150u64 {
-            // Both trim policies; under Deferred freed runs are reused untrimmed.
-            let policy = if round % 2 == 0 { TrimPolicy::EveryRun } else { TrimPolicy::Deferred };
-            let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), round));
-            let fast = Arc::new(FaultyDevice::new(MemDevice::new(JOURNAL.total_blocks()), round + 1000));
-            Journal::format(fast.as_ref(), JOURNAL).unwrap();
-            let chunk = ChunkId(round % 3);
-            let mut acknowledged: BTreeMap<u32, u64> = BTreeMap::new();
-            let mut attempted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-            for crash in 0..3u64 {
-                let store = open_store(data.clone(), fast.clone()).with_trim_policy(policy);
-                for page in 0..12u32 {
-                    let got = tag_of(&store, chunk, PageNo(page));
-                    // A page holds its acknowledged version or one attempted since (a trim
-                    // attempted since is recorded as the tag 0).
-                    let possible = |t: u64| attempted.get(&page).is_some_and(|v| v.contains(&t));
-                    let allowed = got == acknowledged.get(&page).copied() || possible(got.unwrap_or(0));
-                    assert!(allowed, "round {round} crash {crash}: page {page} holds {got:?}");
-                    match got {
-                        Some(tag) => acknowledged.insert(page, tag),
-                        None => acknowledged.remove(&page),
-                    };
-                }
-                attempted.clear();
-                if rng.chance(50) {
-                    data.crash_after(rng.below(30))
-                } else {
-                    fast.crash_after(rng.below(30))
-                }
-                for step in 0..30u64 {
-                    let page = rng.below(12) as u32;
-                    let tag = round * 10_000 + crash * 100 + step;
-                    let result = if rng.chance(15) {
-                        attempted.entry(page).or_default().push(0);
-                        store.trim_page(chunk, PageNo(page)).map(|()| vec![(page, None)])
-                    } else if rng.chance(30) {
-                        // A group of distinct pages with one commit, written in few I/Os.
-                        let mut group: Vec<u32> = (0..1 + rng.below(4)).map(|i| (page + i as u32 * 5) % 12).collect();
-                        group.dedup();
-                        let images: Vec<(PageNo, PageImage, u64)> = group
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &p)| {
-                                let tag = tag + i as u64 * 1_000_000;
-                                attempted.entry(p).or_default().push(tag);
-                                (PageNo(p), raw_image(chunk, PageNo(p), tag), tag)
-                            })
-                            .collect();
-                        store
-                            .apply_writes(chunk, &images)
-                            .map(|()| images.iter().map(|(p, _, tag)| (p.0, Some(*tag))).collect())
-                    } else {
-                        attempted.entry(page).or_default().push(tag);
-                        store
-                            .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), tag)
-                            .map(|()| vec![(page, Some(tag))])
-                    };
-                    let result = result.and_then(|r| store.maybe_checkpoint().map(|()| r));
-                    let result =
-                        if rng.chance(20) { result.and_then(|r| store.release_freed().map(|()| r)) } else { result };
-                    match result {
-                        Ok(done) => {
-                            for (page, tag) in done {
-                                match tag {
-                                    Some(tag) => acknowledged.insert(page, tag),
-                                    None => acknowledged.remove(&page),
-                                };
-                            }
-                        }
-                        Err(_) => {
-                            struck += 1;
-                            break;
-                        }
-                    }
-                }
-                drop(store);
-                data.crash();
-                fast.crash();
-                data.recover().unwrap();
-                fast.recover().unwrap();
-            }
-        }
-        assert!(struck > 150, "power should often fail inside an operation: {struck}");
-    }
-
-    #[test]
-    fn grouped_pages_take_consecutive_blocks_and_deferred_trims_wait() {
-        let (data, _fast, store) = new_store(4096);
-        let store = store.with_trim_policy(TrimPolicy::Deferred);
-        let chunk = ChunkId(0);
-        // Every block of every image holds data (the memory device does not map zero blocks).
-        let image = |page: PageNo, tag: u64| {
-            let mut image = raw_image(chunk, page, tag);
-            Rng::new(tag).fill(&mut image.bytes[64..]);
-            image.checksum = page_checksum(chunk, page, &image.bytes);
-            image
-        };
-        let images = |pages: std::ops::Range<u32>, tag: u64| -> Vec<(PageNo, PageImage, u64)> {
-            pages.map(|p| (PageNo(p), image(PageNo(p), tag + u64::from(p)), tag)).collect()
-        };
-        store.apply_writes(chunk, &images(0..8, 100)).unwrap();
-        let lbas: Vec<u64> = (0..8).map(|p| store.entry(chunk, PageNo(p)).unwrap().run.first_lba().0).collect();
-        for pair in lbas.windows(2) {
-            assert_eq!(pair[1], pair[0] + 4, "16 KiB raw pages written together lie back to back: {lbas:?}");
-        }
-        let page_bytes = PAGE as u64;
-        assert_eq!(data.usage().mapped_bytes, 8 * page_bytes);
-        // The runs a rewrite lets go of stay mapped...
-        store.apply_writes(chunk, &images(0..4, 200)).unwrap();
-        store.release_freed().unwrap();
-        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
-        // ...and the next rewrite reuses them (first fit). The second extent, empty again, goes
-        // back to the device allocator untrimmed.
-        store.apply_writes(chunk, &images(0..4, 300)).unwrap();
-        assert_eq!(store.entry(chunk, PageNo(0)).unwrap().run.first_lba().0, lbas[0]);
-        store.release_freed().unwrap();
-        assert_eq!(store.stats().extents_in_use, 1);
-        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
-        for p in 0..8 {
-            assert_eq!(tag_of(&store, chunk, PageNo(p)), Some(if p < 4 { 300 } else { 100 } + u64::from(p)));
-        }
-        // Trimmed pages free their blocks without trimming them; a check's trim of unused
-        // blocks, or deleting the volume, does.
-        store.trim_page(chunk, PageNo(7)).unwrap();
-        store.release_freed().unwrap();
-        assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
-        store.trim_unused().unwrap();
-        assert_eq!(data.usage().mapped_bytes, 7 * page_bytes);
-        store.delete_volume(VolumeId(0)).unwrap();
-        assert_eq!(data.usage().mapped_bytes, 0);
-        assert_eq!(store.stats().extents_in_use, 0);
-    }
-
-    #[test]
-    fn volumes_are_created_resized_deleted_and_survive_reopen() {
-        let (data, fast, store) = new_store(4096);
-        let wal = Volume {
-            id: VolumeId(2),
-            name: "wal".into(),
-            size_bytes: 1 << 20,
-            page_size: 16384,
-            chunk_bytes: 1 << 20,
-            mode: VolumeMode::None,
-        };
-        store.create_volume(wal.clone()).unwrap();
-        let wal_chunk = ChunkId::new(VolumeId(2), 0);
-        store.apply_write(wal_chunk, PageNo(5), &raw_image(wal_chunk, PageNo(5), 55), 1).unwrap();
-        let compressed = PageImage { encoding: Encoding::Lz4, bytes: vec![1; 100], checksum: 0 };
-        assert_eq!(store.apply_write(wal_chunk, PageNo(6), &compressed, 1).unwrap_err().kind(), ErrorKind::Invalid);
-        assert_eq!(
-            store.apply_write(wal_chunk, PageNo(64), &raw_image(wal_chunk, PageNo(64), 1), 1).unwrap_err().kind(),
-            ErrorKind::Invalid,
-            "past the end"
-        );
-        store.resize_volume(VolumeId(2), 2 << 20).unwrap();
-        let second = ChunkId::new(VolumeId(2), 1);
-        store.apply_write(second, PageNo(0), &raw_image(second, PageNo(0), 66), 1).unwrap();
-        assert_eq!(store.resize_volume(VolumeId(2), 1 << 20).unwrap_err().kind(), ErrorKind::Invalid);
-        let data_chunk = ChunkId(0);
-        store.apply_write(data_chunk, PageNo(1), &raw_image(data_chunk, PageNo(1), 11), 1).unwrap();
-        drop(store);
-        let store = open_store(data.clone(), fast.clone());
-        assert_eq!(store.volume(VolumeId(2)).unwrap().size_bytes, 2 << 20);
-        assert_eq!(tag_of(&store, second, PageNo(0)), Some(66));
-        assert_eq!(tag_of(&store, wal_chunk, PageNo(5)), Some(55));
-        let extents_before = store.stats().extents_in_use;
-        store.delete_volume(VolumeId(2)).unwrap();
-        assert!(store.stats().extents_in_use < extents_before, "the volume's extents came back");
-        assert_eq!(store.stats().pages, 1);
-        assert!(store.read_image(wal_chunk, PageNo(5)).unwrap().is_none());
-        drop(store);
-        let store = open_store(data, fast);
-        assert!(store.volume(VolumeId(2)).is_none());
-        assert_eq!(tag_of(&store, data_chunk, PageNo(1)), Some(11));
-        assert_eq!(store.volumes().len(), 1);
-    }
-}
+pub(crate) mod tests;

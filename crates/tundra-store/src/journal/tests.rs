@@ -178,7 +178,10 @@ fn commit_range(journal: &Journal, model: &mut BTreeMap<u32, Record>, first: u32
 /// The scenario at the journal: a first session commits and checkpoints, a second
 /// (after a restart) commits several groups and stops without a checkpoint. Returns the
 /// device, what a replay must give, and the (position, LBA) of the second session's blocks.
-fn two_sessions() -> (Arc<MemDevice>, BTreeMap<u32, Record>, Vec<(u64, u64)>) {
+/// A device, the replay it must give, and (position, LBA) of the blocks of interest.
+type Scenario = (Arc<MemDevice>, BTreeMap<u32, Record>, Vec<(u64, u64)>);
+
+fn two_sessions() -> Scenario {
     let device = Arc::new(MemDevice::new(MID.total_blocks()));
     Journal::format(device.as_ref(), MID).unwrap();
     let mut model = BTreeMap::new();
@@ -360,10 +363,10 @@ fn newest_superblock(device: &dyn BlockDevice) -> frame::Superblock {
     let mut best: Option<frame::Superblock> = None;
     for lba in 0..2 {
         device.read(Lba(lba), &mut block).unwrap();
-        if let SuperblockRead::Valid(s) = frame::Superblock::decode(&block) {
-            if best.is_none_or(|b| b.generation < s.generation) {
-                best = Some(s);
-            }
+        if let SuperblockRead::Valid(s) = frame::Superblock::decode(&block)
+            && best.is_none_or(|b| b.generation < s.generation)
+        {
+            best = Some(s);
         }
     }
     best.unwrap()

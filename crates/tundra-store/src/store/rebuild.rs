@@ -1,0 +1,135 @@
+//! Recovery of the store's state: the index from a journal replay, the allocator from the
+//! index. An entry that contradicts its own volume or block run (a stored length its run could
+//! not hold, a compressed page in a volume never compressed) is kept aside as damaged: its page
+//! reads as a corruption error, never as zeros or wrong bytes, until it is rewritten or trimmed,
+//! and the rest of the store serves as usual.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tundra_device::BLOCK_SIZE;
+
+use super::{Chunk, State};
+use crate::alloc::ExtentAllocator;
+use crate::ids::{BlockRun, ChunkId, PageNo, VolumeId};
+use crate::index::{Encoding, PageEntry};
+use crate::journal::{Record, Replay};
+use crate::volume::{Volume, VolumeMode};
+use crate::{Error, Result};
+
+/// A page whose journal record cannot be served: the record, kept so that checkpoints keep it,
+/// and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct DamagedEntry {
+    pub entry: PageEntry,
+    pub why: String,
+}
+
+/// Why `entry` cannot be a page of `volume`, if it cannot. Writers allocate exactly the blocks
+/// an image needs, so a stored length and its run agree.
+pub(super) fn entry_problem(volume: &Volume, entry: &PageEntry) -> Option<String> {
+    let len = usize::from(entry.stored_len);
+    let blocks = usize::from(entry.run.count);
+    let page_size = volume.page_size as usize;
+    let fits = len > 0 && len <= page_size && len.div_ceil(BLOCK_SIZE) == blocks;
+    let problem = match entry.encoding {
+        Encoding::Heavy if volume.mode == VolumeMode::None => "a heavy page in a volume of mode none",
+        Encoding::Heavy => return None,
+        Encoding::Raw if len != page_size || !fits => {
+            "a raw page whose stored length is not the page size its run holds"
+        }
+        Encoding::Lz4 | Encoding::Zstd if volume.mode == VolumeMode::None => {
+            "a compressed page in a volume of mode none"
+        }
+        Encoding::Lz4 | Encoding::Zstd if !fits => "a stored length its block run cannot hold",
+        _ => return None,
+    };
+    Some(format!(
+        "its journal record is damaged: {problem} ({:?}, {len} bytes in {blocks} block(s), {page_size}-byte pages)",
+        entry.encoding
+    ))
+}
+
+/// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
+/// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
+/// sharing a block, or two chunks sharing an extent, is corruption.
+pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
+    let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
+    let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
+    let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
+    for record in replay.checkpoint.into_iter().chain(replay.log) {
+        match record {
+            Record::VolumeSet(volume) => {
+                volumes.insert(volume.id, volume);
+            }
+            Record::VolumeDelete(id) => {
+                volumes.remove(&id);
+                chunks.retain(|chunk, _| chunk.volume() != id);
+                damaged.retain(|(chunk, _), _| chunk.volume() != id);
+            }
+            Record::PageSet { chunk, page, entry } => {
+                let Some(volume) = volumes.get(&chunk.volume()).filter(|v| v.contains(chunk, page)) else {
+                    return Err(Error::corrupted(format!(
+                        "the journal stores page {} of chunk {} outside every volume",
+                        page.0,
+                        chunk.index()
+                    )));
+                };
+                let problem = entry_problem(volume, &entry);
+                let index = &mut chunks.entry(chunk).or_default().index;
+                match problem {
+                    Some(why) => {
+                        index.set(page, None);
+                        damaged.insert((chunk, page), DamagedEntry { entry, why });
+                    }
+                    None => {
+                        index.set(page, Some(entry));
+                        damaged.remove(&(chunk, page));
+                    }
+                }
+            }
+            Record::PageClear { chunk, page } => {
+                chunks.entry(chunk).or_default().index.set(page, None);
+                damaged.remove(&(chunk, page));
+            }
+        }
+    }
+    let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
+    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), heavy_refs, damaged, failed: None })
+}
+
+type HeavyRefs = HashMap<(ChunkId, BlockRun), u32>;
+
+/// Marks every mapped page's run in use, granting each extent to the chunk that holds it.
+fn rebuild_allocator(chunks: &mut HashMap<ChunkId, Chunk>, extent_count: u32) -> Result<(ExtentAllocator, HeavyRefs)> {
+    let mut extents = ExtentAllocator::new(extent_count);
+    let mut heavy_refs: HeavyRefs = HashMap::new();
+    for (&chunk, c) in chunks.iter_mut() {
+        let runs: Vec<(PageNo, PageEntry)> = c.index.iter().collect();
+        for (page, entry) in runs {
+            let run = entry.run;
+            if entry.encoding == Encoding::Heavy {
+                let refs = heavy_refs.entry((chunk, run)).or_insert(0);
+                *refs += 1;
+                if *refs > 1 {
+                    continue;
+                }
+            }
+            if run.extent.0 >= extent_count || !extents.assign(run.extent, chunk) {
+                return Err(Error::corrupted(format!(
+                    "page {} of chunk {} is in {run}, which another chunk owns or which is off the device",
+                    page.0, chunk.0
+                )));
+            }
+            if !c.blocks.owns(run.extent) {
+                c.blocks.add_extent(run.extent);
+            }
+            if !c.blocks.mark_used(run) {
+                return Err(Error::corrupted(format!(
+                    "page {} of chunk {} shares {run} with another page",
+                    page.0, chunk.0
+                )));
+            }
+        }
+    }
+    Ok((extents, heavy_refs))
+}
