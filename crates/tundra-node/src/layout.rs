@@ -156,21 +156,26 @@ fn free_bytes(dir: &Path) -> Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
+/// The layout recorded in `dir`.
+pub fn read(dir: &Path) -> Result<Layout> {
+    let path = dir.join(LAYOUT_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Io(format!("reading {}: {e}", path.display())))?;
+    let layout: Layout = toml::from_str(&text).map_err(|e| Error::Corrupted(format!("{}: {e}", path.display())))?;
+    if layout.format != FORMAT {
+        return Err(Error::Invalid(format!(
+            "{} is of format {}; this Tundra reads format {FORMAT}",
+            path.display(),
+            layout.format
+        )));
+    }
+    Ok(layout)
+}
+
 /// The directory's layout, setting it up if it has none: creates the two image files. Returns
 /// whether the devices are new and must be formatted; [`commit`] records the layout after.
 pub fn open_or_create(dir: &Path, config: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Layout, bool)> {
-    let path = dir.join(LAYOUT_FILE);
-    if path.exists() {
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::Io(format!("reading {}: {e}", path.display())))?;
-        let layout: Layout = toml::from_str(&text).map_err(|e| Error::Corrupted(format!("{}: {e}", path.display())))?;
-        if layout.format != FORMAT {
-            return Err(Error::Invalid(format!(
-                "{} is of format {}; this Tundra reads format {FORMAT}",
-                path.display(),
-                layout.format
-            )));
-        }
-        return Ok((layout, false));
+    if dir.join(LAYOUT_FILE).exists() {
+        return Ok((read(dir)?, false));
     }
     let layout = Layout::choose(dir, config)?;
     progress(&format!(

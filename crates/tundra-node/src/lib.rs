@@ -27,6 +27,7 @@ mod layout;
 pub mod metrics;
 pub mod native;
 pub mod nbd;
+pub mod repair;
 mod writeback;
 
 use std::collections::BTreeMap;
@@ -184,8 +185,15 @@ const PAGE_SIZES: [PageSize; 2] = [PageSize::Kib8, PageSize::Kib16];
 
 impl Node {
     /// Opens the node on `config.data_dir`, setting the directory up on first use. `progress`
-    /// hears what is happening (sizes chosen, recovery).
+    /// hears what is happening (sizes chosen, recovery, damage recovered from). Damage in a
+    /// store's journal that would lose acknowledged writes is a `Corrupted` error naming it.
     pub fn open(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Node> {
+        Node::open_with(config, progress, false)
+    }
+
+    /// [`Node::open`]; with `accept_loss` (`tundra repair --accept-loss`), a damaged journal
+    /// log is truncated at the damage instead, and [`Node::recovery`] says what was dropped.
+    pub fn open_with(config: &Config, progress: &mut dyn FnMut(&str), accept_loss: bool) -> Result<Node> {
         let dir = config.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
         let (layout, fresh) = layout::open_or_create(&dir, config, progress)?;
@@ -210,11 +218,13 @@ impl Node {
             layout::commit(&dir, &layout)?;
         }
         progress("recovering the page store");
-        let data = Arc::new(Store::open(drive.clone(), data_journal)?);
+        let [data_place, fast_place] = repair::journal_places(&slices);
+        let data = Arc::new(repair::open_store(drive.clone(), data_journal, data_place, accept_loss, progress)?);
         // The fast device does not compress: a trim there only gives space back to the
         // filesystem holding fast.img, at a cost per rewritten page, so freed blocks are
         // reused untrimmed (trimmed at open, at a check and when a volume is deleted).
-        let fast = Arc::new(Store::open(fast_data, fast_journal)?.with_trim_policy(TrimPolicy::Deferred));
+        let fast = repair::open_store(fast_data, fast_journal, fast_place, accept_loss, progress)?;
+        let fast = Arc::new(fast.with_trim_policy(TrimPolicy::Deferred));
 
         let codec = PageCodec::default();
         let mut paths = BTreeMap::new();
@@ -754,6 +764,11 @@ impl Node {
             reports.push((device, merged));
         }
         Ok(reports)
+    }
+
+    /// What recovery found and dealt with in each store's journal when the node opened.
+    pub fn recovery(&self) -> Vec<(Device, tundra_store::store::Recovery)> {
+        vec![(Device::Drive, self.data.recovery().clone()), (Device::Fast, self.fast.recovery().clone())]
     }
 
     /// Writes the write-back cache out and checkpoints both stores and the drive, so the next

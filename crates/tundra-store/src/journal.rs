@@ -301,11 +301,7 @@ impl Journal {
                 return Err(Error::corrupted(damage.describe(place)));
             }
             recovery::truncate(device.as_ref(), geometry, damage.position, found.start + geometry.log_blocks)?;
-            notes.push(format!(
-                "{}: dropped the log from position {} (LBA {}): the damaged block and {} later block(s) holding at \
-                 least {} record(s)",
-                place.name, damage.position, damage.lba, damage.later_blocks, damage.later_records
-            ));
+            notes.push(format!("{}: truncated the log, dropping {}", place.name, damage.dropped()));
         }
         let mut checkpoints = Checkpoints {
             generation: found.superblock.generation,

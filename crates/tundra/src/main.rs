@@ -7,6 +7,7 @@ mod bench;
 mod drive;
 mod drive_bench;
 mod measure;
+mod repair;
 mod serve;
 mod store_measure;
 mod volume;
@@ -42,6 +43,9 @@ enum Command {
     /// Check a stopped node's data directory: every page read and verified, no block used twice,
     /// no leaked space.
     Fsck(serve::FsckArgs),
+    /// Repair a stopped node whose journal is damaged: without --accept-loss, report what would
+    /// be dropped; with it, truncate the log at the damage and list the pages that then fail.
+    Repair(repair::RepairArgs),
     /// Benchmarks of the node's parts, each against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -64,6 +68,7 @@ fn main() {
         Command::Volume(command) => volume::run(command),
         Command::Stats(args) => volume::stats(args),
         Command::Fsck(args) => serve::fsck(args),
+        Command::Repair(args) => repair::repair(args),
         Command::Bench(command) => bench::run(command),
     };
     if let Err(error) = result {

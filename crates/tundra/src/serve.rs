@@ -146,8 +146,16 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
     if !config.data_dir.join("layout.toml").exists() {
         bail!("{} holds no Tundra node (no layout.toml)", config.data_dir.display());
     }
-    let node = Node::open(&config, &mut |line| say(line))
-        .with_context(|| format!("opening {} (is the node still running?)", config.data_dir.display()))?;
+    let node = match Node::open(&config, &mut |line| say(line)) {
+        Ok(node) => node,
+        // Damage the node refuses to start with is fsck's finding, not a failure to run.
+        Err(tundra_node::Error::Corrupted(problem)) => return refused(&problem, args.json),
+        Err(error) => {
+            return Err(error)
+                .with_context(|| format!("opening {} (is the node still running?)", config.data_dir.display()));
+        }
+    };
+    let recovered: Vec<String> = node.recovery().into_iter().flat_map(|(_, r)| r.notes).collect();
     let reports = node.check()?;
     let damaged: usize = reports.iter().map(|(_, r)| r.damaged.len()).sum();
     if args.json {
@@ -163,7 +171,8 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "clean": damaged == 0, "stores": json }))?);
+        let report = serde_json::json!({ "clean": damaged == 0, "stores": json, "recovered": recovered });
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for (device, r) in &reports {
             println!(
@@ -180,6 +189,11 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
         }
     }
     drop(node);
+    if !args.json {
+        for line in &recovered {
+            println!("recovered: {line}");
+        }
+    }
     if damaged > 0 {
         bail!("{damaged} problem(s) found");
     }
@@ -187,4 +201,15 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
         println!("clean");
     }
     Ok(())
+}
+
+/// Reports damage that keeps the node from opening, and fails.
+fn refused(problem: &str, json: bool) -> Result<()> {
+    if json {
+        let report = serde_json::json!({ "clean": false, "opened": false, "problem": problem });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("the node refuses to start: {problem}");
+    }
+    bail!("1 problem(s) found")
 }

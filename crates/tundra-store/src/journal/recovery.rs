@@ -55,6 +55,18 @@ pub struct LogDamage {
 }
 
 impl LogDamage {
+    /// What truncating the log here drops, in a phrase.
+    pub fn dropped(&self) -> String {
+        let Self { position, lba, later_blocks, later_records, .. } = self;
+        if *later_blocks == 0 {
+            format!("the damaged block at position {position} (LBA {lba}), the last the log reached")
+        } else {
+            format!(
+                "the damaged block at position {position} (LBA {lba}) and {later_blocks} later block(s) holding at least {later_records} record(s)"
+            )
+        }
+    }
+
     /// What happened, what is at stake and what to do, in one message.
     pub fn describe(&self, place: &JournalPlace) -> String {
         let Self { position, lba, what, later_blocks, later_records } = self;

@@ -298,7 +298,11 @@ fn accepting_the_loss_truncates_the_log_at_the_damage_and_reopens_cleanly() {
     let lost = replay.lost.clone().unwrap();
     assert_eq!((lost.position, lost.lba), (position, lba + 1000));
     assert!(lost.later_blocks >= 1 && lost.later_records > 0, "{lost:?}");
-    assert!(replay.notes.iter().any(|n| n.contains("dropped the log from position")), "{:?}", replay.notes);
+    assert!(
+        replay.notes.iter().any(|n| n.contains("truncated the log, dropping the damaged block at position")),
+        "{:?}",
+        replay.notes
+    );
     // What survives is what was committed, less some of the second session's records.
     let state = replayed(&replay);
     assert!(state.len() == model.len() && state != model);
