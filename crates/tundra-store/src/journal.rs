@@ -300,7 +300,10 @@ impl Journal {
             if !accept_loss {
                 return Err(Error::corrupted(damage.describe(place)));
             }
-            recovery::truncate(device.as_ref(), geometry, damage.position, found.start + geometry.log_blocks)?;
+            // Up to one lap past the older checkpoint's position, not the recovered one's: the
+            // blocks that checkpoint's replay needs stay (later positions would reuse them).
+            let keep_from = found.superblock.positions[0].min(found.superblock.positions[1]);
+            recovery::truncate(device.as_ref(), geometry, damage.position, keep_from + geometry.log_blocks)?;
             notes.push(format!("{}: truncated the log, dropping {}", place.name, damage.dropped()));
         }
         let mut checkpoints = Checkpoints {

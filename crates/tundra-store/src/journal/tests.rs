@@ -314,6 +314,17 @@ fn accepting_the_loss_truncates_the_log_at_the_damage_and_reopens_cleanly() {
         };
         assert!(got.version <= latest.version, "page {page}: a version never committed");
     }
+    // The truncation spared the log the older checkpoint needs: were the newest checkpoint
+    // damaged before the next one is taken, the fallback still gives the truncated state.
+    drop(journal);
+    let current = newest_superblock(device.as_ref()).current;
+    let mut saved = vec![0u8; BLOCK_SIZE];
+    device.read(MID.checkpoint_lba(current), &mut saved).unwrap();
+    flip(device.as_ref(), MID.checkpoint_lba(current).0, 60);
+    let (_, fallback) = Journal::open(device.clone()).unwrap();
+    assert_eq!(replayed(&fallback), state, "the previous checkpoint's replay after a repair");
+    device.write(MID.checkpoint_lba(current), &saved).unwrap();
+    let (journal, _) = Journal::open(device.clone()).unwrap();
     // The journal goes on from the damage; a reopen finds no damage and the new commits.
     let mut after = state.clone();
     commit_range(&journal, &mut after, 5000, 300, 99);
