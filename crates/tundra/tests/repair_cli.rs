@@ -113,6 +113,11 @@ fn a_flipped_bit_in_the_log_is_refused_reported_and_repaired_without_wrong_data(
     let fsck = tundra(&["fsck", "--data-dir", dir_arg]);
     assert_eq!(fsck.status.code(), Some(1), "{}", text(&fsck.stderr));
     assert!(text(&fsck.stdout).contains(&format!("(LBA {lba})")), "{}", text(&fsck.stdout));
+    let json = tundra(&["fsck", "--data-dir", dir_arg, "--json"]);
+    assert_eq!(json.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("fsck --json is JSON");
+    assert_eq!((json["clean"].as_bool(), json["opened"].as_bool()), (Some(false), Some(false)), "{json}");
+    assert!(json["problem"].as_str().unwrap().contains(&format!("(LBA {lba})")), "{json}");
     let dry = tundra(&["repair", "--data-dir", dir_arg]);
     assert!(!dry.status.success());
     assert!(text(&dry.stdout).contains("a repair would drop the damaged block at position"), "{}", text(&dry.stdout));
@@ -178,5 +183,49 @@ fn a_record_with_an_impossible_stored_length_is_reported_and_the_node_serves_the
             read.unwrap();
             assert_eq!(out, content(page, latest[page as usize]), "page {page}");
         }
+    }
+}
+
+/// The compressed store's journal's superblock with the higher generation in fast.img:
+/// (current checkpoint slot, checkpoint_blocks).
+fn current_checkpoint_slot(data_dir: &Path) -> (u64, u64) {
+    let file = std::fs::File::open(data_dir.join("fast.img")).unwrap();
+    let mut blocks = vec![0u8; 2 * 4096];
+    file.read_exact_at(&mut blocks, 0).unwrap();
+    let field = |block: &[u8], at: usize| u64::from_le_bytes(block[at..at + 8].try_into().unwrap());
+    let newest = blocks.chunks(4096).filter(|b| &b[..8] == b"TNDRJRNL").max_by_key(|b| field(b, 32)).unwrap();
+    (field(newest, 48), field(newest, 16))
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_is_recovered_from_the_previous_one_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let latest = write_restart_rewrite_kill(&config);
+    let data_dir = config.data_dir.clone();
+    let (slot, checkpoint_blocks) = current_checkpoint_slot(&data_dir);
+    let lba = 2 + slot * checkpoint_blocks;
+    let file = std::fs::File::open(data_dir.join("fast.img")).unwrap();
+    let mut header = vec![0u8; 4096];
+    file.read_exact_at(&mut header, lba * 4096).unwrap();
+    header[17] ^= 0x40;
+    write_block(&data_dir, lba, &header);
+
+    let fsck = tundra(&["fsck", "--data-dir", data_dir.to_str().unwrap(), "--json"]);
+    assert!(fsck.status.success(), "{}", text(&fsck.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&fsck.stdout).unwrap();
+    let recovered = report["recovered"][0].as_str().unwrap_or_default();
+    let said =
+        format!("the compressed store's journal in fast.img: journal checkpoint slot {slot} (LBA {lba}) is damaged");
+    assert!(recovered.starts_with(&said), "{report}");
+    assert!(recovered.contains("recovered from the previous checkpoint in slot"), "{report}");
+    assert_eq!(report["clean"], true);
+
+    let node = Node::open(&config, &mut |_| {}).unwrap();
+    let volume = node.volume_by_name("pg").unwrap();
+    for page in 0..PAGES {
+        let mut out = vec![0u8; PAGE];
+        node.read_page(&volume, page, &mut out).unwrap();
+        assert_eq!(out, content(page, latest[page as usize]), "page {page}");
     }
 }
