@@ -2,7 +2,7 @@
 //! group commit, and checkpoints of the whole index that bound recovery.
 //!
 //! The fast device holds two superblock slots, two checkpoint slots and a ring of log blocks
-//! (framing in [`frame`], docs/format.md "The journal"). Every log block carries its position in
+//! (framing in [`frame`], docs/format.md "The store's journal"). Every log block carries its position in
 //! the log, the epoch it was written in, a checksum of its header and one of its body; replay
 //! ([`recovery`]) reads from the checkpoint's position while each block is the next position, of
 //! an epoch no older than the one before it, and verifies. Each recovery starts a new epoch, so a
