@@ -31,6 +31,8 @@ pub use frame::JournalGeometry;
 use frame::{CheckpointHeader, LOG_PAYLOAD_BYTES, Superblock, encode_log_block};
 #[cfg(test)]
 pub(crate) use recovery::set_damage_ends_log;
+#[cfg(test)]
+pub(crate) use recovery::set_drop_newest_record;
 pub use recovery::{Inspection, JournalPlace, LogDamage, inspect};
 
 use crate::ids::VolumeId;

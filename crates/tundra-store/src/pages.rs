@@ -1352,10 +1352,28 @@ mod tests {
 
     /// Power fails at a random write of the drive's media or of the journal, in the middle of
     /// page writes, partial writes, trims and heavy compression, on the emulated drive: after
-    /// recovery of both layers every page verifies and holds its acknowledged content or one
-    /// written since.
+    /// recovery of both layers every page verifies and holds its newest acknowledged content, or
+    /// the content the operation cut short by the power failure was writing. An older
+    /// acknowledged content is a rollback and fails the check.
     #[test]
     fn crash_points_through_both_layers_lose_no_acknowledged_page() {
+        let struck = two_layer_crash_rounds(40);
+        assert!(struck > 30, "power should often fail inside an operation: {struck}");
+    }
+
+    /// The two-layer crash oracle catches the rollback it guards against: with recovery
+    /// dropping the newest journal record, the same rounds fail.
+    #[test]
+    fn the_two_layer_crash_oracle_fails_when_recovery_drops_the_newest_commit() {
+        crate::journal::set_drop_newest_record(true);
+        let verdict = std::panic::catch_unwind(|| two_layer_crash_rounds(40));
+        crate::journal::set_drop_newest_record(false);
+        assert!(verdict.is_err(), "the two-layer crash oracle missed a dropped acknowledged write");
+    }
+
+    /// Runs `rounds` rounds of operations through both layers with power failing at random
+    /// writes; panics on the first page that breaks the oracle. Returns how many failed.
+    fn two_layer_crash_rounds(rounds: u64) -> u64 {
         use std::collections::BTreeMap;
 
         use tundra_device::conformance::Rng;
@@ -1365,7 +1383,7 @@ mod tests {
         let quiet = CsdConfig { background: false, ..CsdConfig::default() };
         let mut rng = Rng::new(99);
         let mut struck = 0;
-        for round in 0..40u64 {
+        for round in 0..rounds {
             let media =
                 Arc::new(FaultyDevice::new(MemDevice::new(options.geometry().unwrap().total_bytes() / 4096), round));
             let fast = Arc::new(FaultyDevice::new(MemDevice::new(JOURNAL.total_blocks()), round + 500));
@@ -1374,7 +1392,8 @@ mod tests {
             let chunk = ChunkId(1);
             // Per page: the content a reader may see (None: absent).
             let mut acknowledged: BTreeMap<u32, Option<Vec<u8>>> = BTreeMap::new();
-            let mut attempted: BTreeMap<u32, Vec<Option<Vec<u8>>>> = BTreeMap::new();
+            // What the operation a power failure cut short was writing, per page.
+            let mut in_flight: BTreeMap<u32, Vec<Option<Vec<u8>>>> = BTreeMap::new();
             for crash in 0..3u64 {
                 let drive: Arc<dyn BlockDevice> = Arc::new(CsdDevice::open(media.clone(), quiet).unwrap());
                 let store = Arc::new(Store::open(drive, fast.clone()).unwrap());
@@ -1390,11 +1409,11 @@ mod tests {
                         .read_page(chunk, PageNo(page))
                         .unwrap_or_else(|e| panic!("round {round}: page {page}: {e}"));
                     let expected = acknowledged.get(&page).cloned().flatten();
-                    let possible = attempted.get(&page).is_some_and(|v| v.contains(&got));
+                    let possible = in_flight.get(&page).is_some_and(|v| v.contains(&got));
                     assert!(got == expected || possible, "round {round} crash {crash}: page {page} lost its content");
                     acknowledged.insert(page, got);
                 }
-                attempted.clear();
+                in_flight.clear();
                 if rng.chance(50) {
                     media.crash_after(rng.below(40))
                 } else {
@@ -1402,9 +1421,10 @@ mod tests {
                 }
                 for step in 0..25u64 {
                     let page = rng.below(8) as u32;
+                    in_flight.clear();
                     let result = match rng.below(10) {
                         0 => {
-                            attempted.entry(page).or_default().push(None);
+                            in_flight.entry(page).or_default().push(None);
                             pages.trim_page(chunk, PageNo(page)).map(|()| vec![(page, None)])
                         }
                         1 => {
@@ -1415,7 +1435,7 @@ mod tests {
                             let mut merged =
                                 acknowledged.get(&page).cloned().flatten().unwrap_or_else(|| vec![0; 8192]);
                             merged[100..108].copy_from_slice(&(round * 1000 + crash * 100 + step).to_le_bytes());
-                            attempted.entry(page).or_default().push(Some(merged.clone()));
+                            in_flight.entry(page).or_default().push(Some(merged.clone()));
                             let patch = merged[100..108].to_vec();
                             pages
                                 .write_partial(chunk, PageNo(page), 100, &patch, 1)
@@ -1423,7 +1443,7 @@ mod tests {
                         }
                         _ => {
                             let content = table_page(round * 1000 + crash * 100 + step, 8192);
-                            attempted.entry(page).or_default().push(Some(content.clone()));
+                            in_flight.entry(page).or_default().push(Some(content.clone()));
                             pages
                                 .write_page(chunk, PageNo(page), &content, 1, None)
                                 .map(|_| vec![(page, Some(content))])
@@ -1448,6 +1468,6 @@ mod tests {
                 fast.recover().unwrap();
             }
         }
-        assert!(struck > 30, "power should often fail inside an operation: {struck}");
+        struck
     }
 }

@@ -310,6 +310,9 @@ fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, place: &Journal
         read.damage = Some(LogDamage { position, lba, what, later_blocks, later_records });
         break;
     }
+    if drop_newest_record() {
+        read.records.pop();
+    }
     Ok(read)
 }
 
@@ -372,6 +375,26 @@ pub(crate) fn set_damage_ends_log(on: bool) {
 fn damage_ends_log() -> bool {
     #[cfg(test)]
     return DAMAGE_ENDS_LOG.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A rollback bug for the crash tests to catch: recovery loses the newest record it replays.
+    static DROP_NEWEST_RECORD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test-only: makes recovery on this thread drop the newest record of the log, the loss of the
+/// newest acknowledged commit that every crash oracle must notice.
+#[cfg(test)]
+pub(crate) fn set_drop_newest_record(on: bool) {
+    DROP_NEWEST_RECORD.with(|flag| flag.set(on));
+}
+
+fn drop_newest_record() -> bool {
+    #[cfg(test)]
+    return DROP_NEWEST_RECORD.with(|flag| flag.get());
     #[cfg(not(test))]
     false
 }

@@ -131,13 +131,32 @@ fn a_full_data_device_is_a_clear_error() {
     assert_eq!(written, 16, "64 blocks hold 16 pages of 16 KiB");
 }
 
-/// Power fails at a random write of either device; every acknowledged page write survives
-/// recovery and every page verifies.
+/// Power fails at a random write of either device: after recovery every page holds its newest
+/// acknowledged version, or one the operation cut short by the power failure was writing (a
+/// trim there is the tag 0), and every page verifies. An older acknowledged version is a
+/// rollback and fails the check.
 #[test]
 fn crash_points_lose_no_acknowledged_write() {
+    let struck = store_crash_rounds(150);
+    assert!(struck > 150, "power should often fail inside an operation: {struck}");
+}
+
+/// The crash oracle above catches the rollback it guards against: with recovery dropping the
+/// newest journal record, the same rounds fail.
+#[test]
+fn the_store_crash_oracle_fails_when_recovery_drops_the_newest_commit() {
+    crate::journal::set_drop_newest_record(true);
+    let verdict = std::panic::catch_unwind(|| store_crash_rounds(150));
+    crate::journal::set_drop_newest_record(false);
+    assert!(verdict.is_err(), "the store's crash oracle missed a dropped acknowledged write");
+}
+
+/// Runs `rounds` rounds of page writes, groups and trims with power failing at random writes;
+/// panics on the first page that breaks the oracle. Returns how many operations failed.
+fn store_crash_rounds(rounds: u64) -> u64 {
     let mut rng = Rng::new(7);
     let mut struck = 0;
-    for round in 0..150u64 {
+    for round in 0..rounds {
         // Both trim policies; under Deferred freed runs are reused untrimmed.
         let policy = if round % 2 == 0 { TrimPolicy::EveryRun } else { TrimPolicy::Deferred };
         let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), round));
@@ -145,14 +164,13 @@ fn crash_points_lose_no_acknowledged_write() {
         Journal::format(fast.as_ref(), JOURNAL).unwrap();
         let chunk = ChunkId(round % 3);
         let mut acknowledged: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut attempted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        // What the operation a power failure cut short was writing, per page.
+        let mut in_flight: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for crash in 0..3u64 {
             let store = open_store(data.clone(), fast.clone()).with_trim_policy(policy);
             for page in 0..12u32 {
                 let got = tag_of(&store, chunk, PageNo(page));
-                // A page holds its acknowledged version or one attempted since (a trim
-                // attempted since is recorded as the tag 0).
-                let possible = |t: u64| attempted.get(&page).is_some_and(|v| v.contains(&t));
+                let possible = |t: u64| in_flight.get(&page).is_some_and(|v| v.contains(&t));
                 let allowed = got == acknowledged.get(&page).copied() || possible(got.unwrap_or(0));
                 assert!(allowed, "round {round} crash {crash}: page {page} holds {got:?}");
                 match got {
@@ -160,7 +178,7 @@ fn crash_points_lose_no_acknowledged_write() {
                     None => acknowledged.remove(&page),
                 };
             }
-            attempted.clear();
+            in_flight.clear();
             if rng.chance(50) {
                 data.crash_after(rng.below(30))
             } else {
@@ -169,8 +187,9 @@ fn crash_points_lose_no_acknowledged_write() {
             for step in 0..30u64 {
                 let page = rng.below(12) as u32;
                 let tag = round * 10_000 + crash * 100 + step;
+                in_flight.clear();
                 let result = if rng.chance(15) {
-                    attempted.entry(page).or_default().push(0);
+                    in_flight.entry(page).or_default().push(0);
                     store.trim_page(chunk, PageNo(page)).map(|()| vec![(page, None)])
                 } else if rng.chance(30) {
                     // A group of distinct pages with one commit, written in few I/Os.
@@ -181,7 +200,7 @@ fn crash_points_lose_no_acknowledged_write() {
                         .enumerate()
                         .map(|(i, &p)| {
                             let tag = tag + i as u64 * 1_000_000;
-                            attempted.entry(p).or_default().push(tag);
+                            in_flight.entry(p).or_default().push(tag);
                             (PageNo(p), raw_image(chunk, PageNo(p), tag), tag)
                         })
                         .collect();
@@ -189,7 +208,7 @@ fn crash_points_lose_no_acknowledged_write() {
                         .apply_writes(chunk, &images)
                         .map(|()| images.iter().map(|(p, _, tag)| (p.0, Some(*tag))).collect())
                 } else {
-                    attempted.entry(page).or_default().push(tag);
+                    in_flight.entry(page).or_default().push(tag);
                     store
                         .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), tag)
                         .map(|()| vec![(page, Some(tag))])
@@ -219,7 +238,7 @@ fn crash_points_lose_no_acknowledged_write() {
             fast.recover().unwrap();
         }
     }
-    assert!(struck > 150, "power should often fail inside an operation: {struck}");
+    struck
 }
 
 #[test]
