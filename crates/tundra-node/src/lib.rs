@@ -111,6 +111,9 @@ pub enum WriteMode {
     None,
 }
 
+/// Hears the name of a deleted volume ([`Node::on_volume_deleted`]).
+pub type DeletedListener = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Which device a volume lives on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -163,6 +166,8 @@ pub struct Node {
     /// Block-device writes not yet flushed (writeback.rs).
     writeback: WriteBack,
     writeback_enabled: bool,
+    /// Told the name of every deleted volume.
+    deleted_listeners: Mutex<Vec<DeletedListener>>,
     configuration: Configuration,
     pub started: Instant,
 }
@@ -262,6 +267,7 @@ impl Node {
             admin: Mutex::new(()),
             writeback: WriteBack::new(write_back_bytes),
             writeback_enabled: write_back_bytes > 0,
+            deleted_listeners: Mutex::new(Vec::new()),
             configuration: Configuration {
                 software_compression: config.compression.software.name(),
                 drive_compression: config.drive.compression.name(),
@@ -331,7 +337,10 @@ impl Node {
             return Err(Error::Exists(format!("a volume named {name:?} exists")));
         }
         let device = if mode == VolumeMode::None { Device::Fast } else { Device::Drive };
-        let id = VolumeId(self.volumes.read().keys().map(|id| id.0).max().unwrap_or(0) + 1);
+        // Never an id given before, on either store: a client still holding a deleted volume's
+        // id (an NBD connection, a native client) must never reach a newer volume.
+        let id =
+            [self.data.next_volume_id(), self.fast.next_volume_id(), VolumeId(1)].into_iter().max().expect("three");
         let volume =
             Volume { id, name: name.to_string(), size_bytes, page_size, chunk_bytes: DEFAULT_CHUNK_BYTES, mode };
         volume.validate()?;
@@ -387,21 +396,46 @@ impl Node {
         self.volume(current.volume.id)
     }
 
-    /// Deletes a volume and frees its pages.
+    /// Deletes a volume and frees its pages. Every later request through a reference to it
+    /// fails (see [`Node::check_live`]), and the listeners registered with
+    /// [`Node::on_volume_deleted`] hear its name (the NBD server closes its connections).
     pub fn volume_delete(&self, name: &str) -> Result<()> {
         let _one = self.admin.lock();
         let current = self.volume_by_name(name)?;
-        let _no_flush = self.writeback.flushing();
-        self.writeback.discard_volume(current.volume.id);
-        self.store(current.device).delete_volume(current.volume.id)?;
-        self.refresh_volumes();
+        {
+            let _no_flush = self.writeback.flushing();
+            self.writeback.discard_volume(current.volume.id);
+            self.store(current.device).delete_volume(current.volume.id)?;
+            self.refresh_volumes();
+        }
+        for listener in self.deleted_listeners.lock().iter() {
+            listener(name);
+        }
         Ok(())
+    }
+
+    /// Registers `listener` to hear the name of every volume deleted from now on.
+    pub fn on_volume_deleted(&self, listener: DeletedListener) {
+        self.deleted_listeners.lock().push(listener);
+    }
+
+    /// Refuses a request through a reference to a volume deleted since it was looked up. Ids
+    /// are never reused, so a volume whose id is still in the table is the same volume.
+    fn check_live(&self, volume: &VolumeRef) -> Result<()> {
+        if self.volumes.read().contains_key(&volume.volume.id) {
+            return Ok(());
+        }
+        Err(Error::Closed(format!(
+            "volume {:?} (id {}) was deleted; nothing written to it is kept: disconnect and use a volume that exists",
+            volume.volume.name, volume.volume.id.0
+        )))
     }
 
     /// Reads page `index` of a volume into `out` (exactly one page; zeros if never written).
     /// A page written by a block-device client and not yet flushed is read from the write-back
     /// cache.
     pub fn read_page(&self, volume: &VolumeRef, index: u64, out: &mut [u8]) -> Result<()> {
+        self.check_live(volume)?;
         check_len(volume, out.len())?;
         self.read_within(volume, index, 0, out)
     }
@@ -427,6 +461,7 @@ impl Node {
     /// Writes page `index` of a volume, durably (the page protocol: the engine chose the mode).
     pub fn write_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
         let started = Instant::now();
+        self.check_live(volume)?;
         check_len(volume, content.len())?;
         volume.volume.locate(index)?;
         let _no_flush = self.writeback.direct();
@@ -457,6 +492,7 @@ impl Node {
 
     /// Removes `count` pages from `first`: they read as zeros and their blocks are freed.
     pub fn trim_pages(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
+        self.check_live(volume)?;
         check_range(volume, first, count)?;
         let _no_flush = self.writeback.direct();
         for index in first..first + count {
@@ -475,6 +511,7 @@ impl Node {
         first: u64,
         count: u64,
     ) -> Result<tundra_store::pages::HeavyReport> {
+        self.check_live(volume)?;
         check_range(volume, first, count)?;
         if volume.volume.mode == VolumeMode::None {
             return Err(Error::Invalid(format!("volume {:?} is never compressed", volume.volume.name)));
@@ -513,6 +550,7 @@ impl Node {
         let started = Instant::now();
         match volume {
             Some(volume) => {
+                self.check_live(volume)?;
                 self.flush_dirty_of(Some(volume.volume.id))?;
                 volume.latency.flush.observe(started.elapsed());
             }
@@ -621,6 +659,7 @@ impl Node {
 
     /// Reads `buf.len()` bytes at byte `offset` of a volume.
     pub fn read_bytes(&self, volume: &VolumeRef, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_live(volume)?;
         check_bytes(volume, offset, buf.len() as u64)?;
         let page_size = volume.page_size();
         let mut done = 0usize;
@@ -640,6 +679,7 @@ impl Node {
     /// the cache off, whole aligned pages go through Algorithm 1 at once and pieces are merged
     /// into their stored page and stored raw (the none mode).
     pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_live(volume)?;
         check_bytes(volume, offset, data.len() as u64)?;
         let page_size = volume.page_size();
         let mut done = 0usize;
@@ -699,6 +739,7 @@ impl Node {
     /// Zeroes `len` bytes at `offset`: whole pages are trimmed (they read as zeros and free
     /// their blocks), pieces of pages written as zeros.
     pub fn zero_bytes(&self, volume: &VolumeRef, offset: u64, len: u64) -> Result<()> {
+        self.check_live(volume)?;
         check_bytes(volume, offset, len)?;
         let page_size = volume.page_size() as u64;
         let mut at = offset;

@@ -31,6 +31,15 @@ impl ChunkId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VolumeId(pub u32);
 
+impl VolumeId {
+    /// The id after this one, or the last id itself: ids are never reused, so once
+    /// `u32::MAX` was given out no new volume can be created (a journal may claim it, so this
+    /// never panics).
+    pub fn next(self) -> VolumeId {
+        VolumeId(self.0.saturating_add(1))
+    }
+}
+
 /// A page's number inside its chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PageNo(pub u32);

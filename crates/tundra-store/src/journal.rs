@@ -52,12 +52,17 @@ pub enum Record {
     VolumeSet(Volume),
     /// A volume and all its pages are gone.
     VolumeDelete(VolumeId),
+    /// Every volume id below this one has been given out: ids are never given twice, so a
+    /// client holding the id of a deleted volume can never reach a newer one. Every checkpoint
+    /// carries it, since the volume that held the highest id may be gone.
+    VolumeIdFloor(VolumeId),
 }
 
 const TAG_PAGE_SET: u8 = 1;
 const TAG_PAGE_CLEAR: u8 = 2;
 const TAG_VOLUME_SET: u8 = 3;
 const TAG_VOLUME_DELETE: u8 = 4;
+const TAG_VOLUME_ID_FLOOR: u8 = 5;
 /// The largest encoded record: a volume with the longest name.
 pub const MAX_RECORD_BYTES: usize = 1 + 4 + 8 + 4 + 8 + 1 + 1 + MAX_NAME_BYTES;
 /// The bytes of a page record, the most common kind.
@@ -101,6 +106,10 @@ impl Record {
                 out.push(TAG_VOLUME_DELETE);
                 out.extend_from_slice(&id.0.to_le_bytes());
             }
+            Record::VolumeIdFloor(id) => {
+                out.push(TAG_VOLUME_ID_FLOOR);
+                out.extend_from_slice(&id.0.to_le_bytes());
+            }
         }
     }
 
@@ -111,6 +120,7 @@ impl Record {
         match tag {
             TAG_VOLUME_SET => return Ok((Record::VolumeSet(decode_volume(&mut r)?), r.at)),
             TAG_VOLUME_DELETE => return Ok((Record::VolumeDelete(VolumeId(r.u32()?)), r.at)),
+            TAG_VOLUME_ID_FLOOR => return Ok((Record::VolumeIdFloor(VolumeId(r.u32()?)), r.at)),
             _ => {}
         }
         let chunk = ChunkId(r.u64()?);

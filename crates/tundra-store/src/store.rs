@@ -62,6 +62,9 @@ struct Chunk {
 
 struct State {
     volumes: BTreeMap<VolumeId, Volume>,
+    /// Every id below this one was given to a volume once; a new volume takes this one or
+    /// higher, never a deleted volume's.
+    next_volume_id: VolumeId,
     extents: ExtentAllocator,
     chunks: HashMap<ChunkId, Chunk>,
     /// Runs replaced or trimmed whose journal records are durable, waiting for readers to
@@ -173,7 +176,8 @@ pub struct Store {
     journal: Journal,
     state: Mutex<State>,
     /// Writers hold it shared from their journal commit to their index install; a checkpoint
-    /// holds it exclusively, so its snapshot and log position agree.
+    /// holds it exclusively, so its snapshot and log position agree, and so does a volume's
+    /// delete, so no page of the volume is journalled after it.
     checkpoint_gate: RwLock<()>,
     /// Readers hold it shared while they read blocks; freed runs become reusable only under it
     /// exclusively.
@@ -236,22 +240,37 @@ impl Store {
         self.trim_policy
     }
 
-    /// Creates a volume. Its id and name must be new.
+    /// Creates a volume. Its name must be new, and its id never given before (at least
+    /// [`Store::next_volume_id`]).
     pub fn create_volume(&self, volume: Volume) -> Result<()> {
         volume.validate()?;
         let _no_checkpoint = self.checkpoint_gate.read();
         {
             let state = self.state.lock();
-            if state.volumes.contains_key(&volume.id) || state.volumes.values().any(|v| v.name == volume.name) {
+            if volume.id.0 == u32::MAX {
+                return Err(Error::invalid("this store has given out every volume id"));
+            }
+            if volume.id < state.next_volume_id {
                 return Err(Error::invalid(format!(
-                    "a volume with id {} or name {:?} exists",
-                    volume.id.0, volume.name
+                    "volume id {} was given out before; ids are never reused (the next free one is {})",
+                    volume.id.0, state.next_volume_id.0
                 )));
+            }
+            if state.volumes.values().any(|v| v.name == volume.name) {
+                return Err(Error::invalid(format!("a volume named {:?} exists", volume.name)));
             }
         }
         self.commit_volume(Record::VolumeSet(volume.clone()))?;
-        self.state.lock().volumes.insert(volume.id, volume);
+        let mut state = self.state.lock();
+        state.next_volume_id = state.next_volume_id.max(volume.id.next());
+        state.volumes.insert(volume.id, volume);
         Ok(())
+    }
+
+    /// The lowest id a new volume may take: every id below it was given out before, to a
+    /// volume that may since have been deleted.
+    pub fn next_volume_id(&self) -> VolumeId {
+        self.state.lock().next_volume_id
     }
 
     /// Grows a volume to `size_bytes`. Shrinking would drop pages, which is not offered.
@@ -271,7 +290,9 @@ impl Store {
     /// Deletes a volume: its pages are gone and their blocks freed and trimmed.
     pub fn delete_volume(&self, id: VolumeId) -> Result<()> {
         {
-            let _no_checkpoint = self.checkpoint_gate.read();
+            // Exclusive: no write of the volume commits between its delete and the removal of
+            // its pages (a record of a deleted volume's page would make the journal unreadable).
+            let _no_commit = self.checkpoint_gate.write();
             if self.volume(id).is_none() {
                 return Err(Error::invalid(format!("no volume {}", id.0)));
             }
@@ -353,15 +374,7 @@ impl Store {
         let runs = self.allocate_many(chunk, &counts)?;
         let images: Vec<&[u8]> = pages.iter().map(|(_, image, _)| image.bytes.as_slice()).collect();
         if let Err(error) = self.write_runs(&runs, &images) {
-            // Nothing points at the blocks written: trimmed (so they hold no space on a
-            // compressing drive), then allocatable again.
-            for &run in &runs {
-                self.data.trim(run.first_lba(), u64::from(run.count))?;
-            }
-            let mut state = self.state.lock();
-            for &run in &runs {
-                state.chunks.get_mut(&chunk).expect("allocated above").blocks.free(run);
-            }
+            self.abandon_runs(chunk, &runs)?;
             return Err(error);
         }
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
@@ -524,6 +537,12 @@ impl Store {
             })
             .collect();
         let _no_checkpoint = self.checkpoint_gate.read();
+        // A volume deleted since the write began takes nothing more: its delete holds the gate
+        // exclusively, so it is either journalled before this check or after this commit.
+        if !self.state.lock().volumes.contains_key(&chunk.volume()) {
+            self.abandon_runs(chunk, new_runs)?;
+            return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
+        }
         if let Err(error) = self.journal.commit(&records) {
             let mut state = self.state.lock();
             for &run in new_runs {
@@ -542,6 +561,19 @@ impl Store {
         drop(_no_checkpoint);
         if release {
             self.release_freed()?;
+        }
+        Ok(())
+    }
+
+    /// Gives back runs written but never journalled: nothing points at them, so they are
+    /// trimmed (they hold no space on a compressing drive), then allocatable again.
+    fn abandon_runs(&self, chunk: ChunkId, runs: &[BlockRun]) -> Result<()> {
+        for &run in runs {
+            self.data.trim(run.first_lba(), u64::from(run.count))?;
+        }
+        let mut state = self.state.lock();
+        for &run in runs {
+            state.chunks.get_mut(&chunk).expect("allocated to this chunk").blocks.free(run);
         }
         Ok(())
     }
@@ -656,7 +688,8 @@ impl Store {
         let _quiet = self.checkpoint_gate.write();
         let records: Vec<Record> = {
             let state = self.state.lock();
-            let volumes = state.volumes.values().map(|v| Record::VolumeSet(v.clone()));
+            let floor = std::iter::once(Record::VolumeIdFloor(state.next_volume_id));
+            let volumes = floor.chain(state.volumes.values().map(|v| Record::VolumeSet(v.clone())));
             let pages = state.chunks.iter().flat_map(|(&chunk, c)| {
                 c.index.iter().map(move |(page, entry)| Record::PageSet { chunk, page, entry })
             });

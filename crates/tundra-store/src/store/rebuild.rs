@@ -56,11 +56,14 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
     let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
+    let mut next_volume_id = VolumeId(0);
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
             Record::VolumeSet(volume) => {
+                next_volume_id = next_volume_id.max(volume.id.next());
                 volumes.insert(volume.id, volume);
             }
+            Record::VolumeIdFloor(floor) => next_volume_id = next_volume_id.max(floor),
             Record::VolumeDelete(id) => {
                 volumes.remove(&id);
                 chunks.retain(|chunk, _| chunk.volume() != id);
@@ -94,7 +97,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
         }
     }
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
-    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), heavy_refs, damaged, failed: None })
+    Ok(State { volumes, next_volume_id, extents, chunks, pending_free: Vec::new(), heavy_refs, damaged, failed: None })
 }
 
 type HeavyRefs = HashMap<(ChunkId, BlockRun), u32>;
