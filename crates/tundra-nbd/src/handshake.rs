@@ -17,6 +17,8 @@ use crate::proto::{self, Cursor};
 
 /// The export a client chose, with what it was told about it.
 pub(crate) struct Negotiated {
+    /// The export's canonical name (the default export's own name when the client sent none).
+    pub name: String,
     pub export: Arc<dyn Export>,
     /// The size sent to the client; requests are checked against it.
     pub size: u64,
@@ -28,6 +30,7 @@ pub(crate) fn negotiate<R: BufRead, W: Write>(
     writer: &mut W,
     exports: &dyn Exports,
     stopping: &AtomicBool,
+    entering: &dyn Fn(),
 ) -> Result<Option<Negotiated>, Close> {
     writer.write_all(&proto::NBD_MAGIC.to_be_bytes())?;
     writer.write_all(&proto::IHAVEOPT.to_be_bytes())?;
@@ -43,7 +46,7 @@ pub(crate) fn negotiate<R: BufRead, W: Write>(
     }
     let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
 
-    let mut haggler = Haggler { writer, exports, no_zeroes };
+    let mut haggler = Haggler { writer, exports, no_zeroes, entering };
     loop {
         let magic = read_u64(reader)?;
         if magic != proto::IHAVEOPT {
@@ -90,6 +93,9 @@ struct Haggler<'a, W> {
     writer: &'a mut W,
     exports: &'a dyn Exports,
     no_zeroes: bool,
+    /// Called just before the reply that enters transmission, so the server counts the
+    /// connection as negotiated before the client can know it is.
+    entering: &'a dyn Fn(),
 }
 
 impl<W: Write> Haggler<'_, W> {
@@ -118,17 +124,18 @@ impl<W: Write> Haggler<'_, W> {
     /// `NBD_OPT_EXPORT_NAME`: no way to report an error, so an unknown export closes.
     fn export_name(&mut self, data: &[u8]) -> Result<Negotiated, Close> {
         let name = std::str::from_utf8(data).map_err(|_| Close::Violation("export name is not UTF-8".into()))?;
-        let Some((_, export)) = resolve(self.exports, name) else {
+        let Some((canonical, export)) = resolve(self.exports, name) else {
             return Err(Close::Violation(format!("NBD_OPT_EXPORT_NAME for unknown export {name:?}")));
         };
         let size = export.size();
+        (self.entering)();
         self.writer.write_all(&size.to_be_bytes())?;
         self.writer.write_all(&proto::TRANSMISSION_FLAGS.to_be_bytes())?;
         if !self.no_zeroes {
             self.writer.write_all(&[0u8; proto::EXPORT_NAME_PADDING_LEN])?;
         }
         self.writer.flush()?;
-        Ok(Negotiated { export, size })
+        Ok(Negotiated { name: canonical, export, size })
     }
 
     fn list(&mut self, data: &[u8]) -> io::Result<()> {
@@ -186,8 +193,15 @@ impl<W: Write> Haggler<'_, W> {
                 self.reply_info_string(option, proto::INFO_DESCRIPTION, truncated(&description))?;
             }
         }
+        if option == proto::OPT_GO {
+            (self.entering)();
+        }
         self.reply(option, proto::REP_ACK, &[])?;
-        Ok(if option == proto::OPT_GO { Step::Transmit(Negotiated { export, size }) } else { Step::Continue })
+        Ok(if option == proto::OPT_GO {
+            Step::Transmit(Negotiated { name: canonical, export, size })
+        } else {
+            Step::Continue
+        })
     }
 
     fn reply_info_string(&mut self, option: u32, info_type: u16, text: &str) -> io::Result<()> {

@@ -26,8 +26,16 @@
 //! length, so the connection continues. Errors from the export map by [`ExportErrorKind`]:
 //! Invalid → `EINVAL` (22), NoSpace → `ENOSPC` (28), Io → `EIO` (5), Overflow → `EOVERFLOW`
 //! (75), NotSupported → `ENOTSUP` (95), Perm → `EPERM` (1), Shutdown → `ESHUTDOWN` (108). The
-//! connection is closed only when the stream cannot be trusted: a bad magic, unknown client
-//! flags, or an `NBD_OPT_EXPORT_NAME` that cannot be served (that option has no error reply).
+//! connection is closed when the stream cannot be trusted (a bad magic, unknown client flags,
+//! or an `NBD_OPT_EXPORT_NAME` that cannot be served, which has no error reply), after an
+//! `ESHUTDOWN` reply (the export is gone: its volume was deleted), and by
+//! [`Server::close_export`].
+//!
+//! Limits ([`Limits`]): connections are capped per server, the oldest still negotiating (else
+//! one idle past a bound) is closed to admit a new one; negotiation and every read inside a
+//! request are timed, while a client may idle between requests; a write's payload buffer grows
+//! as its bytes arrive and all connections share one budget of buffered bytes. One request is
+//! served at a time per connection, so a connection holds at most one request's payload.
 //!
 //! This crate knows the NBD wire format and nothing of pages, chunks or compression: an export
 //! is a range of bytes.
@@ -36,6 +44,7 @@ mod connection;
 mod error;
 mod export;
 mod handshake;
+mod limits;
 pub mod mem;
 mod proto;
 mod server;
@@ -44,6 +53,7 @@ mod transmission;
 
 pub use error::{ExportError, ExportErrorKind};
 pub use export::{Export, ExportMap, Exports};
+pub use limits::Limits;
 pub use proto::{MAX_REQUEST_BYTES, MIN_BLOCK_BYTES};
 pub use server::{SHUTDOWN_GRACE, Server};
 pub use stats::Stats;

@@ -14,6 +14,13 @@ pub struct Stats {
     pub connections_open: u64,
     /// Connections that entered the transmission phase.
     pub connections_negotiated: u64,
+    /// Connections closed at the cap to make room for a new one (negotiating, or idle).
+    pub connections_evicted: u64,
+    /// New connections refused at the cap because every open one was busy.
+    pub connections_refused: u64,
+    /// Connections closed because the client stalled inside a request or its handshake, or
+    /// its request waited too long for buffer room.
+    pub connections_timed_out: u64,
     /// Connections closed because the client broke the protocol (bad magic, unknown client
     /// flags, no fixed newstyle, an `NBD_OPT_EXPORT_NAME` for an unknown export). A client
     /// that hangs up, even in the middle of a message, is not counted.
@@ -35,6 +42,9 @@ pub struct Stats {
     pub bytes_trimmed: u64,
     /// Bytes covered by successful write-zeroes.
     pub bytes_zeroed: u64,
+    /// Payload bytes the connections hold now (write data received, read data not yet sent),
+    /// at most [`crate::Limits::max_buffered_bytes`].
+    pub payload_bytes_held: u64,
     /// Replies that carried an error, whatever the cause.
     pub error_replies: u64,
     /// Of those, errors the export returned (the rest are requests the server refused).
@@ -47,6 +57,9 @@ pub(crate) struct Counters {
     pub connections_accepted: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_negotiated: AtomicU64,
+    pub connections_evicted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub connections_timed_out: AtomicU64,
     pub protocol_errors: AtomicU64,
     requests: [AtomicU64; 8],
     pub bytes_read: AtomicU64,
@@ -85,6 +98,9 @@ impl Counters {
             connections_accepted: get(&self.connections_accepted),
             connections_open: get(&self.connections_open),
             connections_negotiated: get(&self.connections_negotiated),
+            connections_evicted: get(&self.connections_evicted),
+            connections_refused: get(&self.connections_refused),
+            connections_timed_out: get(&self.connections_timed_out),
             protocol_errors: get(&self.protocol_errors),
             requests_read: get(&self.requests[0]),
             requests_write: get(&self.requests[1]),
@@ -100,6 +116,7 @@ impl Counters {
             bytes_zeroed: get(&self.bytes_zeroed),
             error_replies: get(&self.error_replies),
             export_errors: get(&self.export_errors),
+            payload_bytes_held: 0,
         }
     }
 }

@@ -11,12 +11,16 @@
 //! client that waits for each reply gets it at once.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crate::connection::Close;
+use crate::error::{ExportError, ExportErrorKind};
 use crate::export::Export;
 use crate::handshake::{Negotiated, drain};
+use crate::limits::Held;
 use crate::proto::{self, Request};
+use crate::server::{Activity, Shared};
 use crate::stats::Counters;
 
 /// What a request that passed [`check`] asks of the export.
@@ -81,26 +85,32 @@ pub(crate) fn check(request: &Request, size: u64) -> Result<Op, u32> {
     Ok(op)
 }
 
-/// Serves requests until the client disconnects or the server stops.
+/// Payload bytes taken from the budget and read from the socket at once: a write's buffer grows
+/// by this much as its data arrives, never sized from the header alone.
+const PAYLOAD_STEP_BYTES: usize = 256 << 10;
+
+/// Serves requests until the client disconnects, stalls inside a request, or the server stops.
 pub(crate) fn serve<R: Read, W: Write>(
     reader: &mut BufReader<R>,
     writer: &mut W,
     negotiated: &Negotiated,
-    counters: &Counters,
-    stopping: &AtomicBool,
+    shared: &Shared,
+    activity: &Activity,
 ) -> Result<(), Close> {
-    let mut session = Session { writer, export: &*negotiated.export, size: negotiated.size, counters, buf: Vec::new() };
+    let counters = &shared.counters;
+    let mut session = Session { writer, export: &*negotiated.export, size: negotiated.size, shared, buf: Vec::new() };
     loop {
-        if stopping.load(Ordering::Relaxed) {
+        if shared.stopping.load(Ordering::Relaxed) {
             session.writer.flush()?;
             return Ok(());
         }
         if reader.buffer().len() < proto::REQUEST_HEADER_LEN {
             session.writer.flush()?;
         }
-        if fill(reader)?.is_empty() {
-            // The client closed between requests without NBD_CMD_DISC: a hard disconnect.
-            return Ok(());
+        match fill(reader)? {
+            Fill::Idle => continue,
+            Fill::Closed => return Ok(()),
+            Fill::Data => {}
         }
         let mut header = [0u8; proto::REQUEST_HEADER_LEN];
         reader.read_exact(&mut header)?;
@@ -113,27 +123,41 @@ pub(crate) fn serve<R: Read, W: Write>(
             return Ok(());
         }
         session.request(reader, &request)?;
+        activity.touch(shared.started);
     }
 }
 
-/// `fill_buf`, retried when a signal interrupts it.
-fn fill<R: Read>(reader: &mut BufReader<R>) -> io::Result<&[u8]> {
+/// What waiting for the next request found.
+enum Fill {
+    /// Bytes to read.
+    Data,
+    /// The client closed between requests without NBD_CMD_DISC: a hard disconnect.
+    Closed,
+    /// Nothing within the read timeout: an idle client, which may stay as long as it likes.
+    Idle,
+}
+
+/// `fill_buf` between requests, retried when a signal interrupts it.
+fn fill<R: Read>(reader: &mut BufReader<R>) -> io::Result<Fill> {
     loop {
         match reader.fill_buf() {
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Ok(Fill::Idle);
+            }
             Err(error) => return Err(error),
-            Ok(_) => break,
+            Ok(buffer) => return Ok(if buffer.is_empty() { Fill::Closed } else { Fill::Data }),
         }
     }
-    Ok(reader.buffer())
 }
 
 struct Session<'a, W> {
     writer: &'a mut W,
     export: &'a dyn Export,
     size: u64,
-    counters: &'a Counters,
-    /// Payload of the current read or write, reused; at most 32 MiB.
+    shared: &'a Shared,
+    /// Payload of the current read or write, reused up to [`PAYLOAD_STEP_BYTES`]; a larger one
+    /// is let go after its request.
     buf: Vec<u8>,
 }
 
@@ -148,13 +172,14 @@ impl<W: Write> Session<'_, W> {
                 return Ok(self.reply_error(request.cookie, errno)?);
             }
         };
-        let (export, counters) = (self.export, self.counters);
+        let (export, counters) = (self.export, &self.shared.counters);
+        let budget = &self.shared.budget;
+        let mut held = Held::none(budget);
         let (result, bytes_counter) = match op {
-            Op::Read { offset, len } => return Ok(self.read(request.cookie, offset, len)?),
+            Op::Read { offset, len } => return self.read(request.cookie, offset, len),
             Op::Write { offset, len, fua } => {
-                let data = self.payload(len);
-                reader.read_exact(data)?;
-                (export.write(offset, data, fua), Some(&counters.bytes_written))
+                self.receive(reader, len, &mut held)?;
+                (export.write(offset, &self.buf[..len], fua), Some(&counters.bytes_written))
             }
             Op::Flush => (export.flush(), None),
             Op::Trim { offset, len, fua } => (export.trim(offset, len, fua), Some(&counters.bytes_trimmed)),
@@ -164,51 +189,92 @@ impl<W: Write> Session<'_, W> {
             // The hint is accepted and ignored: the export has no cache to fill.
             Op::Cache => (Ok(()), None),
         };
+        self.let_go_of_large_buffer();
+        drop(held);
         match result {
             Ok(()) => {
                 if let Some(counter) = bytes_counter {
                     Counters::add(counter, u64::from(request.length));
                 }
                 self.writer.write_all(&proto::simple_reply(0, request.cookie))?;
+                Ok(())
             }
-            Err(error) => {
-                Counters::add(&counters.export_errors, 1);
-                self.reply_error(request.cookie, error.errno())?;
+            Err(error) => self.export_failed(request.cookie, &error),
+        }
+    }
+
+    /// Reads a write's `len` payload bytes into `buf`, a step at a time: each step's bytes are
+    /// taken from the budget (waiting at most the request timeout for room) before the buffer
+    /// grows, so memory only ever holds data that arrived, and all connections together hold
+    /// at most the budget.
+    fn receive<R: Read>(&mut self, reader: &mut R, len: usize, held: &mut Held<'_>) -> Result<(), Close> {
+        let mut have = 0;
+        while have < len {
+            let step = (len - have).min(PAYLOAD_STEP_BYTES);
+            let deadline = Instant::now() + self.shared.limits.request_timeout;
+            if !self.shared.budget.take(held, step as u64, deadline) {
+                return Err(Close::TimedOut);
             }
+            if self.buf.len() < have + step {
+                self.buf.resize(have + step, 0);
+            }
+            reader.read_exact(&mut self.buf[have..have + step])?;
+            have += step;
         }
         Ok(())
     }
 
     /// Reads first and replies after, so that an error is never found once the reply header
     /// has promised data.
-    fn read(&mut self, cookie: u64, offset: u64, len: usize) -> io::Result<()> {
+    fn read(&mut self, cookie: u64, offset: u64, len: usize) -> Result<(), Close> {
         let export = self.export;
-        let data = self.payload(len);
-        match export.read(offset, data) {
+        let mut held = Held::none(&self.shared.budget);
+        let deadline = Instant::now() + self.shared.limits.request_timeout;
+        if !self.shared.budget.take(&mut held, len as u64, deadline) {
+            return Err(Close::TimedOut);
+        }
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        let result = export.read(offset, &mut self.buf[..len]);
+        match result {
             Ok(()) => {
                 self.writer.write_all(&proto::simple_reply(0, cookie))?;
                 self.writer.write_all(&self.buf[..len])?;
-                Counters::add(&self.counters.bytes_read, len as u64);
+                Counters::add(&self.shared.counters.bytes_read, len as u64);
+                self.let_go_of_large_buffer();
                 Ok(())
             }
             Err(error) => {
-                Counters::add(&self.counters.export_errors, 1);
-                self.reply_error(cookie, error.errno())
+                self.let_go_of_large_buffer();
+                self.export_failed(cookie, &error)
             }
         }
     }
 
-    fn payload(&mut self, len: usize) -> &mut [u8] {
-        debug_assert!(len <= proto::MAX_REQUEST_BYTES as usize);
-        if self.buf.len() < len {
-            self.buf.resize(len, 0);
+    /// Keeps a small buffer for the next request and frees a large one, whose budget the
+    /// request gives back.
+    fn let_go_of_large_buffer(&mut self) {
+        if self.buf.len() > PAYLOAD_STEP_BYTES {
+            self.buf = Vec::new();
         }
-        &mut self.buf[..len]
+    }
+
+    /// Replies with the export's error. An export that is gone (its volume was deleted) ends
+    /// the connection after the reply: nothing it could serve remains.
+    fn export_failed(&mut self, cookie: u64, error: &ExportError) -> Result<(), Close> {
+        Counters::add(&self.shared.counters.export_errors, 1);
+        self.reply_error(cookie, error.errno())?;
+        if error.kind() == ExportErrorKind::Shutdown {
+            self.writer.flush()?;
+            return Err(Close::Gone);
+        }
+        Ok(())
     }
 
     fn reply_error(&mut self, cookie: u64, errno: u32) -> io::Result<()> {
         debug_assert_ne!(errno, 0);
-        Counters::add(&self.counters.error_replies, 1);
+        Counters::add(&self.shared.counters.error_replies, 1);
         self.writer.write_all(&proto::simple_reply(errno, cookie))
     }
 }

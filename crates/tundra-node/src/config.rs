@@ -3,6 +3,7 @@
 //! listening on 127.0.0.1 only.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tundra_codec::{DRIVE_TIE_BYTES_PER_US, SelectorConfig};
@@ -21,6 +22,7 @@ pub struct Config {
     pub fast: FastConfig,
     pub compression: CompressionConfig,
     pub cache: CacheConfig,
+    pub limits: LimitsConfig,
 }
 
 impl Default for Config {
@@ -32,6 +34,7 @@ impl Default for Config {
             fast: FastConfig::default(),
             compression: CompressionConfig::default(),
             cache: CacheConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -177,6 +180,80 @@ impl Default for CacheConfig {
     }
 }
 
+/// What clients may hold of the node, on each of the NBD and native listeners: connections,
+/// time and buffered bytes. A client that stalls or idles is the first to go when room is
+/// needed, so a valid client is always served.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Connections open at once per listener. At the cap a new connection closes the one that
+    /// has waited longest in its handshake, else one idle past `evict_idle_after_secs`.
+    pub max_connections: usize,
+    /// Seconds a new connection may take for each part of its handshake.
+    pub handshake_timeout_secs: u64,
+    /// Seconds the node waits for each further piece of a request once it has begun (and for
+    /// the client to take each piece of a reply); a client that stalls longer is cut off.
+    pub request_timeout_secs: u64,
+    /// Seconds a client idle between requests may be closed after to make room at the cap.
+    pub evict_idle_after_secs: u64,
+    /// Seconds a native-protocol client may stay connected without a request. NBD clients may
+    /// idle for ever (a mounted filesystem does), except when room is needed at the cap.
+    pub native_idle_timeout_secs: u64,
+    /// NBD payload bytes held for all connections at once (e.g. "256MiB"); at least 32 MiB,
+    /// the largest request.
+    pub nbd_buffered: String,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        let nbd = tundra_nbd::Limits::default();
+        LimitsConfig {
+            max_connections: nbd.max_connections,
+            handshake_timeout_secs: nbd.handshake_timeout.as_secs(),
+            request_timeout_secs: nbd.request_timeout.as_secs(),
+            evict_idle_after_secs: nbd.evict_idle_after.as_secs(),
+            native_idle_timeout_secs: 3600,
+            nbd_buffered: tundra_device::size::format_size(nbd.max_buffered_bytes),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The NBD server's limits, or why these cannot work.
+    pub fn nbd(&self) -> Result<tundra_nbd::Limits> {
+        let buffered = tundra_device::size::parse_size(&self.nbd_buffered)
+            .map_err(|e| Error::Invalid(format!("[limits] nbd_buffered = {:?}: {e}", self.nbd_buffered)))?;
+        let limits = tundra_nbd::Limits {
+            max_connections: self.max_connections,
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            evict_idle_after: Duration::from_secs(self.evict_idle_after_secs),
+            max_buffered_bytes: buffered,
+        };
+        match limits.problem() {
+            Some(problem) => Err(Error::Invalid(format!("[limits]: {problem}"))),
+            None => Ok(limits),
+        }
+    }
+
+    /// The native protocol server's configuration, or why it cannot work.
+    pub fn native(&self) -> Result<tundra_proto::ServerConfig> {
+        let config = tundra_proto::ServerConfig {
+            max_connections: self.max_connections,
+            hello_timeout: Duration::from_secs(self.handshake_timeout_secs),
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            write_timeout: Some(Duration::from_secs(self.request_timeout_secs)),
+            idle_timeout: Duration::from_secs(self.native_idle_timeout_secs),
+            evict_idle_after: Duration::from_secs(self.evict_idle_after_secs),
+            ..tundra_proto::ServerConfig::default()
+        };
+        match config.problem() {
+            Some(problem) => Err(Error::Invalid(format!("[limits]: {problem}"))),
+            None => Ok(config),
+        }
+    }
+}
+
 impl Config {
     /// Reads a TOML file; unknown keys are errors, so a typo never passes silently.
     pub fn load(path: &Path) -> Result<Config> {
@@ -194,6 +271,8 @@ impl Config {
         if config.compression.tie_bytes_per_us < 0.0 {
             return Err(Error::Invalid("[compression] tie_bytes_per_us is negative".into()));
         }
+        config.limits.nbd()?;
+        config.limits.native()?;
         Ok(config)
     }
 }

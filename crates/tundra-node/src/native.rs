@@ -10,7 +10,12 @@ use crate::{Error, Node, VolumeRef, WriteMode};
 
 /// Serves `node` on `addr` until the returned server is shut down.
 pub fn start(addr: &str, node: Arc<Node>) -> std::io::Result<Server> {
-    Server::start(addr, Arc::new(NodeService(node)))
+    start_with(addr, node, tundra_proto::ServerConfig::default())
+}
+
+/// [`start`] with the limits of the node's `[limits]` configuration.
+pub fn start_with(addr: &str, node: Arc<Node>, config: tundra_proto::ServerConfig) -> std::io::Result<Server> {
+    Server::start_with(addr, Arc::new(NodeService(node)), config)
 }
 
 /// The node as a protocol service.

@@ -17,7 +17,7 @@ use crate::frame::{
     ServerHello, VERSION_MAX, VERSION_MIN,
 };
 use crate::message::{Request, put_heavy_result, put_volume_info, put_volume_list};
-use crate::server::Shared;
+use crate::server::{Activity, Shared};
 use crate::service::{Service, ServiceError};
 use crate::types::VolumeSpec;
 
@@ -30,19 +30,23 @@ const MAX_MESSAGE_BYTES: usize = 4096;
 /// Buffers grown past this by a large frame are given back once it is done.
 const KEEP_BYTES: usize = 1 << 20;
 
-pub(crate) fn serve(shared: &Arc<Shared>, id: u64, stream: TcpStream, busy: bool) {
+pub(crate) fn serve(shared: &Arc<Shared>, id: u64, stream: TcpStream, busy: bool, activity: &Activity) {
     // Errors here are the connection's end, not the server's: the client sees the socket close.
-    let _ = serve_connection(shared, &stream, busy);
+    let _ = serve_connection(shared, &stream, busy, activity);
     let _ = stream.shutdown(Shutdown::Both);
     shared.connection_ended(id);
 }
 
-fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool) -> io::Result<()> {
+fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool, activity: &Activity) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(shared.config.write_timeout)?;
-    if !hello(shared, stream, busy)? {
+    if !hello(shared, stream, busy, activity)? {
         return Ok(());
     }
+    // Every read is bounded: inside a request by the request timeout (a stalled client is
+    // cut off), between requests by the idle timeout, counted in request-timeout steps.
+    stream.set_read_timeout(Some(shared.config.request_timeout))?;
+    let mut idle_since = Instant::now();
     let mut input = Input::new();
     let mut output = BufWriter::with_capacity(OUTPUT_BYTES, stream);
     let mut reply = Vec::new();
@@ -59,10 +63,22 @@ fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool) -> io::Resu
                 }
                 input.consume(used);
                 shrink(&mut reply);
+                activity.touch(shared);
+                idle_since = Instant::now();
             }
             Ok(None) => {
                 output.flush()?;
-                if input.fill(stream)? == 0 {
+                let filled = match input.fill(stream) {
+                    Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                        if !input.data().is_empty() || idle_since.elapsed() >= shared.config.idle_timeout {
+                            // Stalled inside a request, or idle too long: the connection ends.
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    other => other?,
+                };
+                if filled == 0 {
                     if shared.is_stopping() {
                         return say_shutting_down(&mut output, stream);
                     }
@@ -76,7 +92,7 @@ fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool) -> io::Resu
 }
 
 /// Reads the client's hello and answers it; `Ok(false)` when the connection is refused.
-fn hello(shared: &Shared, stream: &TcpStream, busy: bool) -> io::Result<bool> {
+fn hello(shared: &Shared, stream: &TcpStream, busy: bool, activity: &Activity) -> io::Result<bool> {
     stream.set_read_timeout(Some(shared.config.hello_timeout))?;
     let mut bytes = [0u8; CLIENT_HELLO_BYTES];
     if read_exact_or_eof(stream, &mut bytes)? {
@@ -95,9 +111,11 @@ fn hello(shared: &Shared, stream: &TcpStream, busy: bool) -> io::Result<bool> {
         );
         return refuse_hello(stream, Status::UnsupportedVersion, &message);
     };
+    // Counted as active before the client can know it is in: a connection the client sees
+    // as open is never taken for one still silent in its hello.
+    activity.touch(shared);
     let mut writer = stream;
     writer.write_all(&ServerHello { version, server_min: VERSION_MIN, server_max: VERSION_MAX }.encode())?;
-    stream.set_read_timeout(None)?;
     Ok(true)
 }
 

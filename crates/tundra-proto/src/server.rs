@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -23,10 +23,19 @@ use crate::service::Service;
 /// How the server treats its connections. `Default` gives the documented values.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Connections beyond this are answered `BUSY` and closed.
+    /// Connections open at once. At the cap a new connection closes the one that has waited
+    /// longest for its hello, else one idle past `evict_idle_after`; with neither it is
+    /// answered `BUSY` and closed. So silent or idle connections never lock out a client.
     pub max_connections: usize,
     /// How long a new connection may take to send its hello.
     pub hello_timeout: Duration,
+    /// Once a request has begun to arrive, how long the server waits for each further piece
+    /// of it; a client that stalls longer is disconnected.
+    pub request_timeout: Duration,
+    /// How long a client may stay connected without sending a request; then it is closed.
+    pub idle_timeout: Duration,
+    /// A client idle this long may be closed to make room at the cap.
+    pub evict_idle_after: Duration,
     /// How long a response write may block on a client that does not read, before the
     /// connection is dropped. `None` waits forever.
     pub write_timeout: Option<Duration>,
@@ -37,11 +46,30 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> ServerConfig {
         ServerConfig {
-            max_connections: 1024,
+            max_connections: 512,
             hello_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(3600),
+            evict_idle_after: Duration::from_secs(60),
             write_timeout: Some(Duration::from_secs(60)),
             shutdown_grace: Duration::from_secs(5),
         }
+    }
+}
+
+impl ServerConfig {
+    /// Why this configuration cannot work, if it cannot.
+    pub fn problem(&self) -> Option<String> {
+        if self.max_connections == 0 {
+            return Some("max_connections must be at least 1".into());
+        }
+        let durations = [
+            ("hello_timeout", self.hello_timeout),
+            ("request_timeout", self.request_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("evict_idle_after", self.evict_idle_after),
+        ];
+        durations.iter().find(|(_, d)| d.is_zero()).map(|(name, _)| format!("{name} must be longer than zero"))
     }
 }
 
@@ -65,6 +93,10 @@ pub(crate) struct Shared {
     connections: Mutex<Connections>,
     /// Signalled whenever a connection ends.
     ended: Condvar,
+    /// The clock connections' activity is measured on.
+    started: Instant,
+    /// Connections closed at the cap to make room for a new one.
+    evicted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -77,6 +109,44 @@ struct Connection {
     /// A second handle on the socket, for shutting it from outside the connection's thread.
     stream: TcpStream,
     handle: Option<JoinHandle<()>>,
+    activity: Arc<Activity>,
+}
+
+/// When a connection opened and last finished a request, in milliseconds after the server
+/// started; `last_request_ms` is 0 until its hello is answered.
+#[derive(Default)]
+pub(crate) struct Activity {
+    opened_ms: AtomicU64,
+    last_request_ms: AtomicU64,
+}
+
+impl Activity {
+    pub(crate) fn touch(&self, shared: &Shared) {
+        self.last_request_ms.store(millis_since(shared.started).max(1), Ordering::Relaxed);
+    }
+}
+
+fn millis_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The connection to close for a new one at the cap: the one waiting longest for its hello,
+/// else the one idle longest if that is past `evict_idle_after`.
+fn victim(live: &HashMap<u64, Connection>, shared: &Shared) -> Option<u64> {
+    let in_hello = live
+        .iter()
+        .filter(|(_, c)| c.activity.last_request_ms.load(Ordering::Relaxed) == 0)
+        .min_by_key(|(id, c)| (c.activity.opened_ms.load(Ordering::Relaxed), **id));
+    if let Some((&id, _)) = in_hello {
+        return Some(id);
+    }
+    let now = millis_since(shared.started);
+    let idle_ms = u64::try_from(shared.config.evict_idle_after.as_millis()).unwrap_or(u64::MAX);
+    live.iter()
+        .map(|(&id, c)| (c.activity.last_request_ms.load(Ordering::Relaxed), id))
+        .filter(|&(last, _)| now.saturating_sub(last) >= idle_ms)
+        .min()
+        .map(|(_, id)| id)
 }
 
 impl Shared {
@@ -107,6 +177,9 @@ impl Server {
     }
 
     pub fn start_with(addr: impl ToSocketAddrs, service: Arc<dyn Service>, config: ServerConfig) -> io::Result<Server> {
+        if let Some(problem) = config.problem() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("native protocol limits: {problem}")));
+        }
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -115,6 +188,8 @@ impl Server {
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Connections::default()),
             ended: Condvar::new(),
+            started: Instant::now(),
+            evicted: AtomicU64::new(0),
         });
         let acceptor_shared = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -130,6 +205,11 @@ impl Server {
     /// Connections open now, including ones still in their hello.
     pub fn connection_count(&self) -> usize {
         self.shared.connections.lock().live.len()
+    }
+
+    /// Connections closed at the cap to make room for a new one.
+    pub fn evicted_count(&self) -> u64 {
+        self.shared.evicted.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, tells every client `SHUTTING_DOWN`, closes the connections and waits
@@ -222,18 +302,29 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream) {
     let Ok(outside) = stream.try_clone() else {
         return;
     };
+    let activity = Arc::new(Activity::default());
+    activity.opened_ms.store(millis_since(shared.started), Ordering::Relaxed);
     let (id, busy) = {
         let mut connections = shared.connections.lock();
         let id = connections.next_id;
         connections.next_id += 1;
-        let busy = connections.live.len() >= shared.config.max_connections;
-        connections.live.insert(id, Connection { stream: outside, handle: None });
+        let mut busy = connections.live.len() >= shared.config.max_connections;
+        if busy && let Some(evict) = victim(&connections.live, shared) {
+            // Its thread sees the socket close and ends; the slot is taken now.
+            if let Some(evicted) = connections.live.remove(&evict) {
+                let _ = evicted.stream.shutdown(Shutdown::Both);
+            }
+            shared.evicted.fetch_add(1, Ordering::Relaxed);
+            busy = false;
+        }
+        let connection = Connection { stream: outside, handle: None, activity: Arc::clone(&activity) };
+        connections.live.insert(id, connection);
         (id, busy)
     };
     let thread_shared = Arc::clone(shared);
     let spawned = thread::Builder::new()
         .name(format!("tundra-conn-{id}"))
-        .spawn(move || conn::serve(&thread_shared, id, stream, busy));
+        .spawn(move || conn::serve(&thread_shared, id, stream, busy, &activity));
     let mut connections = shared.connections.lock();
     match spawned {
         Ok(handle) => {

@@ -42,6 +42,14 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing the signal handlers")?;
     }
+    // Everything that can be checked without the data directory is, before it is touched: a
+    // node that cannot listen must not format a new directory first.
+    for (addr, what) in
+        [(&config.listen.native, "native"), (&config.listen.nbd, "nbd"), (&config.listen.metrics, "metrics")]
+    {
+        check_local(addr, what)?;
+        check_free(addr, what)?;
+    }
     let node = Arc::new(
         Node::open(&config, &mut |line| say(line))
             .with_context(|| format!("opening the node in {}", config.data_dir.display()))?,
@@ -60,13 +68,10 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         "compression: software {} (compression.software), drive {} (drive.compression)",
         running.software_compression, running.drive_compression
     ));
-    check_local(&config.listen.native, "native")?;
-    check_local(&config.listen.nbd, "nbd")?;
-    check_local(&config.listen.metrics, "metrics")?;
     let native = if config.listen.native.is_empty() {
         None
     } else {
-        let server = tundra_node::native::start(&config.listen.native, node.clone())
+        let server = tundra_node::native::start_with(&config.listen.native, node.clone(), config.limits.native()?)
             .with_context(|| format!("listening on {} (native protocol)", config.listen.native))?;
         say(&format!("native protocol on {}", server.local_addr()));
         Some(server)
@@ -75,9 +80,23 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         None
     } else {
         let exports = Arc::new(tundra_node::nbd::NodeExports(node.clone()));
-        let server = tundra_nbd::Server::start(&config.listen.nbd, exports)
+        let server = tundra_nbd::Server::start_with(&config.listen.nbd, exports, config.limits.nbd()?)
             .with_context(|| format!("listening on {} (NBD)", config.listen.nbd))?;
-        say(&format!("NBD on {} (export names are volume names)", server.local_addr()));
+        // A deleted volume's NBD connections are closed: nothing they could serve remains.
+        let close_export = server.export_closer();
+        node.on_volume_deleted(Box::new(move |name| {
+            let closed = close_export(name);
+            if closed > 0 {
+                say(&format!("volume {name:?} deleted: closed its {closed} NBD connection(s)"));
+            }
+        }));
+        let limits = server.limits();
+        say(&format!(
+            "NBD on {} (export names are volume names; at most {} connections, {} of payload buffered)",
+            server.local_addr(),
+            limits.max_connections,
+            tundra_device::size::format_size(limits.max_buffered_bytes)
+        ));
         Some(server)
     };
     let metrics = if config.listen.metrics.is_empty() {
@@ -113,6 +132,23 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     node.close().context("checkpointing the node")?;
     say("stopped cleanly");
     Ok(())
+}
+
+/// Refuses an address another process listens on, with a message that says what to do. The
+/// listener is bound again when the server starts; this only keeps a node whose ports are
+/// taken (another node running, say) from setting up a data directory first.
+fn check_free(addr: &str, what: &str) -> Result<()> {
+    if addr.is_empty() {
+        return Ok(());
+    }
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!(
+            "listen.{what} = {addr:?} is in use by another process (another Tundra node?); \
+             stop it, or set listen.{what} to a free address (\"\" turns this listener off)"
+        ),
+        Err(e) => bail!("listen.{what} = {addr:?}: cannot listen there: {e}"),
+    }
 }
 
 /// The node listens on loopback unless configured otherwise; a non-local address is refused

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tundra_nbd::mem::MemExport;
-use tundra_nbd::{ExportMap, Server};
+use tundra_nbd::{ExportMap, Limits, Server};
 
 pub const NBDMAGIC: u64 = 0x4e42444d41474943;
 pub const IHAVEOPT: u64 = 0x49484156454f5054;
@@ -77,13 +77,17 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn start(vol_size: u64) -> Fixture {
+        Fixture::start_with(vol_size, Limits::default())
+    }
+
+    pub fn start_with(vol_size: u64, limits: Limits) -> Fixture {
         let vol = Arc::new(MemExport::new(vol_size).with_preferred_block_size(16384));
         let small = Arc::new(MemExport::new(64 * 1024));
         let exports = Arc::new(ExportMap::new());
         exports.insert("vol", "the test volume", vol.clone());
         exports.insert("small", "", small.clone());
         exports.set_default(Some("vol"));
-        let server = Server::start("127.0.0.1:0", exports.clone()).expect("start server");
+        let server = Server::start_with("127.0.0.1:0", exports.clone(), limits).expect("start server");
         Fixture { server, exports, vol, small }
     }
 
