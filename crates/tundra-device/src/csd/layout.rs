@@ -124,14 +124,19 @@ impl Geometry {
                 self.segment_bytes
             )));
         }
-        if self.usable_segments == 0 || self.segment_count < self.usable_segments + MIN_RESERVE_SEGMENTS {
+        if self.usable_segments == 0 || self.segment_count < self.usable_segments.saturating_add(MIN_RESERVE_SEGMENTS) {
             return Err(Error::invalid(format!(
                 "{} segments with {} usable leave less than the {MIN_RESERVE_SEGMENTS}-segment reserve",
                 self.segment_count, self.usable_segments
             )));
         }
-        // A map entry addresses 2^40 units of 16 bytes.
-        if self.total_bytes() / UNIT_BYTES as u64 >= 1 << 40 {
+        // A map entry addresses 2^40 units of 16 bytes. Checked arithmetic: a decoded segment
+        // size may be anything up to 2^64.
+        let segments = u64::from(self.segment_count).checked_mul(self.segment_bytes);
+        if segments
+            .and_then(|b| b.checked_add(self.segment_area_offset()))
+            .is_none_or(|t| t / UNIT_BYTES as u64 >= 1 << 40)
+        {
             return Err(Error::invalid("the media is larger than a map entry can address (16 TiB)"));
         }
         Ok(())
