@@ -32,7 +32,6 @@ fn drive_corruption_is_detected_or_harmless() {
 /// in the middle) silently rolls pages back: recovery takes the first block that does not
 /// verify as the end of the log, so every later acknowledged write is lost without an error.
 #[test]
-#[ignore = "enabled when the journal integrity work merges"]
 fn journal_corruption_is_detected_or_harmless() {
     run_campaign(RegionGroup::Journals);
 }

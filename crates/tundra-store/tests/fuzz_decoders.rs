@@ -185,7 +185,6 @@ proptest! {
 
     /// Fails on the code of this commit: see `a_superblock_with_a_huge_geometry_is_refused`.
     #[test]
-    #[ignore = "enabled when the journal integrity work merges (journal superblock geometry overflow)"]
     fn journal_superblock_fields_past_the_checksum_never_panic(fields in prop::collection::vec(edge_u64(), 6), slot in 0..2u64) {
         let (blocks, mut media) = media();
         let block = media.get_mut(&slot).expect("superblock");
@@ -208,7 +207,6 @@ fn edge_u64() -> impl Strategy<Value = u64> {
 /// geometry is checked against the device. A checksum collision or a bug writing a bad
 /// superblock would reach it.
 #[test]
-#[ignore = "enabled when the journal integrity work merges (journal superblock geometry overflow)"]
 fn a_superblock_with_a_huge_geometry_is_refused() {
     let (blocks, mut media) = media();
     for (slot, checkpoint_blocks, log_blocks) in [(0u64, 1u64 << 63, 16u64), (1, 4, u64::MAX - 1)] {

@@ -164,9 +164,13 @@ fn sealed(block: &[u8]) -> bool {
     crc32c::crc32c(&block[..BLOCK - 4]) == u32_at(block, BLOCK - 4)
 }
 
-/// A journal superblock: generation, checkpoint slot, checkpoint position (docs/format.md).
+/// A journal superblock (format 2, docs/format.md): generation, the newest checkpoint's slot,
+/// and that checkpoint's log position.
 fn journal_superblock(block: &[u8]) -> Option<(u64, u64, u64)> {
-    (sealed(block) && &block[..8] == b"TNDRJNL1").then(|| (u64_at(block, 24), u64_at(block, 32), u64_at(block, 40)))
+    (sealed(block) && &block[..8] == b"TNDRJRNL").then(|| {
+        let current = u64_at(block, 48);
+        (u64_at(block, 32), current, u64_at(block, if current == 0 { 56 } else { 64 }))
+    })
 }
 
 /// One journal's regions: superblocks, checkpoint headers and records, and the log blocks
@@ -194,8 +198,8 @@ fn journal_regions(image: &Image, name: &str, first_block: u64, g: JournalGeomet
             FAST,
             vec![(start, start + 4096)],
         ));
-        if sealed(&header) && &header[..8] == b"TNDRJCK1" {
-            let records = (start + 4096, start + 4096 + u64_at(&header, 8));
+        if sealed(&header) && &header[..8] == b"TNDRJCKP" {
+            let records = (start + 4096, start + 4096 + u64_at(&header, 24));
             out.push(Region::new(format!("{name} checkpoint slot {slot} ({which}) records"), FAST, vec![records]));
         }
     }
@@ -208,8 +212,8 @@ fn log_regions(image: &Image, name: &str, first_block: u64, g: JournalGeometry, 
     let log_start = first_block + 2 + 2 * g.checkpoint_blocks;
     let mut by_position = std::collections::BTreeMap::new();
     for (&b, block) in image.files[FAST].1.range(log_start..log_start + g.log_blocks) {
-        if sealed(block) && u32_at(block, 0) == 0x544a_4c42 {
-            let used = 32 + u64::from(u32_at(block, 4));
+        if crc32c::crc32c(&block[..36]) == u32_at(block, 36) && u32_at(block, 0) == 0x544a_4c42 {
+            let used = 40 + u64::from(u32_at(block, 24));
             by_position.insert(u64_at(block, 8), (u64_at(block, 16), (b * BLOCK as u64, b * BLOCK as u64 + used)));
         }
     }
