@@ -700,11 +700,12 @@ fn segment_nonce() -> u64 {
     clock ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(48)
 }
 
-/// Codec errors from stored bytes are corruption; from a caller's input, invalid requests.
+/// Codec errors from stored bytes are corruption; from a caller's input, invalid requests. The
+/// message is the codec's own, without its kind: the store's error names the kind once.
 fn codec_error(error: tundra_codec::Error) -> Error {
     match error.kind() {
-        tundra_codec::ErrorKind::Corrupted => Error::corrupted(error.to_string()),
-        _ => Error::invalid(error.to_string()),
+        tundra_codec::ErrorKind::Corrupted => Error::corrupted(error.message()),
+        _ => Error::invalid(error.message()),
     }
 }
 
