@@ -1,6 +1,8 @@
 //! Space allocation in two levels (seed 000 §3.2.1): the device allocator hands 128 KiB extents
 //! to chunks, and each chunk tracks its 4 KiB blocks in a bitmap per extent. Both are I/O-free
-//! state machines; the store journals every change they make.
+//! state machines. Neither is journalled: the blocks in use are exactly the runs of the mapped
+//! pages (and the runs freed but not yet reusable), so recovery derives both from the index, and
+//! `Store::check_invariants` compares them with that derivation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,6 +95,21 @@ impl ChunkBlocks {
 
     pub fn extents(&self) -> impl Iterator<Item = (ExtentId, u32)> + '_ {
         self.extents.iter().map(|(&e, &bits)| (e, bits))
+    }
+
+    /// Why the index by longest free run disagrees with the bitmaps, if it does.
+    pub fn check_index(&self) -> Option<String> {
+        for (&extent, &bits) in &self.extents {
+            let longest = usize::from(longest_free_run(bits));
+            for (n, set) in self.by_longest.iter().enumerate() {
+                if set.contains(&extent) != (n == longest && n > 0) {
+                    return Some(format!("{extent:?} (bitmap {bits:#010x}) is misfiled under longest free run {n}"));
+                }
+            }
+        }
+        let filed: usize = self.by_longest.iter().map(BTreeSet::len).sum();
+        let free: usize = self.extents.values().filter(|&&bits| bits != u32::MAX).count();
+        (filed != free).then(|| format!("{filed} extents filed by free run, {free} have room"))
     }
 
     /// Changes an extent's bitmap and keeps the index by longest free run in step.

@@ -1331,6 +1331,10 @@ mod tests {
                             pages = rig.open(busy);
                         }
                     }
+                    // The allocator equals the one derived from the index after every step.
+                    if let Err(problem) = pages.store().check_invariants() {
+                        prop_assert!(false, "after {:?}: {}", op, problem);
+                    }
                 }
                 pages.set_cache_pages(0);
                 for target in 0..3u8 {
@@ -1401,6 +1405,7 @@ mod tests {
                 if store.volume(crate::ids::VolumeId(0)).is_none() {
                     store.create_volume(test_volume(8192)).unwrap();
                 }
+                store.check_invariants().unwrap_or_else(|p| panic!("round {round} crash {crash}: at recovery: {p}"));
                 let pages = path_of(store, 8192, CpuLoad::Fixed(0.0));
                 // What `tundra fsck` runs: every page verified, no block leaked.
                 let report = pages.check().unwrap_or_else(|e| panic!("round {round} crash {crash}: check: {e}"));
@@ -1455,6 +1460,8 @@ mod tests {
                             for (page, content) in changes {
                                 acknowledged.insert(page, content);
                             }
+                            let invariants = pages.store().check_invariants();
+                            invariants.unwrap_or_else(|p| panic!("round {round} crash {crash} step {step}: {p}"));
                         }
                         Err(_) => {
                             struck += 1;

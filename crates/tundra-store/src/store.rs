@@ -32,6 +32,7 @@ use crate::journal::{Journal, JournalPlace, LogDamage, Record};
 use crate::volume::{Volume, VolumeMode};
 use crate::{Error, ErrorKind, Result};
 
+mod invariants;
 mod rebuild;
 use rebuild::{DamagedEntry, rebuild};
 
@@ -611,6 +612,16 @@ impl Store {
             }
         }
         result
+    }
+
+    /// Checks the store's invariants (see store/invariants.rs): the allocator equals the one
+    /// derived from the index, no two pages share a block, every page is inside its volume.
+    /// Expensive; for tests and simulation, on a store with no write in progress.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        match self.state.lock().invariant_problem() {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
     }
 
     /// The index entry of a page, if it exists.

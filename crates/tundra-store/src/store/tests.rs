@@ -168,6 +168,7 @@ fn store_crash_rounds(rounds: u64) -> u64 {
         let mut in_flight: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for crash in 0..3u64 {
             let store = open_store(data.clone(), fast.clone()).with_trim_policy(policy);
+            store.check_invariants().unwrap_or_else(|p| panic!("round {round} crash {crash}: at recovery: {p}"));
             for page in 0..12u32 {
                 let got = tag_of(&store, chunk, PageNo(page));
                 let possible = |t: u64| in_flight.get(&page).is_some_and(|v| v.contains(&t));
@@ -224,6 +225,7 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                                 None => acknowledged.remove(&page),
                             };
                         }
+                        store.check_invariants().unwrap_or_else(|p| panic!("round {round} step {step}: {p}"));
                     }
                     Err(_) => {
                         struck += 1;
@@ -449,4 +451,36 @@ fn the_store_oracle_fails_when_damage_ends_the_log() {
     crate::journal::set_damage_ends_log(false);
     let store = opened.expect("with the bug injected the damage goes unnoticed");
     assert_eq!(tag_of(&store, chunk, PageNo(0)), Some(1), "and the acknowledged write is rolled back");
+}
+
+/// The invariant check catches the bugs it guards against: a block marked in use that no page
+/// holds (a leak), a page's block marked free (a double allocation waiting to happen), and an
+/// extent owned by no chunk that a chunk uses.
+#[test]
+fn the_invariant_check_catches_a_leak_a_lost_block_and_a_stray_extent() {
+    let (_data, _fast, store) = new_store(1024);
+    let chunk = ChunkId(0);
+    for page in 0..6 {
+        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), 1), 1).unwrap();
+    }
+    store.trim_page(chunk, PageNo(2)).unwrap();
+    store.release_freed().unwrap();
+    store.check_invariants().expect("a consistent store");
+    let run = store.entry(chunk, PageNo(4)).unwrap().run;
+
+    store.state.lock().chunks.get_mut(&chunk).unwrap().blocks.free(run);
+    let problem = store.check_invariants().expect_err("a page's blocks marked free");
+    assert!(problem.contains("blocks in use"), "{problem}");
+    store.state.lock().chunks.get_mut(&chunk).unwrap().blocks.mark_used(run);
+    store.check_invariants().expect("repaired");
+
+    let leaked = store.state.lock().chunks.get_mut(&chunk).unwrap().blocks.allocate(1).unwrap();
+    let problem = store.check_invariants().expect_err("a leaked block");
+    assert!(problem.contains("blocks in use"), "{problem}");
+    store.state.lock().chunks.get_mut(&chunk).unwrap().blocks.free(leaked);
+
+    let extent = run.extent;
+    store.state.lock().extents.release(extent, chunk);
+    let problem = store.check_invariants().expect_err("an extent released while in use");
+    assert!(problem.contains("owned by"), "{problem}");
 }
