@@ -38,12 +38,17 @@ pub enum Record {
     VolumeSet(Volume),
     /// A volume and all its pages are gone.
     VolumeDelete(VolumeId),
+    /// Every volume id below this one has been given out, and is never given again (even after
+    /// its volume is deleted): written in every checkpoint, so the mark outlives the records of
+    /// the volumes that raised it.
+    VolumeIdFloor(VolumeId),
 }
 
 const TAG_PAGE_SET: u8 = 1;
 const TAG_PAGE_CLEAR: u8 = 2;
 const TAG_VOLUME_SET: u8 = 3;
 const TAG_VOLUME_DELETE: u8 = 4;
+const TAG_VOLUME_ID_FLOOR: u8 = 5;
 /// The largest encoded record: a volume with the longest name.
 pub const MAX_RECORD_BYTES: usize = 1 + 4 + 8 + 4 + 8 + 1 + 1 + MAX_NAME_BYTES;
 /// The bytes of a page record, the most common kind.
@@ -87,6 +92,10 @@ impl Record {
                 out.push(TAG_VOLUME_DELETE);
                 out.extend_from_slice(&id.0.to_le_bytes());
             }
+            Record::VolumeIdFloor(next) => {
+                out.push(TAG_VOLUME_ID_FLOOR);
+                out.extend_from_slice(&next.0.to_le_bytes());
+            }
         }
     }
 
@@ -97,6 +106,7 @@ impl Record {
         match tag {
             TAG_VOLUME_SET => return Ok((Record::VolumeSet(decode_volume(&mut r)?), r.at)),
             TAG_VOLUME_DELETE => return Ok((Record::VolumeDelete(VolumeId(r.u32()?)), r.at)),
+            TAG_VOLUME_ID_FLOOR => return Ok((Record::VolumeIdFloor(VolumeId(r.u32()?)), r.at)),
             _ => {}
         }
         let chunk = ChunkId(r.u64()?);
@@ -660,7 +670,7 @@ mod tests {
                 Record::PageClear { page, .. } => {
                     model.remove(&page.0);
                 }
-                Record::VolumeSet(_) | Record::VolumeDelete(_) => {}
+                Record::VolumeSet(_) | Record::VolumeDelete(_) | Record::VolumeIdFloor(_) => {}
             }
         }
     }
@@ -687,6 +697,7 @@ mod tests {
             Record::PageClear { chunk: ChunkId(1), page: PageNo(2) },
             Record::VolumeSet(volume),
             Record::VolumeDelete(VolumeId(4)),
+            Record::VolumeIdFloor(VolumeId(10)),
         ];
         let mut bytes = Vec::new();
         for r in &records {

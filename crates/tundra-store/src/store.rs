@@ -59,6 +59,10 @@ struct Chunk {
 
 struct State {
     volumes: BTreeMap<VolumeId, Volume>,
+    /// The lowest volume id never given out: ids are never reused, so a request bound to a
+    /// deleted volume's id can never reach a later volume, nor a chunk id (derived from the
+    /// volume id) a later chunk.
+    next_volume_id: VolumeId,
     extents: ExtentAllocator,
     chunks: HashMap<ChunkId, Chunk>,
     /// Runs replaced or trimmed whose journal records are durable, waiting for readers to
@@ -192,22 +196,36 @@ impl Store {
         self.trim_policy
     }
 
-    /// Creates a volume. Its id and name must be new.
+    /// Creates a volume. Its name must be new, and its id at least [`Store::next_volume_id`]:
+    /// an id once given out is never given again, even after its volume is deleted.
     pub fn create_volume(&self, volume: Volume) -> Result<()> {
         volume.validate()?;
         let _no_checkpoint = self.checkpoint_gate.read();
         {
             let state = self.state.lock();
-            if state.volumes.contains_key(&volume.id) || state.volumes.values().any(|v| v.name == volume.name) {
+            if volume.id < state.next_volume_id {
                 return Err(Error::invalid(format!(
-                    "a volume with id {} or name {:?} exists",
-                    volume.id.0, volume.name
+                    "volume id {} was given out before (ids are never reused); use {} or higher",
+                    volume.id.0, state.next_volume_id.0
                 )));
+            }
+            if volume.id.0 == u32::MAX {
+                return Err(Error::invalid("every volume id has been given out"));
+            }
+            if state.volumes.values().any(|v| v.name == volume.name) {
+                return Err(Error::invalid(format!("a volume named {:?} exists", volume.name)));
             }
         }
         self.commit_volume(Record::VolumeSet(volume.clone()))?;
-        self.state.lock().volumes.insert(volume.id, volume);
+        let mut state = self.state.lock();
+        state.next_volume_id = VolumeId(volume.id.0 + 1);
+        state.volumes.insert(volume.id, volume);
         Ok(())
+    }
+
+    /// The lowest volume id this store has never given out.
+    pub fn next_volume_id(&self) -> VolumeId {
+        self.state.lock().next_volume_id
     }
 
     /// Grows a volume to `size_bytes`. Shrinking would drop pages, which is not offered.
@@ -593,7 +611,8 @@ impl Store {
         let _quiet = self.checkpoint_gate.write();
         let records: Vec<Record> = {
             let state = self.state.lock();
-            let volumes = state.volumes.values().map(|v| Record::VolumeSet(v.clone()));
+            let floor = std::iter::once(Record::VolumeIdFloor(state.next_volume_id));
+            let volumes = floor.chain(state.volumes.values().map(|v| Record::VolumeSet(v.clone())));
             let pages = state.chunks.iter().flat_map(|(&chunk, c)| {
                 c.index.iter().map(move |(page, entry)| Record::PageSet { chunk, page, entry })
             });
@@ -706,15 +725,22 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
 fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
     let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
+    // A journal written before the floor was recorded falls back to one past the highest id it
+    // still names.
+    let mut next_volume_id = VolumeId(0);
+    let raise = |floor: &mut VolumeId, id: VolumeId| *floor = (*floor).max(VolumeId(id.0.saturating_add(1)));
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
             Record::VolumeSet(volume) => {
+                raise(&mut next_volume_id, volume.id);
                 volumes.insert(volume.id, volume);
             }
             Record::VolumeDelete(id) => {
+                raise(&mut next_volume_id, id);
                 volumes.remove(&id);
                 chunks.retain(|chunk, _| chunk.volume() != id);
             }
+            Record::VolumeIdFloor(floor) => next_volume_id = next_volume_id.max(floor),
             Record::PageSet { chunk, page, entry } => {
                 if !volumes.get(&chunk.volume()).is_some_and(|v| v.contains(chunk, page)) {
                     return Err(Error::corrupted(format!(
@@ -760,7 +786,7 @@ fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
             }
         }
     }
-    Ok(State { volumes, extents, chunks, pending_free: Vec::new(), heavy_refs, failed: None })
+    Ok(State { volumes, next_volume_id, extents, chunks, pending_free: Vec::new(), heavy_refs, failed: None })
 }
 
 #[cfg(test)]
@@ -1082,5 +1108,43 @@ pub(crate) mod tests {
         assert!(store.volume(VolumeId(2)).is_none());
         assert_eq!(tag_of(&store, data_chunk, PageNo(1)), Some(11));
         assert_eq!(store.volumes().len(), 1);
+    }
+
+    #[test]
+    fn volume_ids_are_never_reused_across_deletes_checkpoints_and_reopens() {
+        let (data, fast, store) = new_store(4096);
+        let volume = |id: u32, name: &str| Volume { id: VolumeId(id), name: name.into(), ..test_volume(PAGE) };
+        assert_eq!(store.next_volume_id(), VolumeId(1), "test volume 0 exists");
+        store.create_volume(volume(5, "victim")).unwrap();
+        store.delete_volume(VolumeId(5)).unwrap();
+        assert_eq!(store.next_volume_id(), VolumeId(6));
+        let reused = store.create_volume(volume(5, "secret")).unwrap_err();
+        assert!(reused.message().contains("never reused"), "{reused}");
+        // The checkpoint no longer names volume 5: only the floor remembers it.
+        store.checkpoint().unwrap();
+        drop(store);
+        let store = open_store(data.clone(), fast.clone());
+        assert_eq!(store.next_volume_id(), VolumeId(6), "the floor survives a checkpoint and reopen");
+        assert!(store.create_volume(volume(5, "secret")).is_err());
+        store.create_volume(volume(6, "secret")).unwrap();
+        // The log alone (no checkpoint since) raises the floor too.
+        store.create_volume(volume(9, "third")).unwrap();
+        store.delete_volume(VolumeId(9)).unwrap();
+        drop(store);
+        let store = open_store(data, fast);
+        assert_eq!(store.next_volume_id(), VolumeId(10));
+    }
+
+    #[test]
+    fn a_journal_without_a_floor_falls_back_to_one_past_its_highest_id() {
+        let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+        Journal::format(fast.as_ref(), JOURNAL).unwrap();
+        {
+            let (journal, _) = Journal::open(fast.clone()).unwrap();
+            let old = Volume { id: VolumeId(7), name: "old".into(), ..test_volume(PAGE) };
+            journal.commit(&[Record::VolumeSet(old)]).unwrap();
+        }
+        let store = Store::open(Arc::new(MemDevice::new(4096)), fast).unwrap();
+        assert_eq!(store.next_volume_id(), VolumeId(8));
     }
 }
