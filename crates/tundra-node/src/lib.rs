@@ -790,6 +790,7 @@ impl Node {
                 free_segments: drive.free_segments,
                 segments: drive.segments,
             },
+            fast_volume_bytes: self.layout.fast_volume_bytes,
             index_memory_bytes: store.index_memory_bytes + self.fast.stats().index_memory_bytes,
             index_bytes_per_page: if store.pages == 0 {
                 0.0
@@ -922,6 +923,8 @@ pub struct NodeStats {
     /// Both layers: logical over physical bytes.
     pub ratio: f64,
     pub drive: DriveStats,
+    /// The fast device's space for uncompressed volumes (mode none).
+    pub fast_volume_bytes: u64,
     pub index_memory_bytes: u64,
     pub index_bytes_per_page: f64,
     pub cache_hits: u64,

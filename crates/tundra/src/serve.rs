@@ -42,10 +42,17 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing the signal handlers")?;
     }
-    let node = Arc::new(
-        Node::open(&config, &mut |line| say(line))
-            .with_context(|| format!("opening the node in {}", config.data_dir.display()))?,
-    );
+    for (addr, what) in
+        [(&config.listen.native, "native"), (&config.listen.nbd, "nbd"), (&config.listen.metrics, "metrics")]
+    {
+        check_local(addr, what)?;
+    }
+    // A new data directory is set up only once the ports are known to be free, so a second
+    // node started by mistake formats nothing.
+    if !config.data_dir.join("layout.toml").exists() {
+        check_ports(&config)?;
+    }
+    let node = Arc::new(open_node(&config)?);
     let layout = node.layout();
     say(&format!(
         "data in {}: drive {} logical / {} physical, {} for uncompressed volumes; {} volume(s)",
@@ -60,9 +67,6 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         "compression: software {} (compression.software), drive {} (drive.compression)",
         running.software_compression, running.drive_compression
     ));
-    check_local(&config.listen.native, "native")?;
-    check_local(&config.listen.nbd, "nbd")?;
-    check_local(&config.listen.metrics, "metrics")?;
     let native = if config.listen.native.is_empty() {
         None
     } else {
@@ -115,6 +119,30 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Opens the node; a node already running there is said as it is, other failures name the
+/// directory.
+fn open_node(config: &Config) -> Result<Node> {
+    Node::open(config, &mut |line| say(line)).map_err(|e| match e {
+        tundra_node::Error::Exists(message) => anyhow::anyhow!(message),
+        e => anyhow::Error::new(e).context(format!("opening the node in {}", config.data_dir.display())),
+    })
+}
+
+/// Binds each configured address for a moment: a port in use is refused before anything is
+/// written.
+fn check_ports(config: &Config) -> Result<()> {
+    for (addr, what) in
+        [(&config.listen.native, "native"), (&config.listen.nbd, "nbd"), (&config.listen.metrics, "metrics")]
+    {
+        if !addr.is_empty() {
+            std::net::TcpListener::bind(addr.as_str()).with_context(|| {
+                format!("listen.{what} = {addr:?} cannot be used (is another node running?); choose another port")
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// The node listens on loopback unless configured otherwise; a non-local address is refused
 /// until the protocols have authentication.
 fn check_local(addr: &str, what: &str) -> Result<()> {
@@ -146,8 +174,7 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
     if !config.data_dir.join("layout.toml").exists() {
         bail!("{} holds no Tundra node (no layout.toml)", config.data_dir.display());
     }
-    let node = Node::open(&config, &mut |line| say(line))
-        .with_context(|| format!("opening {} (is the node still running?)", config.data_dir.display()))?;
+    let node = open_node(&config)?;
     let reports = node.check()?;
     let damaged: usize = reports.iter().map(|(_, r)| r.damaged.len()).sum();
     if args.json {

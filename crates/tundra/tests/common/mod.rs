@@ -13,11 +13,16 @@ pub fn succeeds(args: &[&str]) -> Output {
     out
 }
 
-/// Runs tundra and requires a failure whose `tundra: ` message contains `needle`.
-pub fn fails(args: &[&str], needle: &str) {
+/// Runs tundra and requires a failure whose `tundra: ` message contains `needle` and names its
+/// class once (never `INVALID: invalid request: ...`); returns the message.
+pub fn fails(args: &[&str], needle: &str) -> String {
     let out = tundra(args);
     assert!(!out.status.success(), "tundra {args:?} should fail");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(stderr.starts_with("tundra: "), "{stderr}");
     assert!(stderr.contains(needle), "tundra {args:?}: expected {needle:?} in {stderr}");
+    for class in ["invalid request: ", "no space: "] {
+        assert!(!stderr.contains(class), "tundra {args:?} names its class twice: {stderr}");
+    }
+    stderr
 }
