@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{fails, succeeds, tundra};
+use common::{fails, fails_once, succeeds, tundra};
 use common_serve::*;
 use tundra_proto::{Status, VolumeMode, VolumeSpec, WriteMode};
 
@@ -788,7 +788,7 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
         (&["volume", "resize", "nope", "--size", "16MiB"], "no volume named \"nope\""),
     ];
     for (args, needle) in refused {
-        fails(&node.with_addr(args), needle);
+        fails_once(&node.with_addr(args), needle);
         assert_eq!(volume_list(&node), before, "after tundra {args:?}");
     }
     let long = "x".repeat(65);
@@ -798,7 +798,7 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
     fails(&node.with_addr(&["volume", "stats", "nope"]), "no volume named \"nope\"");
     // A node that is not there.
     let nowhere = unused_addr().to_string();
-    let message = fails(&["volume", "list", "--addr", &nowhere], "is `tundra serve` running?");
+    let message = fails_once(&["volume", "list", "--addr", &nowhere], "is `tundra serve` running?");
     assert_eq!(message.matches("refused").count(), 1, "the reason said once: {message}");
     fails(&["stats", "--addr", &nowhere], "is `tundra serve` running?");
     // A malformed command line is the parser's: exit status 2.
