@@ -96,10 +96,17 @@ impl From<tundra_store::Error> for Error {
         use tundra_store::ErrorKind as K;
         // The protocols name the class (INVALID, NO_SPACE ...): the message is the store's
         // words alone, with the device's reason where there is one, so nothing is said twice.
-        let message = match std::error::Error::source(&e) {
-            Some(source) => format!("{}: {source}", e.message()),
-            None => e.message().to_string(),
-        };
+        let mut message = e.message().to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            // A device error restates the store's message with its own class: only what it
+            // adds (the system's reason underneath) is kept.
+            let text = c.to_string();
+            if !text.contains(message.as_str()) {
+                message = format!("{message}: {text}");
+            }
+            cause = c.source();
+        }
         match e.kind() {
             K::Invalid => Error::Invalid(message),
             K::Full => Error::NoSpace(message),

@@ -181,3 +181,18 @@ fn overcommit_is_refused_in_bytes_unless_configured() {
     let error = node.volume_create("huge", 1 << 40, 8192, VolumeMode::Normal).unwrap_err().to_string();
     assert!(error.contains("left") && error.contains("MiB") && !error.contains("pages of 4 KiB"), "{error}");
 }
+
+/// The protocols send the class as a status: the message says what happened once, with the
+/// system's reason where there is one.
+#[test]
+fn errors_name_their_reason_once() {
+    let full = Error::from(tundra_device::Error::drive_full("the drive has no free segment"));
+    assert_eq!(full.message(), "the drive has no free segment");
+    let io = std::io::Error::from_raw_os_error(5);
+    let failed = Error::from(tundra_device::Error::io("reading block 7", io));
+    assert!(matches!(failed, Error::Io(_)));
+    assert_eq!(failed.message().matches("reading block 7").count(), 1, "{failed}");
+    assert!(failed.message().contains("os error 5"), "{failed}");
+    let invalid = Error::from(tundra_store::Error::invalid("no volume 3"));
+    assert_eq!(invalid.to_string(), "no volume 3");
+}

@@ -53,6 +53,9 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         check_ports(&config)?;
     }
     let node = Arc::new(open_node(&config)?);
+    node.on_volume_deleted(Box::new(|name| {
+        say(&format!("volume {name:?} deleted; connections still open to it get errors (ESHUTDOWN over NBD)"))
+    }));
     let layout = node.layout();
     say(&format!(
         "data in {}: drive {} logical / {} physical, {} for uncompressed volumes; {} volume(s)",
