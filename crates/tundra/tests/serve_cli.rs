@@ -954,3 +954,54 @@ fn overcommit_is_an_explicit_choice_with_a_warning() {
     assert!(node.log().contains("overcommits the drive's logical space"), "{}", node.log());
     node.stop();
 }
+
+/// Issue 11, item 1, through a real NBD client: a connection to a volume that is deleted, then
+/// replaced by a new volume, gets ESHUTDOWN for reads, writes and flushes, and never sees or
+/// changes the new volume's data.
+#[test]
+fn a_connection_to_a_deleted_volume_never_reaches_its_successor() {
+    let site = Site::new();
+    let mut node = site.start();
+    node.create_volume("victim", "8MiB", "8KiB", "normal");
+    let tundra_bin = env!("CARGO_BIN_EXE_tundra");
+    let script = format!(
+        r#"
+import errno, subprocess
+def tundra(*args):
+    subprocess.run([{tundra_bin:?}, *args, "--addr", {addr:?}], check=True, capture_output=True)
+def expect_shutdown(call, *args):
+    try:
+        call(*args)
+    except nbd.Error as e:
+        assert e.errno == "ESHUTDOWN", (call.__name__, e.errno, e.string)
+        return
+    raise AssertionError("%s on a deleted volume succeeded" % call.__name__)
+h.pwrite(b"v" * 8192, 0)
+h.flush()
+tundra("volume", "delete", "victim")
+expect_shutdown(h.pwrite, b"w" * 8192, 8192)
+expect_shutdown(h.flush)
+tundra("volume", "create", "secret", "--size", "8MiB")
+s = nbd.NBD()
+s.connect_uri({secret:?})
+s.pwrite(b"S" * 16384, 0)
+s.flush()
+expect_shutdown(h.pread, 8192, 0)
+expect_shutdown(h.pwrite, b"x" * 8192, 0)
+expect_shutdown(h.zero, 8192, 8192)
+expect_shutdown(h.flush)
+assert s.pread(16384, 0) == b"S" * 16384, "the old connection changed the new volume"
+print("ok")
+"#,
+        addr = node.native.to_string(),
+        secret = node.uri("secret"),
+    );
+    let out = run(tool("nbdsh", site.scratch()).args(["-u", &node.uri("victim"), "-c", &script]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let list = volume_list(&node);
+    assert_eq!(list[0]["name"], "secret");
+    assert!(list[0]["id"].as_u64() > Some(1), "the deleted volume's id was given again: {list}");
+    node.assert_alive();
+    node.stop();
+    fsck_clean(&site.data_dir());
+}
