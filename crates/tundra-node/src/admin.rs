@@ -158,9 +158,12 @@ impl Node {
         current.live.store(false, Ordering::Release);
         let _no_flush = self.writeback.flushing();
         self.writeback.discard_volume(current.volume.id);
-        let deleted = self.store(current.device).delete_volume(current.volume.id);
+        if let Err(error) = self.store(current.device).delete_volume(current.volume.id) {
+            // The journal refused the delete (the store has stopped): the volume stays.
+            current.live.store(true, Ordering::Release);
+            return Err(error.into());
+        }
         self.refresh_volumes();
-        deleted?;
         for listener in self.deleted_listeners.lock().iter() {
             listener(name);
         }
