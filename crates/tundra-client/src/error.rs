@@ -15,9 +15,11 @@ pub enum Error {
     /// refused this request. The connection stays usable.
     #[error("{status}: {message}")]
     Status { status: Status, message: String },
-    /// The connection failed: connect, read, write or timeout. It is unusable now.
+    /// The connection failed: connect, read, write or timeout. It is unusable now. (Not marked
+    /// as the source: the message already says it, and a chain printed in full would say it
+    /// twice.)
     #[error("connection failed: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// The peer broke the protocol or speaks another one. The connection is unusable now.
     #[error("protocol violation: {0}")]
     Protocol(String),
@@ -46,6 +48,12 @@ impl Error {
     /// True when the connection can no longer be used.
     pub fn is_connection_lost(&self) -> bool {
         matches!(self, Error::Io(_) | Error::Protocol(_) | Error::Closed { .. })
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(error: io::Error) -> Error {
+        Error::Io(error)
     }
 }
 

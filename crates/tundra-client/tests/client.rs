@@ -121,7 +121,16 @@ fn connecting_to_nothing_is_an_io_error() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    assert!(matches!(Client::connect(addr), Err(Error::Io(_))));
+    let Err(error) = Client::connect(addr) else { panic!("nothing listens there") };
+    assert!(matches!(error, Error::Io(_)), "{error}");
+    // The reason is said once, even when the whole chain of causes is printed.
+    let mut chain = error.to_string();
+    let mut cause = std::error::Error::source(&error);
+    while let Some(c) = cause {
+        chain.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    assert_eq!(chain.matches("refused").count(), 1, "{chain}");
 }
 
 #[test]

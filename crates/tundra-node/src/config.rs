@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tundra_codec::{DRIVE_TIE_BYTES_PER_US, SelectorConfig};
 use tundra_device::csd::CompressionMode;
+use tundra_device::size::{format_size, parse_size};
 use tundra_store::pages::SoftwareCompression;
 
 use crate::{Error, Result};
@@ -76,6 +77,10 @@ pub struct DriveConfig {
     pub logical: Option<String>,
     /// Whether the drive compresses the 4 KiB blocks it stores.
     pub compression: DriveCompression,
+    /// Whether compressed volumes may together be larger than the drive's logical space (their
+    /// pages must then compress to fit; writes fail with no space once they do not). Off by
+    /// default: such a volume is refused.
+    pub overcommit: bool,
 }
 
 /// The drive layer of seed 000 §5.3 (Figure 13): on compresses every 4 KiB block in the drive
@@ -112,6 +117,9 @@ impl DriveCompression {
 pub struct FastConfig {
     /// Space for uncompressed volumes; default: an eighth of the free space, between 256 MiB and 4 GiB.
     pub volumes: Option<String>,
+    /// Whether uncompressed volumes may together be larger than `volumes` (writes fail with no
+    /// space once it is full). Off by default: such a volume is refused.
+    pub overcommit: bool,
 }
 
 /// The software layer: which algorithm compresses whole pages, and Algorithm 1's thresholds
@@ -273,6 +281,82 @@ impl Config {
         }
         config.limits.nbd()?;
         config.limits.native()?;
+        config.validate()?;
         Ok(config)
+    }
+
+    /// Checks what can be checked before anything is written: addresses, sizes, and memory
+    /// against this machine's (the drive's sizes are checked when the directory is set up,
+    /// before it is created).
+    pub fn validate(&self) -> Result<()> {
+        for (key, addr) in
+            [("native", &self.listen.native), ("nbd", &self.listen.nbd), ("metrics", &self.listen.metrics)]
+        {
+            check_addr(key, addr)?;
+        }
+        for (key, text) in [("physical", &self.drive.physical), ("logical", &self.drive.logical)] {
+            if let Some(text) = text {
+                parse_size(text).map_err(|e| Error::Invalid(format!("[drive] {key} = {text:?}: {}", e.message())))?;
+            }
+        }
+        if let Some(text) = &self.fast.volumes {
+            parse_size(text).map_err(|e| Error::Invalid(format!("[fast] volumes = {text:?}: {}", e.message())))?;
+        }
+        let write_back = self.cache.write_back_bytes()?;
+        // Each page size on each device has its own page cache.
+        let page_cache = (self.cache.pages as u64).saturating_mul(2 * (8192 + 16384));
+        if let Some(memory) = physical_memory() {
+            let half = memory / 2;
+            if write_back > half {
+                return Err(Error::Invalid(format!(
+                    "[cache] write_back = {:?} is more than half of this machine's {} of memory; set it to                      at most {}",
+                    self.cache.write_back,
+                    format_size(memory),
+                    format_size(half)
+                )));
+            }
+            if page_cache > half {
+                return Err(Error::Invalid(format!(
+                    "[cache] pages = {} would take {} of memory (pages of 8 and 16 KiB on both devices), more                      than half of this machine's {}; set it to at most {}",
+                    self.cache.pages,
+                    format_size(page_cache),
+                    format_size(memory),
+                    half / (2 * (8192 + 16384))
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A listen address: empty (off), or an IP address and port; `localhost:PORT` is taken too.
+fn check_addr(key: &str, addr: &str) -> Result<()> {
+    if addr.is_empty() || addr.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    if let Some(("localhost", port)) = addr.rsplit_once(':')
+        && port.parse::<u16>().is_ok()
+    {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "[listen] {key} = {addr:?} is not an address: write IP:PORT (e.g. \"127.0.0.1:7807\"), or \"\" to \
+         turn that listener off"
+    )))
+}
+
+/// This machine's memory (MemTotal of /proc/meminfo), if it can be read.
+pub fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl CacheConfig {
+    /// `write_back` in bytes.
+    pub fn write_back_bytes(&self) -> Result<u64> {
+        parse_size(&self.write_back)
+            .map_err(|e| Error::Invalid(format!("[cache] write_back = {:?}: {}", self.write_back, e.message())))
     }
 }

@@ -103,7 +103,9 @@ impl Layout {
     fn choose(dir: &Path, config: &Config) -> Result<Layout> {
         let free = free_bytes(dir)?;
         let size = |text: &Option<String>, what: &str| -> Result<Option<u64>> {
-            text.as_deref().map(|t| parse_size(t).map_err(|e| Error::Invalid(format!("{what} {t:?}: {e}")))).transpose()
+            text.as_deref()
+                .map(|t| parse_size(t).map_err(|e| Error::Invalid(format!("{what} = {t:?}: {}", e.message()))))
+                .transpose()
         };
         let round = |bytes: u64| bytes / MIB * MIB;
         let physical = match size(&config.drive.physical, "[drive] physical")? {
@@ -126,6 +128,7 @@ impl Layout {
         }
         let block = |bytes: u64| bytes / BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES;
         let fast_volume_bytes = block(fast_volume_bytes);
+        check_map_memory(logical)?;
         let layout = Layout {
             format: FORMAT,
             drive_logical_bytes: block(logical),
@@ -137,10 +140,11 @@ impl Layout {
             fast_journal_log_blocks: 4096,
             fast_volume_bytes,
         };
-        let needed = layout.drive_physical_bytes + layout.fast_bytes();
+        let needed = layout.drive_format().geometry()?.total_bytes() + layout.fast_bytes();
         if needed > free {
             return Err(Error::NoSpace(format!(
-                "the node needs up to {} in {} but {} is free; set smaller sizes in the config",
+                "the node needs up to {} in {} (drive media, its map and the fast device with the \
+                 journal's checkpoints) but {} is free; set smaller sizes under [drive] and [fast] in the config",
                 format_size(needed),
                 dir.display(),
                 format_size(free)
@@ -150,7 +154,31 @@ impl Layout {
     }
 }
 
+/// Bytes of the drive's in-memory map per 4 KiB logical block (tundra-device's csd/map.rs).
+const MAP_ENTRY_BYTES: u64 = 7;
+
+/// The drive keeps a map of 7 bytes per 4 KiB logical block in memory: a logical size this
+/// machine cannot hold is refused before anything is written.
+fn check_map_memory(logical: u64) -> Result<()> {
+    let map = logical / BLOCK_SIZE_BYTES * MAP_ENTRY_BYTES;
+    let Some(memory) = crate::config::physical_memory() else { return Ok(()) };
+    if map > memory / 2 {
+        let most = memory / 2 / MAP_ENTRY_BYTES * BLOCK_SIZE_BYTES;
+        return Err(Error::Invalid(format!(
+            "[drive] logical {} needs {} of memory for the drive's map (7 bytes per 4 KiB block), more than \
+             half of this machine's {}; set logical to at most {}",
+            format_size(logical),
+            format_size(map),
+            format_size(memory),
+            format_size(most)
+        )));
+    }
+    Ok(())
+}
+
+/// The free space where `dir` is or will be: of its nearest existing ancestor.
 fn free_bytes(dir: &Path) -> Result<u64> {
+    let dir = dir.ancestors().find(|d| d.exists()).unwrap_or(Path::new("."));
     let stat =
         rustix::fs::statvfs(dir).map_err(|e| Error::Io(format!("reading the free space of {}: {e}", dir.display())))?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
@@ -171,13 +199,38 @@ pub fn read(dir: &Path) -> Result<Layout> {
     Ok(layout)
 }
 
-/// The directory's layout, setting it up if it has none: creates the two image files. Returns
-/// whether the devices are new and must be formatted; [`commit`] records the layout after.
-pub fn open_or_create(dir: &Path, config: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Layout, bool)> {
-    if dir.join(LAYOUT_FILE).exists() {
-        return Ok((read(dir)?, false));
+/// Takes the data directory's lock, held for as long as the returned file is open, so that two
+/// nodes never run on one directory.
+fn lock(dir: &Path) -> Result<std::fs::File> {
+    use rustix::fs::{FlockOperation, flock};
+    let file = std::fs::File::open(dir).map_err(|e| Error::Io(format!("opening {}: {e}", dir.display())))?;
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(Error::Exists(format!(
+            "a node is already running on {} (lock held); stop it first or use another --data-dir",
+            dir.display()
+        ))),
+        Err(e) => Err(Error::Io(format!("locking {}: {e}", dir.display()))),
+    }
+}
+
+/// The directory's layout, setting it up if it has none: the sizes are chosen and checked
+/// before the directory is created, then it is locked and the two image files created. Returns
+/// whether the devices are new and must be formatted ([`commit`] records the layout after), and
+/// the directory's lock.
+pub fn open_or_create(
+    dir: &Path,
+    config: &Config,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Layout, bool, std::fs::File)> {
+    let path = dir.join(LAYOUT_FILE);
+    if path.exists() {
+        let lock = lock(dir)?;
+        return Ok((read(dir)?, false, lock));
     }
     let layout = Layout::choose(dir, config)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
+    let lock = lock(dir)?;
     progress(&format!(
         "setting up {}: drive {} logical on {} physical ({}), fast device {} ({}), of which {} for \
          uncompressed volumes",
@@ -201,7 +254,7 @@ pub fn open_or_create(dir: &Path, config: &Config, progress: &mut dyn FnMut(&str
     drop(FileDevice::create(dir.join(DRIVE_FILE), media_bytes)?);
     let fast = FileDevice::create(dir.join(FAST_FILE), layout.fast_bytes())?;
     fast.flush()?;
-    Ok((layout, true))
+    Ok((layout, true, lock))
 }
 
 /// Records the layout: the last step of setting a directory up.

@@ -21,6 +21,7 @@
 //! Every write is durable when it returns (the store's journal commits it), so flush has nothing
 //! left to do but is kept for the protocols.
 
+mod admin;
 pub mod config;
 pub mod histogram;
 mod layout;
@@ -33,7 +34,7 @@ mod writeback;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -46,8 +47,9 @@ use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
 use tundra_store::ids::VolumeId;
 use tundra_store::pages::{CheckReport, CpuLoad, Pages};
 use tundra_store::store::{Store, TrimPolicy};
-use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
+use tundra_store::volume::VolumeMode;
 
+pub use admin::DeletedListener;
 pub use config::{Config, DriveCompression};
 use histogram::{Histogram, LatencySummary};
 pub use layout::Layout;
@@ -65,12 +67,27 @@ pub enum Error {
     Exists(String),
     #[error("{0}")]
     NoSpace(String),
-    #[error("{0}")]
+    #[error("damaged data: {0}")]
     Corrupted(String),
-    #[error("{0}")]
+    #[error("I/O error: {0}")]
     Io(String),
     #[error("{0}")]
     Closed(String),
+}
+
+impl Error {
+    /// The message without its class, for a protocol that sends the class as a status.
+    pub fn message(&self) -> &str {
+        match self {
+            Error::Invalid(m)
+            | Error::NotFound(m)
+            | Error::Exists(m)
+            | Error::NoSpace(m)
+            | Error::Corrupted(m)
+            | Error::Io(m)
+            | Error::Closed(m) => m,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -78,7 +95,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl From<tundra_store::Error> for Error {
     fn from(e: tundra_store::Error) -> Error {
         use tundra_store::ErrorKind as K;
-        let message = e.to_string();
+        // The protocols name the class (INVALID, NO_SPACE ...): the message is the store's
+        // words alone, with the device's reason where there is one, so nothing is said twice.
+        let mut message = e.message().to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            // A device error restates the store's message with its own class: only what it
+            // adds (the system's reason underneath) is kept.
+            let text = c.to_string();
+            if !text.contains(message.as_str()) {
+                message = format!("{message}: {text}");
+            }
+            cause = c.source();
+        }
         match e.kind() {
             K::Invalid => Error::Invalid(message),
             K::Full => Error::NoSpace(message),
@@ -111,9 +140,6 @@ pub enum WriteMode {
     None,
 }
 
-/// Hears the name of a deleted volume ([`Node::on_volume_deleted`]).
-pub type DeletedListener = Box<dyn Fn(&str) + Send + Sync>;
-
 /// Which device a volume lives on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -124,13 +150,16 @@ pub enum Device {
     Fast,
 }
 
-/// A volume and the page path that serves it.
+/// A volume and the page path that serves it, bound to the volume's identity: once the volume
+/// is deleted, every request made with this reference fails (admin.rs).
 #[derive(Clone)]
 pub struct VolumeRef {
-    pub volume: Volume,
+    pub volume: tundra_store::volume::Volume,
     pub device: Device,
     pages: Arc<Pages>,
     latency: Arc<VolumeLatency>,
+    /// Cleared when the volume is deleted.
+    live: Arc<AtomicBool>,
 }
 
 impl VolumeRef {
@@ -158,7 +187,14 @@ pub struct Node {
     /// Page paths per (device, page size).
     paths: BTreeMap<(Device, u32), Arc<Pages>>,
     volumes: RwLock<BTreeMap<VolumeId, VolumeRef>>,
-    latency: Mutex<BTreeMap<VolumeId, Arc<VolumeLatency>>>,
+    /// Each volume's latency histograms and liveness flag, kept across table rebuilds.
+    tracked: Mutex<BTreeMap<VolumeId, Tracked>>,
+    deleted_listeners: Mutex<Vec<DeletedListener>>,
+    /// Whether volumes may promise more than each device's space (`overcommit` in [drive] and
+    /// [fast]).
+    overcommit: Overcommit,
+    /// The data directory's lock, held while the node runs.
+    _lock: std::fs::File,
     /// Versions given to block-device writes, above every version stored.
     version: AtomicU64,
     /// Volume create, resize and delete one at a time.
@@ -166,10 +202,17 @@ pub struct Node {
     /// Block-device writes not yet flushed (writeback.rs).
     writeback: WriteBack,
     writeback_enabled: bool,
-    /// Told the name of every deleted volume.
-    deleted_listeners: Mutex<Vec<DeletedListener>>,
     configuration: Configuration,
     pub started: Instant,
+}
+
+/// A volume's latency histograms and liveness flag.
+type Tracked = (Arc<VolumeLatency>, Arc<AtomicBool>);
+
+#[derive(Clone, Copy, Debug)]
+struct Overcommit {
+    drive: bool,
+    fast: bool,
 }
 
 /// Which layers compress: the node's configuration as `tundra stats` reports it.
@@ -199,9 +242,9 @@ impl Node {
     /// [`Node::open`]; with `accept_loss` (`tundra repair --accept-loss`), a damaged journal
     /// log is truncated at the damage instead, and [`Node::recovery`] says what was dropped.
     pub fn open_with(config: &Config, progress: &mut dyn FnMut(&str), accept_loss: bool) -> Result<Node> {
+        config.validate()?;
         let dir = config.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
-        let (layout, fresh) = layout::open_or_create(&dir, config, progress)?;
+        let (layout, fresh, lock) = layout::open_or_create(&dir, config, progress)?;
         let drive_media = FileDevice::open(dir.join(layout::DRIVE_FILE))?;
         let csd_config = CsdConfig { compression: config.drive.compression.mode(), ..CsdConfig::default() };
         let drive = Arc::new(if fresh {
@@ -250,8 +293,7 @@ impl Node {
                 paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
             }
         }
-        let write_back_bytes = tundra_device::size::parse_size(&config.cache.write_back)
-            .map_err(|e| Error::Invalid(format!("cache.write_back = {:?}: {e}", config.cache.write_back)))?;
+        let write_back_bytes = config.cache.write_back_bytes()?;
         let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.version).max();
         let node = Node {
             data_dir: dir,
@@ -262,12 +304,14 @@ impl Node {
             fast,
             paths,
             volumes: RwLock::new(BTreeMap::new()),
-            latency: Mutex::new(BTreeMap::new()),
+            tracked: Mutex::new(BTreeMap::new()),
+            deleted_listeners: Mutex::new(Vec::new()),
+            overcommit: Overcommit { drive: config.drive.overcommit, fast: config.fast.overcommit },
+            _lock: lock,
             version: AtomicU64::new(max_version.unwrap_or(0) + 1),
             admin: Mutex::new(()),
             writeback: WriteBack::new(write_back_bytes),
             writeback_enabled: write_back_bytes > 0,
-            deleted_listeners: Mutex::new(Vec::new()),
             configuration: Configuration {
                 software_compression: config.compression.software.name(),
                 drive_compression: config.drive.compression.name(),
@@ -298,144 +342,11 @@ impl Node {
         }
     }
 
-    /// Rebuilds the volume table from the two stores.
-    fn refresh_volumes(&self) {
-        let mut table = BTreeMap::new();
-        let mut latency = self.latency.lock();
-        for device in [Device::Drive, Device::Fast] {
-            for volume in self.store(device).volumes() {
-                let pages = self.paths[&(device, volume.page_size)].clone();
-                let latency = latency.entry(volume.id).or_default().clone();
-                table.insert(volume.id, VolumeRef { volume, device, pages, latency });
-            }
-        }
-        latency.retain(|id, _| table.contains_key(id));
-        *self.volumes.write() = table;
-    }
-
-    pub fn volumes(&self) -> Vec<VolumeRef> {
-        self.volumes.read().values().cloned().collect()
-    }
-
-    pub fn volume(&self, id: VolumeId) -> Result<VolumeRef> {
-        self.volumes.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no volume with id {}", id.0)))
-    }
-
-    pub fn volume_by_name(&self, name: &str) -> Result<VolumeRef> {
-        self.volumes
-            .read()
-            .values()
-            .find(|v| v.volume.name == name)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("no volume named {name:?}")))
-    }
-
-    /// Creates a volume: mode normal on the drive, mode none on the fast device.
-    pub fn volume_create(&self, name: &str, size_bytes: u64, page_size: u32, mode: VolumeMode) -> Result<VolumeRef> {
-        let _one = self.admin.lock();
-        if self.volume_by_name(name).is_ok() {
-            return Err(Error::Exists(format!("a volume named {name:?} exists")));
-        }
-        let device = if mode == VolumeMode::None { Device::Fast } else { Device::Drive };
-        // Never an id given before, on either store: a client still holding a deleted volume's
-        // id (an NBD connection, a native client) must never reach a newer volume.
-        let id =
-            [self.data.next_volume_id(), self.fast.next_volume_id(), VolumeId(1)].into_iter().max().expect("three");
-        let volume =
-            Volume { id, name: name.to_string(), size_bytes, page_size, chunk_bytes: DEFAULT_CHUNK_BYTES, mode };
-        volume.validate()?;
-        self.check_capacity(device, None, &volume)?;
-        self.store(device).create_volume(volume)?;
-        self.refresh_volumes();
-        self.volume(id)
-    }
-
-    /// Refuses a volume whose pages could not all be checkpointed in the journal: the node
-    /// promises every page of every volume can be written.
-    fn check_capacity(&self, device: Device, replacing: Option<VolumeId>, volume: &Volume) -> Result<()> {
-        let pages: u64 = self
-            .volumes
-            .read()
-            .values()
-            .filter(|v| v.device == device && Some(v.volume.id) != replacing)
-            .map(|v| v.volume.page_count())
-            .sum::<u64>()
-            + volume.page_count();
-        let limit = match device {
-            Device::Drive => self.layout.drive_page_limit(),
-            Device::Fast => self.layout.fast_page_limit(),
-        };
-        if pages > limit {
-            let what = match device {
-                Device::Drive => "compressed volumes",
-                Device::Fast => "uncompressed volumes (mode none)",
-            };
-            return Err(Error::NoSpace(format!(
-                "{what} on this node hold at most {limit} pages of 4 KiB-or-larger in all; \
-                 with this volume they would hold {pages}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Grows a volume (shrinking would drop data and is refused).
-    pub fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeRef> {
-        let _one = self.admin.lock();
-        let current = self.volume_by_name(name)?;
-        if size_bytes < current.volume.size_bytes {
-            return Err(Error::Invalid(format!(
-                "volume {name:?} is {} bytes; shrinking it to {size_bytes} would drop data and is not supported",
-                current.volume.size_bytes
-            )));
-        }
-        let grown = Volume { size_bytes, ..current.volume.clone() };
-        grown.validate()?;
-        self.check_capacity(current.device, Some(current.volume.id), &grown)?;
-        self.store(current.device).resize_volume(current.volume.id, size_bytes)?;
-        self.refresh_volumes();
-        self.volume(current.volume.id)
-    }
-
-    /// Deletes a volume and frees its pages. Every later request through a reference to it
-    /// fails (see [`Node::check_live`]), and the listeners registered with
-    /// [`Node::on_volume_deleted`] hear its name (the NBD server closes its connections).
-    pub fn volume_delete(&self, name: &str) -> Result<()> {
-        let _one = self.admin.lock();
-        let current = self.volume_by_name(name)?;
-        {
-            let _no_flush = self.writeback.flushing();
-            self.writeback.discard_volume(current.volume.id);
-            self.store(current.device).delete_volume(current.volume.id)?;
-            self.refresh_volumes();
-        }
-        for listener in self.deleted_listeners.lock().iter() {
-            listener(name);
-        }
-        Ok(())
-    }
-
-    /// Registers `listener` to hear the name of every volume deleted from now on.
-    pub fn on_volume_deleted(&self, listener: DeletedListener) {
-        self.deleted_listeners.lock().push(listener);
-    }
-
-    /// Refuses a request through a reference to a volume deleted since it was looked up. Ids
-    /// are never reused, so a volume whose id is still in the table is the same volume.
-    fn check_live(&self, volume: &VolumeRef) -> Result<()> {
-        if self.volumes.read().contains_key(&volume.volume.id) {
-            return Ok(());
-        }
-        Err(Error::Closed(format!(
-            "volume {:?} (id {}) was deleted; nothing written to it is kept: disconnect and use a volume that exists",
-            volume.volume.name, volume.volume.id.0
-        )))
-    }
-
     /// Reads page `index` of a volume into `out` (exactly one page; zeros if never written).
     /// A page written by a block-device client and not yet flushed is read from the write-back
     /// cache.
     pub fn read_page(&self, volume: &VolumeRef, index: u64, out: &mut [u8]) -> Result<()> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_len(volume, out.len())?;
         self.read_within(volume, index, 0, out)
     }
@@ -461,12 +372,12 @@ impl Node {
     /// Writes page `index` of a volume, durably (the page protocol: the engine chose the mode).
     pub fn write_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
         let started = Instant::now();
-        self.check_live(volume)?;
         check_len(volume, content.len())?;
         volume.volume.locate(index)?;
         let _no_flush = self.writeback.direct();
         // An older cached version must never overwrite this one later.
         let mut shard = self.writeback.lock((volume.volume.id, index));
+        volume.check_live()?;
         shard.remove();
         self.store_page(volume, index, mode, content)?;
         drop(shard);
@@ -492,7 +403,7 @@ impl Node {
 
     /// Removes `count` pages from `first`: they read as zeros and their blocks are freed.
     pub fn trim_pages(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_range(volume, first, count)?;
         let _no_flush = self.writeback.direct();
         for index in first..first + count {
@@ -511,7 +422,7 @@ impl Node {
         first: u64,
         count: u64,
     ) -> Result<tundra_store::pages::HeavyReport> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_range(volume, first, count)?;
         if volume.volume.mode == VolumeMode::None {
             return Err(Error::Invalid(format!("volume {:?} is never compressed", volume.volume.name)));
@@ -550,7 +461,7 @@ impl Node {
         let started = Instant::now();
         match volume {
             Some(volume) => {
-                self.check_live(volume)?;
+                volume.check_live()?;
                 self.flush_dirty_of(Some(volume.volume.id))?;
                 volume.latency.flush.observe(started.elapsed());
             }
@@ -659,7 +570,7 @@ impl Node {
 
     /// Reads `buf.len()` bytes at byte `offset` of a volume.
     pub fn read_bytes(&self, volume: &VolumeRef, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_bytes(volume, offset, buf.len() as u64)?;
         let page_size = volume.page_size();
         let mut done = 0usize;
@@ -679,7 +590,7 @@ impl Node {
     /// the cache off, whole aligned pages go through Algorithm 1 at once and pieces are merged
     /// into their stored page and stored raw (the none mode).
     pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_bytes(volume, offset, data.len() as u64)?;
         let page_size = volume.page_size();
         let mut done = 0usize;
@@ -693,6 +604,9 @@ impl Node {
             if self.writeback_enabled {
                 let (chunk, page) = volume.volume.locate(index)?;
                 let mut shard = self.writeback.lock((volume.volume.id, index));
+                // Checked again under the page's lock: a deleted volume's cached writes are
+                // dropped under the same locks, so none is cached after the drop.
+                volume.check_live()?;
                 if n == page_size {
                     shard.put(Content::Page(Arc::new(piece.to_vec())));
                 } else if let Some(cached) = shard.page_mut() {
@@ -739,7 +653,7 @@ impl Node {
     /// Zeroes `len` bytes at `offset`: whole pages are trimmed (they read as zeros and free
     /// their blocks), pieces of pages written as zeros.
     pub fn zero_bytes(&self, volume: &VolumeRef, offset: u64, len: u64) -> Result<()> {
-        self.check_live(volume)?;
+        volume.check_live()?;
         check_bytes(volume, offset, len)?;
         let page_size = volume.page_size() as u64;
         let mut at = offset;
@@ -753,7 +667,9 @@ impl Node {
                 let pages = (end - at) / page_size;
                 if self.writeback_enabled {
                     for i in index..index + pages {
-                        self.writeback.lock((volume.volume.id, i)).put(Content::Trimmed);
+                        let mut shard = self.writeback.lock((volume.volume.id, i));
+                        volume.check_live()?;
+                        shard.put(Content::Trimmed);
                     }
                 } else {
                     self.trim_pages(volume, index, pages)?;
@@ -896,6 +812,7 @@ impl Node {
                 free_segments: drive.free_segments,
                 segments: drive.segments,
             },
+            fast_volume_bytes: self.layout.fast_volume_bytes,
             index_memory_bytes: store.index_memory_bytes + self.fast.stats().index_memory_bytes,
             index_bytes_per_page: if store.pages == 0 {
                 0.0
@@ -1028,6 +945,8 @@ pub struct NodeStats {
     /// Both layers: logical over physical bytes.
     pub ratio: f64,
     pub drive: DriveStats,
+    /// The fast device's space for uncompressed volumes (mode none).
+    pub fast_volume_bytes: u64,
     pub index_memory_bytes: u64,
     pub index_bytes_per_page: f64,
     pub cache_hits: u64,

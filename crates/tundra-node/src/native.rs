@@ -31,7 +31,16 @@ fn service_error(e: Error) -> ServiceError {
         Error::Io(_) => Status::Io,
         Error::Closed(_) => Status::ShuttingDown,
     };
-    ServiceError::new(code, e.to_string())
+    ServiceError::new(code, e.message())
+}
+
+/// A request on a volume deleted while it ran answers NOT_FOUND, as a request naming the
+/// deleted volume's id does (ids are never reused): the client looks the volume up again.
+fn on_volume<T>(volume: &VolumeRef, result: crate::Result<T>) -> Result<T, ServiceError> {
+    result.map_err(|e| match e {
+        Error::Closed(m) if !volume.is_live() => ServiceError::new(Status::NotFound, m),
+        e => service_error(e),
+    })
 }
 
 fn info(v: &VolumeRef) -> VolumeInfo {
@@ -81,7 +90,7 @@ impl Service for NodeService {
     fn read_page(&self, volume: u32, page: u64, out: &mut Vec<u8>) -> Result<(), ServiceError> {
         let volume = self.volume(volume)?;
         out.resize(volume.page_size(), 0);
-        self.0.read_page(&volume, page, out).map_err(service_error)
+        on_volume(&volume, self.0.read_page(&volume, page, out))
     }
 
     fn write_page(
@@ -98,22 +107,24 @@ impl Service for NodeService {
             tundra_proto::WriteMode::Zstd => WriteMode::Zstd,
             tundra_proto::WriteMode::None => WriteMode::None,
         };
-        self.0.write_page(&volume, page, mode, data).map_err(service_error)
+        on_volume(&volume, self.0.write_page(&volume, page, mode, data))
     }
 
     fn trim(&self, volume: u32, first: u64, count: u64) -> Result<(), ServiceError> {
         let volume = self.volume(volume)?;
-        self.0.trim_pages(&volume, first, count).map_err(service_error)
+        on_volume(&volume, self.0.trim_pages(&volume, first, count))
     }
 
     fn flush(&self, volume: Option<u32>) -> Result<(), ServiceError> {
-        let volume = volume.map(|id| self.volume(id)).transpose()?;
-        self.0.flush(volume.as_ref()).map_err(service_error)
+        match volume.map(|id| self.volume(id)).transpose()? {
+            Some(volume) => on_volume(&volume, self.0.flush(Some(&volume))),
+            None => self.0.flush(None).map_err(service_error),
+        }
     }
 
     fn heavy_compress(&self, volume: u32, first: u64, count: u64) -> Result<HeavyResult, ServiceError> {
         let volume = self.volume(volume)?;
-        let r = self.0.heavy_compress(&volume, first, count).map_err(service_error)?;
+        let r = on_volume(&volume, self.0.heavy_compress(&volume, first, count))?;
         Ok(HeavyResult {
             pages: r.pages,
             segments: r.segments,

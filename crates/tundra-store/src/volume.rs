@@ -27,6 +27,30 @@ pub struct Volume {
     pub mode: VolumeMode,
 }
 
+/// Checks a name for a new volume: 1 to [`MAX_NAME_BYTES`] bytes of printable UTF-8. A name
+/// is printed by listings and used as an NBD export name, so a tab, newline or terminal escape
+/// in it would break both. (Checked when a volume is created, not when a journal is replayed,
+/// so that volumes named before the rule stay readable.)
+pub fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(Error::invalid(format!(
+            "volume name {name:?} is {} bytes; names are 1 to {MAX_NAME_BYTES} bytes",
+            name.len()
+        )));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(Error::invalid(format!(
+            "volume name {name:?} holds the control character {c:?}; use printable characters only"
+        )));
+    }
+    Ok(())
+}
+
+/// `name` with every control character escaped (`\t`, `\u{1b}`), safe to print to a terminal.
+pub fn printable(name: &str) -> String {
+    name.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 impl Volume {
     /// Checks the relations the store relies on; the error says what to change.
     pub fn validate(&self) -> Result<()> {
@@ -123,5 +147,15 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn names_with_control_characters_are_refused_and_printed_escaped() {
+        for bad in ["a\tb", "line\n", "\u{1b}[31mred", "del\u{7f}", "c1\u{9b}", ""] {
+            let error = validate_name(bad).unwrap_err();
+            assert!(!error.message().chars().any(|c| c.is_control()), "{error}");
+        }
+        validate_name("pg-data_01 ümlaut").unwrap();
+        assert_eq!(printable("a\tb\u{1b}"), "a\\tb\\u{1b}");
     }
 }

@@ -42,18 +42,17 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing the signal handlers")?;
     }
-    // Everything that can be checked without the data directory is, before it is touched: a
-    // node that cannot listen must not format a new directory first.
     for (addr, what) in
         [(&config.listen.native, "native"), (&config.listen.nbd, "nbd"), (&config.listen.metrics, "metrics")]
     {
         check_local(addr, what)?;
-        check_free(addr, what)?;
     }
-    let node = Arc::new(
-        Node::open(&config, &mut |line| say(line))
-            .with_context(|| format!("opening the node in {}", config.data_dir.display()))?,
-    );
+    // A new data directory is set up only once the ports are known to be free, so a second
+    // node started by mistake formats nothing.
+    if !config.data_dir.join("layout.toml").exists() {
+        check_ports(&config)?;
+    }
+    let node = Arc::new(open_node(&config)?);
     let layout = node.layout();
     say(&format!(
         "data in {}: drive {} logical / {} physical, {} for uncompressed volumes; {} volume(s)",
@@ -86,9 +85,7 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         let close_export = server.export_closer();
         node.on_volume_deleted(Box::new(move |name| {
             let closed = close_export(name);
-            if closed > 0 {
-                say(&format!("volume {name:?} deleted: closed its {closed} NBD connection(s)"));
-            }
+            say(&format!("volume {name:?} deleted: closed its {closed} NBD connection(s)"));
         }));
         let limits = server.limits();
         say(&format!(
@@ -134,21 +131,28 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Refuses an address another process listens on, with a message that says what to do. The
-/// listener is bound again when the server starts; this only keeps a node whose ports are
-/// taken (another node running, say) from setting up a data directory first.
-fn check_free(addr: &str, what: &str) -> Result<()> {
-    if addr.is_empty() {
-        return Ok(());
+/// Opens the node; a node already running there is said as it is, other failures name the
+/// directory.
+fn open_node(config: &Config) -> Result<Node> {
+    Node::open(config, &mut |line| say(line)).map_err(|e| match e {
+        tundra_node::Error::Exists(message) => anyhow::anyhow!(message),
+        e => anyhow::Error::new(e).context(format!("opening the node in {}", config.data_dir.display())),
+    })
+}
+
+/// Binds each configured address for a moment: a port in use is refused before anything is
+/// written.
+fn check_ports(config: &Config) -> Result<()> {
+    for (addr, what) in
+        [(&config.listen.native, "native"), (&config.listen.nbd, "nbd"), (&config.listen.metrics, "metrics")]
+    {
+        if !addr.is_empty() {
+            std::net::TcpListener::bind(addr.as_str()).with_context(|| {
+                format!("listen.{what} = {addr:?} cannot be used (is another node running?); choose another port")
+            })?;
+        }
     }
-    match std::net::TcpListener::bind(addr) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!(
-            "listen.{what} = {addr:?} is in use by another process (another Tundra node?); \
-             stop it, or set listen.{what} to a free address (\"\" turns this listener off)"
-        ),
-        Err(e) => bail!("listen.{what} = {addr:?}: cannot listen there: {e}"),
-    }
+    Ok(())
 }
 
 /// The node listens on loopback unless configured otherwise; a non-local address is refused
@@ -186,9 +190,10 @@ pub fn fsck(args: FsckArgs) -> Result<()> {
         Ok(node) => node,
         // Damage the node refuses to start with is fsck's finding, not a failure to run.
         Err(tundra_node::Error::Corrupted(problem)) => return refused(&problem, args.json),
+        // A node running on the directory holds its lock: said as it is.
+        Err(tundra_node::Error::Exists(message)) => bail!(message),
         Err(error) => {
-            return Err(error)
-                .with_context(|| format!("opening {} (is the node still running?)", config.data_dir.display()));
+            return Err(error).with_context(|| format!("opening {}", config.data_dir.display()));
         }
     };
     let recovered: Vec<String> = node.recovery().into_iter().flat_map(|(_, r)| r.notes).collect();

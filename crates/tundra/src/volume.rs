@@ -77,7 +77,7 @@ fn mode_name(mode: VolumeMode) -> &'static str {
 fn print_volume(v: &VolumeInfo) {
     println!(
         "{}\tid {}\t{}\t{} pages of {}\tmode {}",
-        v.name,
+        printable(&v.name),
         v.id,
         format_size(v.size_bytes),
         v.page_count(),
@@ -89,8 +89,8 @@ fn print_volume(v: &VolumeInfo) {
 pub fn run(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Create { name, size, page_size, mode, connect } => {
-            let size_bytes = parse_size(&size).with_context(|| format!("--size {size}"))?;
-            let page_size = parse_size(&page_size).with_context(|| format!("--page-size {page_size}"))?;
+            let size_bytes = size_arg("--size", &size)?;
+            let page_size = size_arg("--page-size", &page_size)?;
             if page_size != 8192 && page_size != 16384 {
                 bail!("--page-size {page_size}: pages are 8KiB or 16KiB");
             }
@@ -100,8 +100,10 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 other => bail!("--mode {other}: normal (compressed) or none (uncompressed)"),
             };
             let spec = VolumeSpec { name, size_bytes, page_size: page_size as u32, mode };
-            let v = connect.client()?.volume_create(&spec)?;
+            let mut client = connect.client()?;
+            let v = client.volume_create(&spec)?;
             print_volume(&v);
+            warn_if_overcommitted(&mut client, v.mode)?;
         }
         VolumeCommand::List { json, connect } => {
             let volumes = connect.client()?.volume_list()?;
@@ -114,13 +116,15 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             }
         }
         VolumeCommand::Resize { name, size, connect } => {
-            let size_bytes = parse_size(&size).with_context(|| format!("--size {size}"))?;
-            let v = connect.client()?.volume_resize(&name, size_bytes)?;
+            let size_bytes = size_arg("--size", &size)?;
+            let mut client = connect.client()?;
+            let v = client.volume_resize(&name, size_bytes)?;
             print_volume(&v);
+            warn_if_overcommitted(&mut client, v.mode)?;
         }
         VolumeCommand::Delete { name, connect } => {
             connect.client()?.volume_delete(&name)?;
-            println!("deleted {name}");
+            println!("deleted {}", printable(&name));
         }
         VolumeCommand::Stats { name, json, connect } => {
             let mut client = connect.client()?;
@@ -133,6 +137,46 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 print_volume_stats(&stats);
             }
         }
+    }
+    Ok(())
+}
+
+/// A size given on the command line, or what is wrong with it (said once).
+fn size_arg(flag: &str, text: &str) -> Result<u64> {
+    parse_size(text).map_err(|e| anyhow::anyhow!("{flag} {text}: {}", e.message()))
+}
+
+/// A name as it may be printed: control characters (tabs, newlines, terminal escapes) of a
+/// volume named before names were checked are shown escaped, never raw.
+fn printable(name: &str) -> String {
+    tundra_store::volume::printable(name)
+}
+
+/// The node accepts volumes beyond a device's space only when its config allows it
+/// (`overcommit = true` under [drive] or [fast]); the operator who asked hears it here too.
+fn warn_if_overcommitted(client: &mut Client, mode: VolumeMode) -> Result<()> {
+    let stats: serde_json::Value =
+        serde_json::from_str(&client.stats(None)?).context("the node's stats are not JSON")?;
+    let (device, capacity, space, section) = match mode {
+        VolumeMode::Normal => {
+            ("drive", num(&stats["drive"], "logical_capacity_bytes"), "drive's logical space", "drive")
+        }
+        VolumeMode::None => ("fast", num(&stats, "fast_volume_bytes"), "fast device's space for mode none", "fast"),
+    };
+    let total: f64 = stats["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["device"].as_str() == Some(device))
+        .map(|v| num(v, "size_bytes"))
+        .sum();
+    if total > capacity {
+        eprintln!(
+            "tundra: warning: these volumes take {} of the {} {space} (allowed by overcommit = true under \
+             [{section}]); writes fail with no space once their pages no longer fit",
+            format_size(total as u64),
+            format_size(capacity as u64)
+        );
     }
     Ok(())
 }
@@ -156,7 +200,7 @@ fn bytes(v: &serde_json::Value, key: &str) -> String {
 fn print_volume_stats(v: &serde_json::Value) {
     println!(
         "volume {} ({} mode, {} device): {} pages, {} logical -> {} after software ({:.2}x) -> {} physical ({:.2}x)",
-        v["name"].as_str().unwrap_or("?"),
+        printable(v["name"].as_str().unwrap_or("?")),
         v["mode"].as_str().unwrap_or("?"),
         v["device"].as_str().unwrap_or("?"),
         num(v, "pages"),

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{fails, succeeds, tundra};
+use common::{fails, fails_once, succeeds, tundra};
 use common_serve::*;
 use tundra_proto::{Status, VolumeMode, VolumeSpec, WriteMode};
 
@@ -770,7 +770,7 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
     node.create_volume("log", "4MiB", "16KiB", "none");
     let before = volume_list(&node);
     assert_eq!(before.as_array().map(Vec::len), Some(2), "{before}");
-    let refused: [(&[&str], &str); 11] = [
+    let refused: [(&[&str], &str); 14] = [
         (&["volume", "create", "one", "--size", "8MiB"], "a volume named \"one\" exists"),
         (&["volume", "create", "one", "--size", "16MiB", "--mode", "none"], "exists"),
         (&["volume", "create", "two", "--size", "abc"], "\"abc\" is not a size"),
@@ -779,12 +779,16 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
         (&["volume", "create", "two", "--size", "0"], "not a non-zero multiple of the page size"),
         (&["volume", "create", "two", "--size", "8MiB", "--page-size", "4KiB"], "pages are 8KiB or 16KiB"),
         (&["volume", "create", "two", "--size", "8MiB", "--mode", "zip"], "--mode zip"),
-        (&["volume", "create", "two", "--size", "64GiB"], "hold at most"),
-        (&["volume", "resize", "one", "--size", "4MiB"], "shrinking it to 4194304 would drop data"),
+        (&["volume", "create", "two", "--size", "64GiB"], "left and this volume needs 64.00 GiB"),
+        // Past the drive's 512 MiB of logical space: refused in bytes, saying how to allow it.
+        (&["volume", "create", "two", "--size", "600MiB"], "504.00 MiB free for this volume"),
+        (&["volume", "resize", "one", "--size", "600MiB"], "overcommit = true"),
+        (&["volume", "create", "tab\there", "--size", "8MiB"], "control character"),
+        (&["volume", "resize", "one", "--size", "4MiB"], "shrinking it to 4.00 MiB would drop data"),
         (&["volume", "resize", "nope", "--size", "16MiB"], "no volume named \"nope\""),
     ];
     for (args, needle) in refused {
-        fails(&node.with_addr(args), needle);
+        fails_once(&node.with_addr(args), needle);
         assert_eq!(volume_list(&node), before, "after tundra {args:?}");
     }
     let long = "x".repeat(65);
@@ -794,7 +798,8 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
     fails(&node.with_addr(&["volume", "stats", "nope"]), "no volume named \"nope\"");
     // A node that is not there.
     let nowhere = unused_addr().to_string();
-    fails(&["volume", "list", "--addr", &nowhere], "is `tundra serve` running?");
+    let message = fails_once(&["volume", "list", "--addr", &nowhere], "is `tundra serve` running?");
+    assert_eq!(message.matches("refused").count(), 1, "the reason said once: {message}");
     fails(&["stats", "--addr", &nowhere], "is `tundra serve` running?");
     // A malformed command line is the parser's: exit status 2.
     let out = tundra(&node.with_addr(&["volume", "create", "two"]));
@@ -802,9 +807,10 @@ fn volume_commands_refuse_bad_requests_and_change_nothing() {
     assert_eq!(volume_list(&node), before);
     // The running node's directory is locked: no second node, no fsck.
     let refused = site.start_refused();
-    assert!(refused.contains("in use by another process"), "{refused}");
+    assert!(refused.contains("a node is already running on"), "{refused}");
+    assert!(refused.contains("--data-dir") && !refused.contains("invalid request"), "{refused}");
     let dir = site.data_dir();
-    fails(&["fsck", "--data-dir", dir.to_str().expect("utf-8 path")], "is the node still running?");
+    fails(&["fsck", "--data-dir", dir.to_str().expect("utf-8 path")], "a node is already running on");
     assert_eq!(volume_list(&node), before);
 
     // What is allowed works: growing, then deleting.
@@ -903,6 +909,101 @@ fn nbdfuse_file_on_a_volume_reads_and_writes_through_the_kernel() {
     let path = path.to_str().expect("utf-8 path");
     run(tool("qemu-img", site.scratch()).args(["compare", "-f", "raw", "-F", "raw", path, &node.uri("fuse")]));
     drop(mount);
+    node.stop();
+    fsck_clean(&site.data_dir());
+}
+
+/// A second node on another directory but the running node's ports is refused before it
+/// sets anything up; so is every bad setting.
+#[test]
+fn a_refused_start_sets_nothing_up() {
+    let site = Site::new();
+    let node = site.start();
+    let other = site.scratch().join("other-data");
+    let config = site.scratch().join("same-ports.toml");
+    std::fs::write(
+        &config,
+        format!("[listen]\nnative = \"{}\"\nnbd = \"{}\"\nmetrics = \"\"\n", node.native, node.nbd),
+    )
+    .expect("write config");
+    let (config, other) = (config.to_str().expect("utf-8"), other.to_str().expect("utf-8"));
+    fails(&["serve", "--config", config, "--data-dir", other], "is another node running?");
+    assert!(!Path::new(other).exists(), "a directory was set up for a node that could not listen");
+    let bad = site.scratch().join("bad.toml");
+    for (text, needle) in [
+        ("[listen]\nnbd = \"nonsense\"\n", "[listen] nbd = \"nonsense\" is not an address"),
+        ("[cache]\nwrite_back = \"16TiB\"\n", "more than half of this machine's"),
+        ("[drive]\nphysical = \"8TiB\"\nlogical = \"4096TiB\"\n", "7 bytes per 4 KiB block"),
+    ] {
+        std::fs::write(&bad, text).expect("write config");
+        fails(&["serve", "--config", bad.to_str().expect("utf-8"), "--data-dir", other], needle);
+        assert!(!Path::new(other).exists(), "{text}: the data directory was created");
+    }
+    node.stop();
+}
+
+/// With `overcommit = true` under [drive], a volume beyond the drive's logical space is
+/// created, and both the command and the node's log warn about it.
+#[test]
+fn overcommit_is_an_explicit_choice_with_a_warning() {
+    let site = Site::new();
+    let node = site.start_with("overcommit = true");
+    let out = succeeds(&node.with_addr(&["volume", "create", "big", "--size", "600MiB"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warning") && stderr.contains("600.00 MiB of the 512.00 MiB"), "{stderr}");
+    assert!(node.log().contains("overcommits the drive's logical space"), "{}", node.log());
+    node.stop();
+}
+
+/// Issue 11, item 1, through a real NBD client: a connection to a volume that is deleted, then
+/// replaced by a new volume, is closed by the node (a request already on its way gets
+/// ESHUTDOWN, any later one finds the connection gone), and never sees or changes the new
+/// volume's data.
+#[test]
+fn a_connection_to_a_deleted_volume_never_reaches_its_successor() {
+    let site = Site::new();
+    let mut node = site.start();
+    node.create_volume("victim", "8MiB", "8KiB", "normal");
+    let tundra_bin = env!("CARGO_BIN_EXE_tundra");
+    let script = format!(
+        r#"
+import errno, subprocess
+def tundra(*args):
+    subprocess.run([{tundra_bin:?}, *args, "--addr", {addr:?}], check=True, capture_output=True)
+def expect_shutdown(call, *args):
+    try:
+        call(*args)
+    except nbd.Error as e:
+        closed = e.errno == "ENOTCONN" or "CLOSED" in e.string
+        assert e.errno == "ESHUTDOWN" or closed, (call.__name__, e.errno, e.string)
+        return
+    raise AssertionError("%s on a deleted volume succeeded" % call.__name__)
+h.pwrite(b"v" * 8192, 0)
+h.flush()
+tundra("volume", "delete", "victim")
+expect_shutdown(h.pwrite, b"w" * 8192, 8192)
+expect_shutdown(h.flush)
+tundra("volume", "create", "secret", "--size", "8MiB")
+s = nbd.NBD()
+s.connect_uri({secret:?})
+s.pwrite(b"S" * 16384, 0)
+s.flush()
+expect_shutdown(h.pread, 8192, 0)
+expect_shutdown(h.pwrite, b"x" * 8192, 0)
+expect_shutdown(h.zero, 8192, 8192)
+expect_shutdown(h.flush)
+assert s.pread(16384, 0) == b"S" * 16384, "the old connection changed the new volume"
+print("ok")
+"#,
+        addr = node.native.to_string(),
+        secret = node.uri("secret"),
+    );
+    let out = run(tool("nbdsh", site.scratch()).args(["-u", &node.uri("victim"), "-c", &script]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let list = volume_list(&node);
+    assert_eq!(list[0]["name"], "secret");
+    assert!(list[0]["id"].as_u64() > Some(1), "the deleted volume's id was given again: {list}");
+    node.assert_alive();
     node.stop();
     fsck_clean(&site.data_dir());
 }

@@ -65,6 +65,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
             }
             Record::VolumeIdFloor(floor) => next_volume_id = next_volume_id.max(floor),
             Record::VolumeDelete(id) => {
+                next_volume_id = next_volume_id.max(id.next());
                 volumes.remove(&id);
                 chunks.retain(|chunk, _| chunk.volume() != id);
                 damaged.retain(|(chunk, _), _| chunk.volume() != id);

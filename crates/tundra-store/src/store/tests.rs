@@ -484,3 +484,30 @@ fn the_invariant_check_catches_a_leak_a_lost_block_and_a_stray_extent() {
     let problem = store.check_invariants().expect_err("an extent released while in use");
     assert!(problem.contains("owned by"), "{problem}");
 }
+
+/// Volume ids are never reused: not after a delete, a checkpoint that no longer names the
+/// volume, or a reopen; the log alone raises the floor too.
+#[test]
+fn volume_ids_are_never_reused_across_deletes_checkpoints_and_reopens() {
+    let (data, fast, store) = new_store(4096);
+    let volume = |id: u32, name: &str| Volume { id: VolumeId(id), name: name.into(), ..test_volume(PAGE) };
+    assert_eq!(store.next_volume_id(), VolumeId(1), "test volume 0 exists");
+    store.create_volume(volume(5, "victim")).unwrap();
+    store.delete_volume(VolumeId(5)).unwrap();
+    assert_eq!(store.next_volume_id(), VolumeId(6));
+    let reused = store.create_volume(volume(5, "secret")).unwrap_err();
+    assert!(reused.message().contains("never reused"), "{reused}");
+    // The checkpoint no longer names volume 5: only the floor remembers it.
+    store.checkpoint().unwrap();
+    drop(store);
+    let store = open_store(data.clone(), fast.clone());
+    assert_eq!(store.next_volume_id(), VolumeId(6), "the floor survives a checkpoint and reopen");
+    assert!(store.create_volume(volume(5, "secret")).is_err());
+    store.create_volume(volume(6, "secret")).unwrap();
+    // The log alone (no checkpoint since) raises the floor too.
+    store.create_volume(volume(9, "third")).unwrap();
+    store.delete_volume(VolumeId(9)).unwrap();
+    drop(store);
+    let store = open_store(data, fast);
+    assert_eq!(store.next_volume_id(), VolumeId(10));
+}

@@ -13,11 +13,23 @@ pub fn succeeds(args: &[&str]) -> Output {
     out
 }
 
-/// Runs tundra and requires a failure whose `tundra: ` message contains `needle`.
-pub fn fails(args: &[&str], needle: &str) {
+/// Runs tundra and requires a failure whose `tundra: ` message contains `needle`; returns the
+/// message.
+pub fn fails(args: &[&str], needle: &str) -> String {
     let out = tundra(args);
     assert!(!out.status.success(), "tundra {args:?} should fail");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(stderr.starts_with("tundra: "), "{stderr}");
     assert!(stderr.contains(needle), "tundra {args:?}: expected {needle:?} in {stderr}");
+    stderr
+}
+
+/// [`fails`], and the message names its class once (never `INVALID: invalid request: ...`).
+#[allow(dead_code)]
+pub fn fails_once(args: &[&str], needle: &str) -> String {
+    let stderr = fails(args, needle);
+    for class in ["invalid request: ", "no space: "] {
+        assert!(!stderr.contains(class), "tundra {args:?} names its class twice: {stderr}");
+    }
+    stderr
 }

@@ -47,6 +47,11 @@ impl Site {
     /// Starts `tundra serve` on this site's data directory and waits until it answers on all
     /// three listeners. A port taken between choosing it and the node binding it is retried.
     pub fn start(&self) -> Node {
+        self.start_with("")
+    }
+
+    /// [`Site::start`] with more keys under `[drive]` (e.g. `overcommit = true`).
+    pub fn start_with(&self, drive_keys: &str) -> Node {
         for _ in 0..5 {
             let n = self.starts.get() + 1;
             self.starts.set(n);
@@ -55,7 +60,7 @@ impl Site {
             let text = format!(
                 "data_dir = {data:?}\n\
                  [listen]\nnative = \"{native}\"\nnbd = \"{nbd}\"\nmetrics = \"{metrics}\"\n\
-                 [drive]\nphysical = \"256MiB\"\n\
+                 [drive]\nphysical = \"256MiB\"\n{drive_keys}\n\
                  [fast]\nvolumes = \"256MiB\"\n",
                 data = self.data_dir().to_str().expect("utf-8 temp path"),
                 native = ports[0],
