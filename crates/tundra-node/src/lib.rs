@@ -252,6 +252,9 @@ impl Node {
         } else {
             CsdDevice::open(Arc::new(drive_media), csd_config)?
         });
+        for note in drive.recovery_notes() {
+            progress(&format!("the emulated drive in {}: {note}", layout::DRIVE_FILE));
+        }
         let fast_device: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(dir.join(layout::FAST_FILE))?);
         let slices = layout.fast_slices();
         let data_journal: Arc<dyn BlockDevice> =
@@ -725,7 +728,10 @@ impl Node {
 
     /// What recovery found and dealt with in each store's journal when the node opened.
     pub fn recovery(&self) -> Vec<(Device, tundra_store::store::Recovery)> {
-        vec![(Device::Drive, self.data.recovery().clone()), (Device::Fast, self.fast.recovery().clone())]
+        let mut drive = self.data.recovery().clone();
+        let notes = self.drive.recovery_notes().iter();
+        drive.notes.extend(notes.map(|note| format!("the emulated drive in {}: {note}", layout::DRIVE_FILE)));
+        vec![(Device::Drive, drive), (Device::Fast, self.fast.recovery().clone())]
     }
 
     /// Writes the write-back cache out and checkpoints both stores and the drive, so the next

@@ -105,7 +105,11 @@ impl Shared {
     fn relocate(&self, state: &mut State, record: Found) -> Result<()> {
         let header = record.header;
         if header.kind == RecordKind::Trim {
-            if header.seq > state.durable_checkpoint_seq {
+            // A trim record is dropped only once both checkpoints recovery may start from
+            // reflect it: the newest, and the one before, kept in case the newest is damaged.
+            // Dropped earlier, a fallback to the older checkpoint would bring the trimmed
+            // block's old data back.
+            if header.seq > trims_needed_after(state) {
                 state.append(self.media.as_ref(), HeadKind::Gc, header, &record.payload)?;
                 state.counters.gc_moved_bytes += header.record_bytes() as u64;
             }
@@ -219,4 +223,28 @@ impl Shared {
         let (segment, _) = self.geometry.split_location(entry.location);
         entry.location == block.location && entry.raw && state.segments[segment as usize].open_seq == block.open_seq
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The bug the fallback tests guard against, for showing they catch it: trim records
+    /// dropped as soon as the newest checkpoint reflects them.
+    static DROP_TRIMS_AT_NEWEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test-only: makes garbage collection on this thread drop trim records the older checkpoint
+/// still needs, as the drive's first format did.
+#[cfg(test)]
+pub(crate) fn set_drop_trims_at_newest(on: bool) {
+    DROP_TRIMS_AT_NEWEST.with(|flag| flag.set(on));
+}
+
+/// The sequence number at and below which a trim record is reflected in every checkpoint
+/// recovery may start from.
+fn trims_needed_after(state: &State) -> u64 {
+    #[cfg(test)]
+    if DROP_TRIMS_AT_NEWEST.with(|flag| flag.get()) {
+        return state.durable_checkpoint_seq;
+    }
+    state.retained_checkpoint_seq.min(state.durable_checkpoint_seq)
 }

@@ -192,6 +192,13 @@ impl Superblock {
         b
     }
 
+    /// Whether a slot starts with the superblock's magic: a slot that has it and does not
+    /// decode was a superblock once and is damaged; one without it never was one (or lost its
+    /// magic too).
+    pub fn has_magic(block: &[u8]) -> bool {
+        block.len() >= SUPERBLOCK_MAGIC.len() && &block[..SUPERBLOCK_MAGIC.len()] == SUPERBLOCK_MAGIC
+    }
+
     /// Decodes a superblock slot; `Ok(None)` when the slot holds no valid superblock.
     pub fn decode(block: &[u8]) -> Result<Option<Superblock>> {
         assert_eq!(block.len(), BLOCK_SIZE);

@@ -268,6 +268,8 @@ pub(crate) struct Shared {
 pub struct CsdDevice {
     shared: Arc<Shared>,
     worker: Option<JoinHandle<()>>,
+    /// What the open recovered around (a damaged superblock or checkpoint), for the operator.
+    recovery_notes: Vec<String>,
 }
 
 impl CsdDevice {
@@ -279,7 +281,7 @@ impl CsdDevice {
 
     /// Opens a formatted drive, recovering its map after a crash.
     pub fn open(media: Arc<dyn BlockDevice>, config: CsdConfig) -> Result<CsdDevice> {
-        let (geometry, state, cursor) = recovery::recover(media.as_ref())?;
+        let (geometry, state, cursor, notes) = recovery::recover(media.as_ref())?;
         let shared = Arc::new(Shared {
             media,
             geometry,
@@ -304,7 +306,13 @@ impl CsdDevice {
         } else {
             None
         };
-        Ok(CsdDevice { shared, worker })
+        Ok(CsdDevice { shared, worker, recovery_notes: notes.0 })
+    }
+
+    /// What opening the drive recovered around: a damaged superblock slot, or a damaged newest
+    /// checkpoint replaced by the one before it (with the longer replay). Empty normally.
+    pub fn recovery_notes(&self) -> &[String] {
+        &self.recovery_notes
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -744,5 +752,7 @@ fn decode_block(lba: u64, entry: MapEntry, open_seq: u64, bytes: &[u8], out: &mu
     }
 }
 
+#[cfg(test)]
+mod fallback_tests;
 #[cfg(test)]
 mod tests;

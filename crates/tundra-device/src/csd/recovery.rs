@@ -135,50 +135,137 @@ fn read_blocks(media: &dyn BlockDevice, byte_offset: u64, length: usize) -> Resu
     Ok(buf)
 }
 
-fn newest_superblock(media: &dyn BlockDevice) -> Result<Superblock> {
+/// What one superblock slot holds.
+enum Slot {
+    Valid(Superblock),
+    /// All zeros: never written (a drive formatted and not yet checkpointed twice).
+    Empty,
+    /// Not a superblock: no magic (other data, or a superblock whose magic was hit).
+    Foreign,
+    /// A superblock that fails its checksum or its fields' checks.
+    Damaged(String),
+}
+
+fn read_slot(block: &[u8]) -> Result<Slot> {
+    match Superblock::decode(block) {
+        Ok(Some(superblock)) => Ok(Slot::Valid(superblock)),
+        // A version this build does not read is no damage: it is said as it is.
+        Err(error) if error.kind() != crate::ErrorKind::Corrupted => Err(error),
+        Err(error) => Ok(Slot::Damaged(error.message().to_string())),
+        Ok(None) if Superblock::has_magic(block) => Ok(Slot::Damaged("its checksum fails".into())),
+        Ok(None) if block.iter().all(|&b| b == 0) => Ok(Slot::Empty),
+        Ok(None) => Ok(Slot::Foreign),
+    }
+}
+
+/// The valid superblocks, newest first; an error naming both slots when there is none.
+fn superblocks(media: &dyn BlockDevice) -> Result<(Vec<Superblock>, Vec<String>)> {
     if media.block_count() < 2 {
         return Err(Error::invalid("the media is too small to hold a drive"));
     }
     let blocks = read_blocks(media, 0, 2 * BLOCK_SIZE)?;
-    let first = Superblock::decode(&blocks[..BLOCK_SIZE])?;
-    let second = Superblock::decode(&blocks[BLOCK_SIZE..])?;
-    [first, second]
-        .into_iter()
-        .flatten()
-        .max_by_key(|s| s.generation)
-        .ok_or_else(|| Error::invalid("no valid superblock: this is not a formatted Tundra drive"))
+    let slots = [read_slot(&blocks[..BLOCK_SIZE])?, read_slot(&blocks[BLOCK_SIZE..])?];
+    let mut notes = Vec::new();
+    let mut valid = Vec::new();
+    for (index, slot) in slots.iter().enumerate() {
+        match slot {
+            Slot::Valid(superblock) => valid.push(superblock.clone()),
+            Slot::Damaged(why) => notes.push(format!("superblock slot {index} is damaged ({why})")),
+            Slot::Empty | Slot::Foreign => {}
+        }
+    }
+    valid.sort_unstable_by_key(|s| std::cmp::Reverse(s.generation));
+    if !valid.is_empty() {
+        return Ok((valid, notes));
+    }
+    let describe = |slot: &Slot| match slot {
+        Slot::Valid(_) => unreachable!("no slot is valid here"),
+        Slot::Empty => "empty".to_string(),
+        Slot::Foreign => "not a superblock".to_string(),
+        Slot::Damaged(why) => format!("damaged: {why}"),
+    };
+    let both = format!("slot 0 {}, slot 1 {}", describe(&slots[0]), describe(&slots[1]));
+    if slots.iter().any(|s| matches!(s, Slot::Damaged(_))) {
+        return Err(Error::corrupted(format!(
+            "both superblocks of the drive are unusable ({both}): the drive cannot be opened; \
+             restore its image from a copy"
+        )));
+    }
+    Err(Error::invalid(format!("no valid superblock: this is not a formatted Tundra drive ({both})")))
 }
 
-fn load_checkpoint(media: &dyn BlockDevice, superblock: &Superblock) -> Result<Map> {
+/// The map of the checkpoint `superblock` names, or why it cannot be used.
+fn load_checkpoint(media: &dyn BlockDevice, superblock: &Superblock) -> Result<std::result::Result<Map, String>> {
     let g = superblock.geometry;
     let slot = read_blocks(
         media,
         g.checkpoint_offset(superblock.checkpoint_slot),
         (g.checkpoint_blocks() * BLOCK_SIZE_BYTES) as usize,
     )?;
-    let header = CheckpointHeader::decode(&slot[..BLOCK_SIZE])
-        .ok_or_else(|| Error::corrupted("the checkpoint the superblock names does not verify"))?;
+    let Some(header) = CheckpointHeader::decode(&slot[..BLOCK_SIZE]) else {
+        return Ok(Err("its header does not verify".into()));
+    };
     if header.checkpoint_seq != superblock.checkpoint_seq || header.logical_blocks != g.logical_blocks {
-        return Err(Error::corrupted("the checkpoint does not match its superblock"));
+        return Ok(Err("its header does not match the superblock that names it".into()));
     }
     let map_bytes = &slot[BLOCK_SIZE..][..g.logical_blocks as usize * ENTRY_BYTES];
     if crc32c::crc32c(map_bytes) != header.map_crc {
-        return Err(Error::corrupted("the checkpoint's map fails its checksum"));
+        return Ok(Err("its map fails its checksum".into()));
     }
-    Map::from_bytes(g.logical_blocks, map_bytes.to_vec())
+    Ok(match Map::from_bytes(g.logical_blocks, map_bytes.to_vec()) {
+        Ok(map) => Ok(map),
+        Err(error) => Err(error.message().to_string()),
+    })
+}
+
+/// The newest superblock whose checkpoint verifies, with its map, and notes on what was
+/// damaged on the way: a damaged newest checkpoint (or superblock) falls back to the previous
+/// one, which the drive keeps usable until the next is durable (see gc.rs on trim records).
+fn newest_usable(media: &dyn BlockDevice) -> Result<(Superblock, Map, Vec<String>)> {
+    let (candidates, mut notes) = superblocks(media)?;
+    let mut refusals = Vec::new();
+    for superblock in candidates {
+        let g = superblock.geometry;
+        if media.block_count() < g.total_bytes() / BLOCK_SIZE_BYTES {
+            return Err(Error::invalid("the media is smaller than the drive's geometry"));
+        }
+        match load_checkpoint(media, &superblock)? {
+            Ok(map) => {
+                if !refusals.is_empty() {
+                    notes.push(format!(
+                        "{}; recovered from the checkpoint of generation {} (slot {}) and the records written since",
+                        refusals.join("; "),
+                        superblock.generation,
+                        superblock.checkpoint_slot
+                    ));
+                }
+                return Ok((superblock, map, notes));
+            }
+            Err(why) => refusals.push(format!(
+                "the checkpoint of generation {} (slot {}) is damaged: {why}",
+                superblock.generation, superblock.checkpoint_slot
+            )),
+        }
+    }
+    Err(Error::corrupted(format!(
+        "no checkpoint of the drive verifies: {}; the drive cannot be opened",
+        refusals.join("; ")
+    )))
 }
 
 /// A record to replay: (sequence, record header, unit address).
 type Replayed = (u64, RecordHeader, u64, u64);
 
-/// Reopens a drive: newest superblock, its checkpoint, then the records written since.
-pub fn recover(media: &dyn BlockDevice) -> Result<(Geometry, State, CheckpointCursor)> {
-    let superblock = newest_superblock(media)?;
+/// What recovery found and did beyond the usual: damaged superblocks or checkpoints it
+/// recovered around.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryNotes(pub Vec<String>);
+
+/// Reopens a drive: the newest superblock whose checkpoint verifies, that checkpoint, then the
+/// records written since.
+pub fn recover(media: &dyn BlockDevice) -> Result<(Geometry, State, CheckpointCursor, RecoveryNotes)> {
+    let (superblock, mut map, notes) = newest_usable(media)?;
     let g = superblock.geometry;
-    if media.block_count() < g.total_bytes() / BLOCK_SIZE_BYTES {
-        return Err(Error::invalid("the media is smaller than the drive's geometry"));
-    }
-    let mut map = load_checkpoint(media, &superblock)?;
     let headers = read_segment_headers(media, &g)?;
     let mut replay: Vec<Replayed> = Vec::new();
     let mut tails: Vec<Tail> = Vec::new();
@@ -219,10 +306,13 @@ pub fn recover(media: &dyn BlockDevice) -> Result<(Geometry, State, CheckpointCu
         }
     }
     let mut state = State::new(g, map, segments, max_seq + 1, superblock.checkpoint_seq);
+    // Until the next checkpoint is durable, recovery must still work from this one: no trim
+    // record newer than it may be collected (gc.rs).
+    state.retained_checkpoint_seq = superblock.checkpoint_seq;
     state.counters = superblock.counters;
     resume_heads(media, &mut state, tails)?;
     let cursor = CheckpointCursor { generation: superblock.generation, slot: superblock.checkpoint_slot };
-    Ok((g, state, cursor))
+    Ok((g, state, cursor, RecoveryNotes(notes)))
 }
 
 fn read_segment_headers(media: &dyn BlockDevice, g: &Geometry) -> Result<Vec<Option<SegmentHeader>>> {
@@ -378,6 +468,9 @@ impl Shared {
             return Err(error);
         }
         *cursor = CheckpointCursor { generation, slot };
+        // The checkpoint before this one stays the fallback should this one be damaged: its
+        // trim records stay until the next checkpoint (gc.rs).
+        state.retained_checkpoint_seq = state.durable_checkpoint_seq;
         state.durable_checkpoint_seq = checkpoint_seq;
         state.sealed_since_checkpoint = 0;
         state.counters.checkpoints += 1;

@@ -80,6 +80,9 @@ pub struct State {
     pub next_seq: u64,
     /// The checkpoint the superblock names: records up to this sequence are reflected in it.
     pub durable_checkpoint_seq: u64,
+    /// The checkpoint before it, which recovery falls back to if the newest is damaged: trim
+    /// records newer than this must survive garbage collection.
+    pub retained_checkpoint_seq: u64,
     pub live_bytes: u64,
     pub payload_bytes: u64,
     pub mapped_blocks: u64,
@@ -104,6 +107,7 @@ impl State {
             heads: [None, None],
             next_seq,
             durable_checkpoint_seq: checkpoint_seq,
+            retained_checkpoint_seq: checkpoint_seq,
             live_bytes: 0,
             payload_bytes: 0,
             mapped_blocks: 0,
