@@ -44,7 +44,7 @@ use tundra_device::csd::{CsdConfig, CsdDevice};
 use tundra_device::file::FileDevice;
 use tundra_device::slice::SliceDevice;
 use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
-use tundra_store::ids::VolumeId;
+use tundra_store::ids::{Lsn, VolumeId};
 use tundra_store::pages::{CheckReport, CpuLoad, Pages};
 use tundra_store::store::{Store, TrimPolicy};
 use tundra_store::volume::VolumeMode;
@@ -195,7 +195,8 @@ pub struct Node {
     overcommit: Overcommit,
     /// The data directory's lock, held while the node runs.
     _lock: std::fs::File,
-    /// Versions given to block-device writes, above every version stored.
+    /// The next LSN to give a write, above every LSN stored. Until volumes have redo streams the
+    /// node numbers writes itself, in the order it stores them.
     version: AtomicU64,
     /// Volume create, resize and delete one at a time.
     admin: Mutex<()>,
@@ -297,7 +298,7 @@ impl Node {
             }
         }
         let write_back_bytes = config.cache.write_back_bytes()?;
-        let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.version).max();
+        let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.lsn.0).max();
         let node = Node {
             data_dir: dir,
             layout,
@@ -388,18 +389,23 @@ impl Node {
         Ok(())
     }
 
+    /// The LSN for the next write the node stores.
+    fn next_lsn(&self) -> Lsn {
+        Lsn(self.version.fetch_add(1, Ordering::Relaxed))
+    }
+
     /// Compresses and stores one page: durable when it returns.
     fn store_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
         let (chunk, page) = volume.volume.locate(index)?;
-        let version = self.version.fetch_add(1, Ordering::Relaxed);
+        let lsn = self.next_lsn();
         let mode = if volume.volume.mode == VolumeMode::None { WriteMode::None } else { mode };
         match mode {
             WriteMode::Auto { update_fraction } => {
-                volume.pages.write_page(chunk, page, content, version, update_fraction)?;
+                volume.pages.write_page(chunk, page, content, lsn, update_fraction)?;
             }
-            WriteMode::Lz4 => volume.pages.write_page_with(chunk, page, content, version, Some(Algorithm::Lz4))?,
-            WriteMode::Zstd => volume.pages.write_page_with(chunk, page, content, version, Some(Algorithm::Zstd))?,
-            WriteMode::None => volume.pages.write_page_with(chunk, page, content, version, None)?,
+            WriteMode::Lz4 => volume.pages.write_page_with(chunk, page, content, lsn, Some(Algorithm::Lz4))?,
+            WriteMode::Zstd => volume.pages.write_page_with(chunk, page, content, lsn, Some(Algorithm::Zstd))?,
+            WriteMode::None => volume.pages.write_page_with(chunk, page, content, lsn, None)?,
         }
         Ok(())
     }
@@ -565,8 +571,7 @@ impl Node {
             let WriteMode::Auto { update_fraction } = self.block_write_mode(&volume, d.key.1) else {
                 unreachable!("block writes use Algorithm 1")
             };
-            let version = self.version.fetch_add(1, Ordering::Relaxed);
-            items.push((page, content.as_slice(), version, update_fraction));
+            items.push((page, content.as_slice(), self.next_lsn(), update_fraction));
         }
         Ok(volume.pages.write_pages(chunk, &items)?)
     }
@@ -630,8 +635,7 @@ impl Node {
                 self.store_page(volume, index, self.block_write_mode(volume, index), piece)?;
             } else {
                 let (chunk, page) = volume.volume.locate(index)?;
-                let version = self.version.fetch_add(1, Ordering::Relaxed);
-                volume.pages.write_partial(chunk, page, within, piece, version)?;
+                volume.pages.write_partial(chunk, page, within, piece, self.next_lsn())?;
             }
             volume.latency.page_write.observe(started.elapsed());
             done += n;

@@ -27,6 +27,19 @@ impl ChunkId {
     }
 }
 
+/// A log sequence number (seed 000 §2.1): the place of a change in a volume's redo stream.
+/// Every page records the LSN of its last change, and nothing that moves a page without
+/// changing it (heavy compression, re-compression) changes its LSN. Until volumes have redo
+/// streams, the node numbers writes in the order it stores them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(pub u64);
+
+impl std::fmt::Display for Lsn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// A volume: the logical space a database sees, cut into chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VolumeId(pub u32);

@@ -6,7 +6,7 @@
 //! vector of 24-byte entries indexed by page number, grown to the highest page written. That
 //! costs 24 bytes per page of the written range and needs no hashing on the read path.
 
-use crate::ids::{BlockRun, ExtentId, PageNo};
+use crate::ids::{BlockRun, ExtentId, Lsn, PageNo};
 
 /// How a page is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,13 +53,14 @@ pub struct PageEntry {
     pub stored_len: u16,
     /// crc32c of the uncompressed page, seeded with the page's address.
     pub checksum: u32,
-    pub version: u64,
+    /// The LSN of the page's last change.
+    pub lsn: Lsn,
 }
 
 /// The packed form kept in memory: 24 bytes, a zero `encoding` meaning "no page".
 #[derive(Clone, Copy, Default)]
 struct Slot {
-    version: u64,
+    lsn: u64,
     extent: u32,
     checksum: u32,
     stored_len: u16,
@@ -86,7 +87,7 @@ impl ChunkIndex {
             run: BlockRun::new(ExtentId(slot.extent), slot.offset, slot.count),
             stored_len: slot.stored_len,
             checksum: slot.checksum,
-            version: slot.version,
+            lsn: Lsn(slot.lsn),
         })
     }
 
@@ -100,7 +101,7 @@ impl ChunkIndex {
                     self.slots.resize(index + 1, Slot::default());
                 }
                 self.slots[index] = Slot {
-                    version: e.version,
+                    lsn: e.lsn.0,
                     extent: e.run.extent.0,
                     checksum: e.checksum,
                     stored_len: e.stored_len,
@@ -142,7 +143,7 @@ mod tests {
             run: BlockRun::new(ExtentId(extent), 3, 2),
             stored_len: 5000,
             checksum: 0xdead_beef,
-            version,
+            lsn: Lsn(version),
         }
     }
 

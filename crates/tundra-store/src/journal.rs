@@ -36,7 +36,7 @@ pub(crate) use recovery::set_drop_newest_record;
 pub use recovery::{Inspection, JournalPlace, LogDamage, inspect};
 
 use crate::ids::VolumeId;
-use crate::ids::{BlockRun, ChunkId, ExtentId, PageNo};
+use crate::ids::{BlockRun, ChunkId, ExtentId, Lsn, PageNo};
 use crate::index::{Encoding, PageEntry};
 use crate::volume::{MAX_NAME_BYTES, Volume, VolumeMode};
 use crate::{Error, Result};
@@ -81,7 +81,7 @@ impl Record {
                 out.push(entry.run.count);
                 out.extend_from_slice(&entry.stored_len.to_le_bytes());
                 out.extend_from_slice(&entry.checksum.to_le_bytes());
-                out.extend_from_slice(&entry.version.to_le_bytes());
+                out.extend_from_slice(&entry.lsn.0.to_le_bytes());
             }
             Record::PageClear { chunk, page } => {
                 out.push(TAG_PAGE_CLEAR);
@@ -138,7 +138,7 @@ impl Record {
                     run: BlockRun::new(extent, offset, count),
                     stored_len: r.u16()?,
                     checksum: r.u32()?,
-                    version: r.u64()?,
+                    lsn: Lsn(r.u64()?),
                 };
                 Record::PageSet { chunk, page, entry }
             }

@@ -22,7 +22,7 @@ use tundra_codec::{
 };
 
 use crate::cache::{CacheStats, PageCache};
-use crate::ids::{ChunkId, PageNo};
+use crate::ids::{ChunkId, Lsn, PageNo};
 use crate::index::Encoding;
 use crate::store::{HEAVY_HEADER_BYTES, PageImage, Store, page_checksum};
 use crate::{Error, Result};
@@ -242,8 +242,8 @@ impl Pages {
 
     /// Stores an image and drops the page's cached copy. The drop follows the index install, so
     /// a reader that cached the old version before the install is undone by it.
-    fn apply(&self, chunk: ChunkId, page: PageNo, image: &PageImage, version: u64) -> Result<()> {
-        self.store.apply_write(chunk, page, image, version)?;
+    fn apply(&self, chunk: ChunkId, page: PageNo, image: &PageImage, lsn: Lsn) -> Result<()> {
+        self.store.apply_write(chunk, page, image, lsn)?;
         self.cache.lock().invalidate((chunk, page));
         Ok(())
     }
@@ -277,7 +277,7 @@ impl Pages {
         chunk: ChunkId,
         page: PageNo,
         content: &[u8],
-        version: u64,
+        lsn: Lsn,
         update_fraction: Option<f64>,
     ) -> Result<Encoding> {
         self.check_page(chunk, content.len())?;
@@ -285,14 +285,14 @@ impl Pages {
         self.partial_raw.lock().remove(&(chunk, page));
         let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
         let encoded = self.encode_whole(chunk, content, wanted, &mut None)?;
-        self.store_encoded(chunk, page, content, encoded, version)
+        self.store_encoded(chunk, page, content, encoded, lsn)
     }
 
     /// Writes several whole pages of one chunk with one journal commit (a write-back cache's
     /// flush): each is compressed as [`Pages::write_page`] would (Algorithm 1 or the policy's
     /// algorithm, or raw on a volume of mode none), then all are stored together. Each item is
-    /// (page, content, version, update fraction); pages must be distinct.
-    pub fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], u64, Option<f64>)]) -> Result<()> {
+    /// (page, content, lsn, update fraction); pages must be distinct.
+    pub fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], Lsn, Option<f64>)]) -> Result<()> {
         for &(_, content, _, _) in pages {
             self.check_page(chunk, content.len())?;
         }
@@ -304,11 +304,11 @@ impl Pages {
         let mut cpu = None;
         let mut images = Vec::with_capacity(pages.len());
         let mut counters = Vec::with_capacity(pages.len());
-        for &(page, content, version, update_fraction) in pages {
+        for &(page, content, lsn, update_fraction) in pages {
             let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
             let encoded = self.encode_whole(chunk, content, wanted, &mut cpu)?;
             let (image, counter) = self.image(chunk, page, content, encoded);
-            images.push((page, image, version));
+            images.push((page, image, lsn));
             counters.push(counter);
         }
         self.store.apply_writes(chunk, &images)?;
@@ -353,10 +353,10 @@ impl Pages {
         page: PageNo,
         content: &[u8],
         encoded: EncodedPage,
-        version: u64,
+        lsn: Lsn,
     ) -> Result<Encoding> {
         let (image, counter) = self.image(chunk, page, content, encoded);
-        self.apply(chunk, page, &image, version)?;
+        self.apply(chunk, page, &image, lsn)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(image.encoding)
     }
@@ -370,20 +370,20 @@ impl Pages {
         chunk: ChunkId,
         page: PageNo,
         content: &[u8],
-        version: u64,
+        lsn: Lsn,
         algorithm: Option<Algorithm>,
     ) -> Result<()> {
         self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
         let encoded = self.encode_whole(chunk, content, Wanted::Fixed(algorithm), &mut None)?;
-        self.store_encoded(chunk, page, content, encoded, version).map(|_| ())
+        self.store_encoded(chunk, page, content, encoded, lsn).map(|_| ())
     }
 
     /// Writes `bytes` at `offset` inside a page (the none mode): the page is read, decompressed,
     /// merged and stored raw, and remembered for [`Pages::recompress_partial`]. A page that does
     /// not exist yet reads as zeros.
-    pub fn write_partial(&self, chunk: ChunkId, page: PageNo, offset: usize, bytes: &[u8], version: u64) -> Result<()> {
+    pub fn write_partial(&self, chunk: ChunkId, page: PageNo, offset: usize, bytes: &[u8], lsn: Lsn) -> Result<()> {
         let end = offset.checked_add(bytes.len()).filter(|&end| end <= self.page_size.bytes() && !bytes.is_empty());
         let Some(end) = end else {
             return Err(Error::invalid(format!(
@@ -398,7 +398,7 @@ impl Pages {
             None => vec![0u8; self.page_size.bytes()],
         };
         content[offset..end].copy_from_slice(bytes);
-        self.store_encoded(chunk, page, &content, raw(&content), version)?;
+        self.store_encoded(chunk, page, &content, raw(&content), lsn)?;
         self.partial_raw.lock().insert((chunk, page));
         Ok(())
     }
@@ -421,14 +421,14 @@ impl Pages {
             }
             // A full write since would have cleared the page from the set; a partial write
             // re-adds it. Writing the content read is safe under the page lock only if the page
-            // did not change in between, which the version check below ensures.
+            // did not change in between, which the entry check below ensures.
             let _one_writer = self.page_lock(chunk, page).lock();
             if self.store.entry(chunk, page) != Some(entry) {
                 continue;
             }
             let encoded = self.encode_whole(chunk, &content, Wanted::Select(PageHistory::FirstWrite), &mut None)?;
             if encoded.encoding != tundra_codec::Encoding::Raw {
-                self.store_encoded(chunk, page, &content, encoded, entry.version)?;
+                self.store_encoded(chunk, page, &content, encoded, entry.lsn)?;
                 done += 1;
             }
         }
@@ -623,7 +623,7 @@ impl Pages {
             }
             let Some(bytes) = self.read_page(chunk, page)? else { continue };
             before += u64::from(entry.run.count) * tundra_device::BLOCK_SIZE_BYTES;
-            present.push((page, page_checksum(chunk, page, &bytes)));
+            present.push((page, page_checksum(chunk, page, &bytes), entry.lsn));
             content.extend_from_slice(&bytes);
         }
         if present.is_empty() {
@@ -647,10 +647,10 @@ impl Pages {
         segment.extend_from_slice(&segment_nonce().to_le_bytes());
         segment.extend_from_slice(&frame);
         // Pages absent from the segment are not indexed by it: index them by position.
-        self.store.apply_heavy(chunk, &present, &segment, 1)?;
+        self.store.apply_heavy(chunk, &present, &segment)?;
         {
             let mut cache = self.cache.lock();
-            for &(page, _) in &present {
+            for &(page, _, _) in &present {
                 cache.invalidate((chunk, page));
             }
         }
@@ -773,7 +773,7 @@ mod tests {
         let (_, _, pages) = pages_on_a_drive(16384);
         let chunk = ChunkId(1);
         for p in 0..200u32 {
-            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 16384), 1, None).unwrap();
+            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 16384), Lsn(1), None).unwrap();
         }
         for p in 0..200u32 {
             assert_eq!(pages.read_page(chunk, PageNo(p)).unwrap().unwrap(), table_page(u64::from(p), 16384));
@@ -784,15 +784,15 @@ mod tests {
         assert_eq!(counts.written_raw, 0, "table pages compress");
         let stats = pages.store().stats();
         assert!(stats.stored_bytes < 200 * 16384 / 2, "software compression at least halves: {stats:?}");
-        assert!(pages.write_page(chunk, PageNo(0), &[0u8; 100], 2, None).is_err());
+        assert!(pages.write_page(chunk, PageNo(0), &[0u8; 100], Lsn(2), None).is_err());
     }
 
     #[test]
     fn a_corrupted_page_is_an_error_never_wrong_data() {
         let (_, _, pages) = pages_on_a_drive(8192);
         let chunk = ChunkId(2);
-        pages.write_page(chunk, PageNo(0), &table_page(1, 8192), 1, None).unwrap();
-        pages.write_page(chunk, PageNo(1), &table_page(2, 8192), 1, None).unwrap();
+        pages.write_page(chunk, PageNo(0), &table_page(1, 8192), Lsn(1), None).unwrap();
+        pages.write_page(chunk, PageNo(1), &table_page(2, 8192), Lsn(1), None).unwrap();
         let entry0 = pages.store().entry(chunk, PageNo(0)).unwrap();
         let entry1 = pages.store().entry(chunk, PageNo(1)).unwrap();
         // Page 1's bytes written where page 0 lives: valid compressed data, wrong page.
@@ -812,9 +812,9 @@ mod tests {
         let (_, _, pages) = pages_on_a_drive(16384);
         let chunk = ChunkId(5);
         let original = table_page(9, 16384);
-        pages.write_page(chunk, PageNo(0), &original, 1, None).unwrap();
-        pages.write_partial(chunk, PageNo(0), 100, b"patched", 2).unwrap();
-        pages.write_partial(chunk, PageNo(1), 16380, b"tail", 2).unwrap();
+        pages.write_page(chunk, PageNo(0), &original, Lsn(1), None).unwrap();
+        pages.write_partial(chunk, PageNo(0), 100, b"patched", Lsn(2)).unwrap();
+        pages.write_partial(chunk, PageNo(1), 16380, b"tail", Lsn(2)).unwrap();
         let mut expected = original.clone();
         expected[100..107].copy_from_slice(b"patched");
         assert_eq!(pages.read_page(chunk, PageNo(0)).unwrap().unwrap(), expected);
@@ -827,7 +827,7 @@ mod tests {
         assert_eq!(pages.read_page(chunk, PageNo(0)).unwrap().unwrap(), expected);
         assert_eq!(pages.recompress_partial().unwrap(), 0);
         for (offset, len) in [(16384, 1), (16380, 5), (0, 0)] {
-            let err = pages.write_partial(chunk, PageNo(0), offset, &vec![1u8; len], 3).unwrap_err();
+            let err = pages.write_partial(chunk, PageNo(0), offset, &vec![1u8; len], Lsn(3)).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::Invalid);
         }
     }
@@ -849,16 +849,16 @@ mod tests {
             let chunk = ChunkId(3);
             let contents: Vec<Vec<u8>> = (0..12u64).map(|p| table_page(p + 40, 16384)).collect();
             for p in 0..4u32 {
-                pages.write_page(chunk, PageNo(p), &contents[p as usize], 1, None).unwrap();
+                pages.write_page(chunk, PageNo(p), &contents[p as usize], Lsn(1), None).unwrap();
             }
-            let items: Vec<_> = (4..8u32).map(|p| (PageNo(p), contents[p as usize].as_slice(), 1, None)).collect();
+            let items: Vec<_> = (4..8u32).map(|p| (PageNo(p), contents[p as usize].as_slice(), Lsn(1), None)).collect();
             pages.write_pages(chunk, &items).unwrap();
             // A writer that names an algorithm (or raw) gets it only under Auto.
-            pages.write_page_with(chunk, PageNo(8), &contents[8], 1, Some(Algorithm::Zstd)).unwrap();
-            pages.write_page_with(chunk, PageNo(9), &contents[9], 1, Some(Algorithm::Lz4)).unwrap();
-            pages.write_page_with(chunk, PageNo(10), &contents[10], 1, None).unwrap();
+            pages.write_page_with(chunk, PageNo(8), &contents[8], Lsn(1), Some(Algorithm::Zstd)).unwrap();
+            pages.write_page_with(chunk, PageNo(9), &contents[9], Lsn(1), Some(Algorithm::Lz4)).unwrap();
+            pages.write_page_with(chunk, PageNo(10), &contents[10], Lsn(1), None).unwrap();
             // A partial write is stored raw, then the background pass compresses it again.
-            pages.write_partial(chunk, PageNo(11), 0, &contents[11][..100], 1).unwrap();
+            pages.write_partial(chunk, PageNo(11), 0, &contents[11][..100], Lsn(1)).unwrap();
             let recompressed = pages.recompress_partial().unwrap();
             let stored: Vec<Encoding> =
                 (0..12u32).map(|p| pages.store().entry(chunk, PageNo(p)).unwrap().encoding).collect();
@@ -891,7 +891,7 @@ mod tests {
                 scope.spawn(move || {
                     for i in 0..16usize {
                         let offset = (t * 16 + i) * 64;
-                        pages.write_partial(chunk, PageNo(0), offset, &[t as u8 + 1; 64], 1).unwrap();
+                        pages.write_partial(chunk, PageNo(0), offset, &[t as u8 + 1; 64], Lsn(1)).unwrap();
                     }
                 });
             }
@@ -949,7 +949,7 @@ mod tests {
                     for round in 0..60u32 {
                         for p in 0..8u32 {
                             let page = PageNo(t * 8 + p);
-                            pages.write_page_with(chunk, page, &content(t, p, round), 1, None).unwrap();
+                            pages.write_page_with(chunk, page, &content(t, p, round), Lsn(1), None).unwrap();
                         }
                     }
                 });
@@ -970,10 +970,10 @@ mod tests {
     fn a_batch_of_pages_is_stored_with_one_commit_or_not_at_all() {
         let (_, _, pages) = pages_on_a_drive(8192);
         let chunk = ChunkId(10);
-        pages.write_page(chunk, PageNo(3), &table_page(300, 8192), 1, None).unwrap();
+        pages.write_page(chunk, PageNo(3), &table_page(300, 8192), Lsn(1), None).unwrap();
         let contents: Vec<Vec<u8>> = (0..40u64).map(|p| table_page(p + 1000, 8192)).collect();
         let items: Vec<_> =
-            contents.iter().enumerate().map(|(p, c)| (PageNo(p as u32), c.as_slice(), 2, None)).collect();
+            contents.iter().enumerate().map(|(p, c)| (PageNo(p as u32), c.as_slice(), Lsn(2), None)).collect();
         pages.write_pages(chunk, &items).unwrap();
         for (p, content) in contents.iter().enumerate() {
             assert!(pages.read_page(chunk, PageNo(p as u32)).unwrap().unwrap() == *content, "page {p}");
@@ -982,7 +982,10 @@ mod tests {
         assert_eq!(counts.written_lz4 + counts.written_zstd + counts.written_raw, 41);
         // A batch with one page outside the volume stores nothing and leaks nothing.
         let before = pages.store().stats();
-        let bad = [(PageNo(50), contents[0].as_slice(), 3, None), (PageNo(u32::MAX), contents[1].as_slice(), 3, None)];
+        let bad = [
+            (PageNo(50), contents[0].as_slice(), Lsn(3), None),
+            (PageNo(u32::MAX), contents[1].as_slice(), Lsn(3), None),
+        ];
         assert!(pages.write_pages(chunk, &bad).is_err());
         assert_eq!(pages.read_page(chunk, PageNo(50)).unwrap(), None);
         assert_eq!(pages.store().stats().stored_bytes, before.stored_bytes);
@@ -994,13 +997,13 @@ mod tests {
     fn the_cache_hits_and_never_serves_an_old_version() {
         let (_, _, pages) = pages_on_a_drive(8192);
         let chunk = ChunkId(7);
-        pages.write_page(chunk, PageNo(3), &table_page(1, 8192), 1, None).unwrap();
+        pages.write_page(chunk, PageNo(3), &table_page(1, 8192), Lsn(1), None).unwrap();
         for _ in 0..5 {
             assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(1, 8192));
         }
         let stats = pages.cache_stats();
         assert_eq!((stats.hits, stats.misses), (4, 1));
-        pages.write_page(chunk, PageNo(3), &table_page(2, 8192), 2, None).unwrap();
+        pages.write_page(chunk, PageNo(3), &table_page(2, 8192), Lsn(2), None).unwrap();
         assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(2, 8192));
         pages.set_cache_pages(0);
         assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(2, 8192));
@@ -1012,8 +1015,8 @@ mod tests {
         let (_, _, pages) = pages_on_a_drive(8192);
         let chunk = ChunkId(8);
         for p in 0..20u32 {
-            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 8192), 1, None).unwrap();
-            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p) + 100, 8192), 2, None).unwrap();
+            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 8192), Lsn(1), None).unwrap();
+            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p) + 100, 8192), Lsn(2), None).unwrap();
         }
         let clean = pages.check().unwrap();
         assert_eq!(clean.pages, 20);
@@ -1031,11 +1034,18 @@ mod tests {
         let (_, _, pages) = pages_on_a_drive(16384);
         let chunk = ChunkId(9);
         for p in 0..64u32 {
-            pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 16384), 1, None).unwrap();
+            pages
+                .write_page(chunk, PageNo(p), &table_page(u64::from(p), 16384), Lsn(100 + u64::from(p)), None)
+                .unwrap();
         }
         pages.trim_page(chunk, PageNo(10)).unwrap();
         let before = pages.store().stats().stored_bytes;
         let report = pages.heavy_compress(chunk, PageNo(0), 64).unwrap();
+        // Archiving changes no page: each keeps the LSN of its last change.
+        for p in (0..64u32).filter(|&p| p != 10) {
+            let entry = pages.store().entry(chunk, PageNo(p)).unwrap();
+            assert_eq!((entry.encoding, entry.lsn), (Encoding::Heavy, Lsn(100 + u64::from(p))), "page {p}");
+        }
         assert_eq!(report.pages, 63);
         assert!(report.segments >= 2, "512 KiB groups: {report:?}");
         pages.store().release_freed().unwrap();
@@ -1050,7 +1060,7 @@ mod tests {
             }
         }
         // Rewriting one page of a segment moves it out; the segment lives on for the others.
-        pages.write_page(chunk, PageNo(3), &table_page(333, 16384), 2, None).unwrap();
+        pages.write_page(chunk, PageNo(3), &table_page(333, 16384), Lsn(2), None).unwrap();
         pages.trim_page(chunk, PageNo(4)).unwrap();
         assert_eq!(pages.read_page(chunk, PageNo(4)).unwrap(), None);
         pages.store().release_freed().unwrap();
@@ -1071,7 +1081,7 @@ mod tests {
         {
             let pages = pages_over(drive.clone(), fast.clone(), 8192);
             for p in 0..16u32 {
-                pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 8192), 1, None).unwrap();
+                pages.write_page(chunk, PageNo(p), &table_page(u64::from(p), 8192), Lsn(1), None).unwrap();
             }
             pages.heavy_compress(chunk, PageNo(0), 16).unwrap();
         }
@@ -1259,7 +1269,7 @@ mod tests {
                                 pages = rig.open(busy);
                             }
                             let data = content(kind, seed);
-                            pages.write_page(chunk_of(target), PageNo(u32::from(page)), &data, version, None).unwrap();
+                            pages.write_page(chunk_of(target), PageNo(u32::from(page)), &data, Lsn(version), None).unwrap();
                             model.insert((target, page), data);
                             let encoding = encoding_of(&pages, target, page);
                             if target == 2 || kind == 2 {
@@ -1273,7 +1283,7 @@ mod tests {
                         Op::WriteWith { target, page, content: kind, seed, algorithm } => {
                             let data = content(kind, seed);
                             let algorithm = [Some(Algorithm::Lz4), Some(Algorithm::Zstd), None][usize::from(algorithm)];
-                            pages.write_page_with(chunk_of(target), PageNo(u32::from(page)), &data, version, algorithm).unwrap();
+                            pages.write_page_with(chunk_of(target), PageNo(u32::from(page)), &data, Lsn(version), algorithm).unwrap();
                             model.insert((target, page), data);
                             let encoding = encoding_of(&pages, target, page);
                             if target == 2 || algorithm.is_none() {
@@ -1290,7 +1300,7 @@ mod tests {
                             let items: Vec<_> = datas
                                 .iter()
                                 .enumerate()
-                                .map(|(i, d)| (PageNo(u32::from(first) + i as u32), d.as_slice(), version, None))
+                                .map(|(i, d)| (PageNo(u32::from(first) + i as u32), d.as_slice(), Lsn(version), None))
                                 .collect();
                             pages.write_pages(chunk_of(target), &items).unwrap();
                             for (i, d) in datas.into_iter().enumerate() {
@@ -1304,7 +1314,7 @@ mod tests {
                             let offset = usize::from(offset);
                             let len = usize::from(len).min(PAGE - offset);
                             let bytes: Vec<u8> = content(2, seed)[..len].to_vec();
-                            pages.write_partial(chunk_of(target), PageNo(u32::from(page)), offset, &bytes, version).unwrap();
+                            pages.write_partial(chunk_of(target), PageNo(u32::from(page)), offset, &bytes, Lsn(version)).unwrap();
                             let entry = model.entry((target, page)).or_insert_with(|| vec![0u8; PAGE]);
                             entry[offset..offset + len].copy_from_slice(&bytes);
                             prop_assert_eq!(encoding_of(&pages, target, page), Encoding::Raw, "a partial write stores the page raw");
@@ -1444,14 +1454,14 @@ mod tests {
                             in_flight.entry(page).or_default().push(Some(merged.clone()));
                             let patch = merged[100..108].to_vec();
                             pages
-                                .write_partial(chunk, PageNo(page), 100, &patch, 1)
+                                .write_partial(chunk, PageNo(page), 100, &patch, Lsn(1))
                                 .map(|()| vec![(page, Some(merged))])
                         }
                         _ => {
                             let content = table_page(round * 1000 + crash * 100 + step, 8192);
                             in_flight.entry(page).or_default().push(Some(content.clone()));
                             pages
-                                .write_page(chunk, PageNo(page), &content, 1, None)
+                                .write_page(chunk, PageNo(page), &content, Lsn(1), None)
                                 .map(|_| vec![(page, Some(content))])
                         }
                     };

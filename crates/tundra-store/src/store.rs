@@ -26,7 +26,7 @@ use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::alloc::{ChunkBlocks, ExtentAllocator};
 use crate::buf::with_scratch;
-use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
+use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, Lsn, PageNo, VolumeId};
 use crate::index::{ChunkIndex, Encoding, PageEntry};
 use crate::journal::{Journal, JournalPlace, LogDamage, Record};
 use crate::volume::{Volume, VolumeMode};
@@ -345,19 +345,14 @@ impl Store {
     }
 
     /// Stores an encoded page: allocate, write and flush its blocks, journal, install, free the
-    /// old blocks. `version` is the caller's version of the page (an LSN, later).
-    pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, version: u64) -> Result<()> {
+    /// old blocks. `lsn` is the LSN of the change the image carries.
+    pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, lsn: Lsn) -> Result<()> {
         let volume = self.volume_of(chunk, page)?;
         let blocks = check_image(&volume, image)?;
         let run = self.write_run(chunk, &image.bytes, blocks)?;
         let stored_len = image.bytes.len();
-        let entry = PageEntry {
-            encoding: image.encoding,
-            run,
-            stored_len: stored_len as u16,
-            checksum: image.checksum,
-            version,
-        };
+        let entry =
+            PageEntry { encoding: image.encoding, run, stored_len: stored_len as u16, checksum: image.checksum, lsn };
         self.commit_and_install(chunk, &[(page, Some(entry))], &[run])
     }
 
@@ -367,7 +362,7 @@ impl Store {
     /// consecutive blocks where they are free, and blocks that follow each other on the device
     /// are written with one I/O. Every image is checked before anything is written; on an
     /// error nothing is installed and the blocks taken are freed.
-    pub fn apply_writes(&self, chunk: ChunkId, pages: &[(PageNo, PageImage, u64)]) -> Result<()> {
+    pub fn apply_writes(&self, chunk: ChunkId, pages: &[(PageNo, PageImage, Lsn)]) -> Result<()> {
         let mut counts = Vec::with_capacity(pages.len());
         for (page, image, _) in pages {
             counts.push(check_image(&self.volume_of(chunk, *page)?, image)?);
@@ -381,13 +376,13 @@ impl Store {
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
             .iter()
             .zip(&runs)
-            .map(|((page, image, version), &run)| {
+            .map(|((page, image, lsn), &run)| {
                 let entry = PageEntry {
                     encoding: image.encoding,
                     run,
                     stored_len: image.bytes.len() as u16,
                     checksum: image.checksum,
-                    version: *version,
+                    lsn: *lsn,
                 };
                 (*page, Some(entry))
             })
@@ -428,10 +423,11 @@ impl Store {
     }
 
     /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
-    /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums, in
-    /// order. Every page's entry points at the segment's run and its position in it.
-    pub fn apply_heavy(&self, chunk: ChunkId, pages: &[(PageNo, u32)], segment: &[u8], version: u64) -> Result<()> {
-        for &(page, _) in pages {
+    /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
+    /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
+    /// and keeps the page's LSN: archiving changes no page.
+    pub fn apply_heavy(&self, chunk: ChunkId, pages: &[(PageNo, u32, Lsn)], segment: &[u8]) -> Result<()> {
+        for &(page, _, _) in pages {
             let volume = self.volume_of(chunk, page)?;
             if volume.mode != VolumeMode::Normal {
                 return Err(Error::invalid(format!("volume {:?} is never compressed", volume.name)));
@@ -453,8 +449,8 @@ impl Store {
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
             .iter()
             .enumerate()
-            .map(|(i, &(page, checksum))| {
-                (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, version }))
+            .map(|(i, &(page, checksum, lsn))| {
+                (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
             })
             .collect();
         self.commit_and_install(chunk, &entries, &[run])

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tundra_device::BLOCK_SIZE;
 use tundra_device::mem::MemDevice;
-use tundra_store::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, ExtentId, PageNo, VolumeId};
+use tundra_store::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, ExtentId, Lsn, PageNo, VolumeId};
 use tundra_store::index::{Encoding, PageEntry};
 use tundra_store::journal::{Journal, JournalGeometry, Record};
 use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
@@ -34,7 +34,7 @@ fn page_set() -> impl Strategy<Value = Record> {
             let count = 1 + (u32::from(stored_len) % (EXTENT_BLOCKS - u32::from(offset))) as u8;
             let encoding = [Encoding::Raw, Encoding::Lz4, Encoding::Zstd, Encoding::Heavy][encoding];
             let run = BlockRun::new(ExtentId(extent), offset, count);
-            let entry = PageEntry { encoding, run, stored_len, checksum, version };
+            let entry = PageEntry { encoding, run, stored_len, checksum, lsn: Lsn(version) };
             Record::PageSet { chunk: ChunkId(chunk), page: PageNo(page), entry }
         },
     )
@@ -100,7 +100,7 @@ fn journal_media() -> Media {
     let chunk = ChunkId::new(VolumeId(1), 0);
     let page = |i: u32| {
         let run = BlockRun::new(ExtentId(i / 16), (i % 16) as u8 * 2, 2);
-        let entry = PageEntry { encoding: Encoding::Lz4, run, stored_len: 5000, checksum: i, version: u64::from(i) };
+        let entry = PageEntry { encoding: Encoding::Lz4, run, stored_len: 5000, checksum: i, lsn: Lsn(u64::from(i)) };
         Record::PageSet { chunk, page: PageNo(i % 128), entry }
     };
     journal.commit(&[Record::VolumeSet(volume.clone())]).expect("commit");

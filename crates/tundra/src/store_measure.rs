@@ -14,7 +14,7 @@ use tundra_codec::{Algorithm, PageCodec, Selector, SelectorConfig};
 use tundra_device::csd::{CsdConfig, CsdDevice, FormatOptions};
 use tundra_device::file::FileDevice;
 use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba};
-use tundra_store::ids::{ChunkId, VolumeId};
+use tundra_store::ids::{ChunkId, Lsn, VolumeId};
 use tundra_store::journal::{Journal, JournalGeometry};
 use tundra_store::pages::{CpuLoad, Pages};
 use tundra_store::store::Store;
@@ -231,9 +231,9 @@ fn measure_all(
             let (chunk, page_no): (ChunkId, _) = volume.locate(index)?;
             let write_started = Instant::now();
             match algorithm {
-                Some(forced) => pages_path.write_page_with(chunk, page_no, page, 1, forced)?,
+                Some(forced) => pages_path.write_page_with(chunk, page_no, page, Lsn(1), forced)?,
                 None => {
-                    pages_path.write_page(chunk, page_no, page, 1, None)?;
+                    pages_path.write_page(chunk, page_no, page, Lsn(1), None)?;
                 }
             }
             writes.push(write_started.elapsed());

@@ -19,7 +19,7 @@ fn set(page: u32, version: u64) -> Record {
         run: BlockRun::new(ExtentId(page / 4), (page % 4) as u8 * 8, 3),
         stored_len: 1234,
         checksum: page ^ 0x5555,
-        version,
+        lsn: Lsn(version),
     };
     Record::PageSet { chunk: ChunkId(7), page: PageNo(page), entry }
 }
@@ -331,7 +331,7 @@ fn accepting_the_loss_truncates_the_log_at_the_damage_and_reopens_cleanly() {
         else {
             panic!("page {page}: {record:?}")
         };
-        assert!(got.version <= latest.version, "page {page}: a version never committed");
+        assert!(got.lsn <= latest.lsn, "page {page}: a version never committed");
     }
     // The truncation spared the log the older checkpoint needs: were the newest checkpoint
     // damaged before the next one is taken, the fallback still gives the truncated state.

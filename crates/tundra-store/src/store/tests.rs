@@ -63,7 +63,12 @@ fn pages_round_trip_overwrite_trim_and_reopen() {
     for round in 0..5u64 {
         for page in 0..40u32 {
             store
-                .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), round * 100 + u64::from(page)), round)
+                .apply_write(
+                    chunk,
+                    PageNo(page),
+                    &raw_image(chunk, PageNo(page), round * 100 + u64::from(page)),
+                    Lsn(round),
+                )
                 .unwrap();
             store.maybe_checkpoint().unwrap();
         }
@@ -86,7 +91,7 @@ fn pages_round_trip_overwrite_trim_and_reopen() {
 fn blocks_written_but_never_journalled_are_trimmed_at_open() {
     let (data, fast, store) = new_store(256);
     let chunk = ChunkId(1);
-    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), 1).unwrap();
+    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), Lsn(1)).unwrap();
     drop(store);
     let referenced = data.usage().mapped_bytes;
     // As if a crash struck between a page's data write and its journal record.
@@ -103,9 +108,9 @@ fn bad_images_are_refused_and_change_nothing() {
     let chunk = ChunkId(1);
     let mut short = raw_image(chunk, PageNo(0), 1);
     short.bytes.truncate(100);
-    assert_eq!(store.apply_write(chunk, PageNo(0), &short, 1).unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(store.apply_write(chunk, PageNo(0), &short, Lsn(1)).unwrap_err().kind(), ErrorKind::Invalid);
     let too_long = PageImage { encoding: Encoding::Lz4, bytes: vec![1; PAGE + 1], checksum: 0 };
-    assert_eq!(store.apply_write(chunk, PageNo(0), &too_long, 1).unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(store.apply_write(chunk, PageNo(0), &too_long, Lsn(1)).unwrap_err().kind(), ErrorKind::Invalid);
     assert_eq!(store.stats().pages, 0);
     assert!(Store::open(Arc::new(MemDevice::new(64)), Arc::new(MemDevice::new(64))).is_err(), "no journal");
     let bad = Volume { page_size: 4096, ..test_volume(PAGE) };
@@ -113,7 +118,7 @@ fn bad_images_are_refused_and_change_nothing() {
     assert_eq!(store.create_volume(test_volume(PAGE)).unwrap_err().kind(), ErrorKind::Invalid, "exists");
     let outside = ChunkId::new(VolumeId(7), 0);
     let image = raw_image(outside, PageNo(0), 1);
-    assert_eq!(store.apply_write(outside, PageNo(0), &image, 1).unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(store.apply_write(outside, PageNo(0), &image, Lsn(1)).unwrap_err().kind(), ErrorKind::Invalid);
 }
 
 #[test]
@@ -122,7 +127,7 @@ fn a_full_data_device_is_a_clear_error() {
     let chunk = ChunkId(1);
     let mut written = 0;
     let error = loop {
-        match store.apply_write(chunk, PageNo(written), &raw_image(chunk, PageNo(written), 1), 1) {
+        match store.apply_write(chunk, PageNo(written), &raw_image(chunk, PageNo(written), 1), Lsn(1)) {
             Ok(()) => written += 1,
             Err(e) => break e,
         }
@@ -196,22 +201,22 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                     // A group of distinct pages with one commit, written in few I/Os.
                     let mut group: Vec<u32> = (0..1 + rng.below(4)).map(|i| (page + i as u32 * 5) % 12).collect();
                     group.dedup();
-                    let images: Vec<(PageNo, PageImage, u64)> = group
+                    let images: Vec<(PageNo, PageImage, Lsn)> = group
                         .iter()
                         .enumerate()
                         .map(|(i, &p)| {
                             let tag = tag + i as u64 * 1_000_000;
                             in_flight.entry(p).or_default().push(tag);
-                            (PageNo(p), raw_image(chunk, PageNo(p), tag), tag)
+                            (PageNo(p), raw_image(chunk, PageNo(p), tag), Lsn(tag))
                         })
                         .collect();
                     store
                         .apply_writes(chunk, &images)
-                        .map(|()| images.iter().map(|(p, _, tag)| (p.0, Some(*tag))).collect())
+                        .map(|()| images.iter().map(|(p, _, lsn)| (p.0, Some(lsn.0))).collect())
                 } else {
                     in_flight.entry(page).or_default().push(tag);
                     store
-                        .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), tag)
+                        .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), Lsn(tag))
                         .map(|()| vec![(page, Some(tag))])
                 };
                 let result = result.and_then(|r| store.maybe_checkpoint().map(|()| r));
@@ -255,8 +260,8 @@ fn grouped_pages_take_consecutive_blocks_and_deferred_trims_wait() {
         image.checksum = page_checksum(chunk, page, &image.bytes);
         image
     };
-    let images = |pages: std::ops::Range<u32>, tag: u64| -> Vec<(PageNo, PageImage, u64)> {
-        pages.map(|p| (PageNo(p), image(PageNo(p), tag + u64::from(p)), tag)).collect()
+    let images = |pages: std::ops::Range<u32>, tag: u64| -> Vec<(PageNo, PageImage, Lsn)> {
+        pages.map(|p| (PageNo(p), image(PageNo(p), tag + u64::from(p)), Lsn(tag))).collect()
     };
     store.apply_writes(chunk, &images(0..8, 100)).unwrap();
     let lbas: Vec<u64> = (0..8).map(|p| store.entry(chunk, PageNo(p)).unwrap().run.first_lba().0).collect();
@@ -304,20 +309,20 @@ fn volumes_are_created_resized_deleted_and_survive_reopen() {
     };
     store.create_volume(wal.clone()).unwrap();
     let wal_chunk = ChunkId::new(VolumeId(2), 0);
-    store.apply_write(wal_chunk, PageNo(5), &raw_image(wal_chunk, PageNo(5), 55), 1).unwrap();
+    store.apply_write(wal_chunk, PageNo(5), &raw_image(wal_chunk, PageNo(5), 55), Lsn(1)).unwrap();
     let compressed = PageImage { encoding: Encoding::Lz4, bytes: vec![1; 100], checksum: 0 };
-    assert_eq!(store.apply_write(wal_chunk, PageNo(6), &compressed, 1).unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(store.apply_write(wal_chunk, PageNo(6), &compressed, Lsn(1)).unwrap_err().kind(), ErrorKind::Invalid);
     assert_eq!(
-        store.apply_write(wal_chunk, PageNo(64), &raw_image(wal_chunk, PageNo(64), 1), 1).unwrap_err().kind(),
+        store.apply_write(wal_chunk, PageNo(64), &raw_image(wal_chunk, PageNo(64), 1), Lsn(1)).unwrap_err().kind(),
         ErrorKind::Invalid,
         "past the end"
     );
     store.resize_volume(VolumeId(2), 2 << 20).unwrap();
     let second = ChunkId::new(VolumeId(2), 1);
-    store.apply_write(second, PageNo(0), &raw_image(second, PageNo(0), 66), 1).unwrap();
+    store.apply_write(second, PageNo(0), &raw_image(second, PageNo(0), 66), Lsn(1)).unwrap();
     assert_eq!(store.resize_volume(VolumeId(2), 1 << 20).unwrap_err().kind(), ErrorKind::Invalid);
     let data_chunk = ChunkId(0);
-    store.apply_write(data_chunk, PageNo(1), &raw_image(data_chunk, PageNo(1), 11), 1).unwrap();
+    store.apply_write(data_chunk, PageNo(1), &raw_image(data_chunk, PageNo(1), 11), Lsn(1)).unwrap();
     drop(store);
     let store = open_store(data.clone(), fast.clone());
     assert_eq!(store.volume(VolumeId(2)).unwrap().size_bytes, 2 << 20);
@@ -361,14 +366,14 @@ fn a_damaged_log_block_is_refused_and_accepting_the_loss_gives_no_wrong_data() {
     let (data, fast, store) = new_store(4096);
     let chunk = ChunkId(2);
     for page in 0..60u32 {
-        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), u64::from(page)), 1).unwrap();
+        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), u64::from(page)), Lsn(1)).unwrap();
     }
     drop(store);
     let store = open_store(data.clone(), fast.clone());
     let mut latest: BTreeMap<u32, u64> = (0..60u32).map(|p| (p, u64::from(p))).collect();
     for page in (0..60u32).step_by(7) {
         let tag = 1000 + u64::from(page);
-        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), 2).unwrap();
+        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), Lsn(2)).unwrap();
         latest.insert(page, tag);
     }
     drop(store);
@@ -408,7 +413,7 @@ fn a_record_with_an_impossible_stored_length_leaves_only_its_page_unreadable() {
     let (data, fast, store) = new_store(1024);
     let chunk = ChunkId(1);
     for page in 0..4u32 {
-        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), u64::from(page)), 1).unwrap();
+        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), u64::from(page)), Lsn(1)).unwrap();
     }
     let bad = PageEntry { stored_len: 60_000, ..store.entry(chunk, PageNo(1)).unwrap() };
     store.journal.commit(&[Record::PageSet { chunk, page: PageNo(1), entry: bad }]).unwrap();
@@ -422,7 +427,7 @@ fn a_record_with_an_impossible_stored_length_leaves_only_its_page_unreadable() {
         assert_eq!(store.damaged_pages().len(), 1);
     }
     let store = open_store(data.clone(), fast.clone());
-    store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 11), 2).unwrap();
+    store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 11), Lsn(2)).unwrap();
     assert_eq!(tag_of(&store, chunk, PageNo(1)), Some(11));
     drop(store);
     let store = open_store(data, fast);
@@ -436,10 +441,10 @@ fn a_record_with_an_impossible_stored_length_leaves_only_its_page_unreadable() {
 fn the_store_oracle_fails_when_damage_ends_the_log() {
     let (data, fast, store) = new_store(1024);
     let chunk = ChunkId(0);
-    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), 1).unwrap();
+    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), Lsn(1)).unwrap();
     drop(store);
     let store = open_store(data.clone(), fast.clone());
-    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 2), 2).unwrap();
+    store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 2), Lsn(2)).unwrap();
     drop(store);
     let (lba, _) = newest_log_blocks(&fast)[0];
     let mut block = vec![0u8; BLOCK_SIZE];
@@ -461,7 +466,7 @@ fn the_invariant_check_catches_a_leak_a_lost_block_and_a_stray_extent() {
     let (_data, _fast, store) = new_store(1024);
     let chunk = ChunkId(0);
     for page in 0..6 {
-        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), 1), 1).unwrap();
+        store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), 1), Lsn(1)).unwrap();
     }
     store.trim_page(chunk, PageNo(2)).unwrap();
     store.release_freed().unwrap();
