@@ -18,8 +18,10 @@
 //! [`Pages`] for every write path and the background pass) and `[drive] compression` (the drive
 //! compresses its 4 KiB blocks or stores them as written). [`Node::configuration`] reports both.
 //!
-//! Every write is durable when it returns (the store's journal commits it), so flush has nothing
-//! left to do but is kept for the protocols.
+//! A page-protocol write is durable when it returns (the store's journal commits it). A
+//! block-device write goes to the write-back cache (writeback.rs, on by default) and is durable
+//! at the client's next flush or FUA, as on a disk with a volatile cache; `cache.write_back =
+//! "0"` makes every block-device write durable on return.
 
 mod admin;
 pub mod config;
