@@ -67,7 +67,9 @@ struct State {
     /// higher, never a deleted volume's.
     next_volume_id: VolumeId,
     extents: ExtentAllocator,
-    chunks: HashMap<ChunkId, Chunk>,
+    /// Ordered, so that everything iterated (checkpoints, release, statistics) goes in one
+    /// order on every run and replica.
+    chunks: BTreeMap<ChunkId, Chunk>,
     /// Runs replaced or trimmed whose journal records are durable, waiting for readers to
     /// finish before they are reused.
     pending_free: Vec<(ChunkId, BlockRun)>,

@@ -24,8 +24,7 @@ impl State {
             *bits |= run.mask();
             None
         };
-        let mut chunks: Vec<(&ChunkId, &super::Chunk)> = self.chunks.iter().collect();
-        chunks.sort_unstable_by_key(|(id, _)| **id);
+        let chunks: Vec<(&ChunkId, &super::Chunk)> = self.chunks.iter().collect();
         for &(&chunk, c) in &chunks {
             for (page, entry) in c.index.iter() {
                 if self.volumes.get(&chunk.volume()).is_none_or(|v| !v.contains(chunk, page)) {

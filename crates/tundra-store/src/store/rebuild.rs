@@ -53,7 +53,7 @@ pub(super) fn entry_problem(volume: &Volume, entry: &PageEntry) -> Option<String
 /// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
 /// sharing a block, or two chunks sharing an extent, is corruption.
 pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
-    let mut chunks: HashMap<ChunkId, Chunk> = HashMap::new();
+    let mut chunks: BTreeMap<ChunkId, Chunk> = BTreeMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
     let mut next_volume_id = VolumeId(0);
@@ -104,7 +104,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
 type HeavyRefs = HashMap<(ChunkId, BlockRun), u32>;
 
 /// Marks every mapped page's run in use, granting each extent to the chunk that holds it.
-fn rebuild_allocator(chunks: &mut HashMap<ChunkId, Chunk>, extent_count: u32) -> Result<(ExtentAllocator, HeavyRefs)> {
+fn rebuild_allocator(chunks: &mut BTreeMap<ChunkId, Chunk>, extent_count: u32) -> Result<(ExtentAllocator, HeavyRefs)> {
     let mut extents = ExtentAllocator::new(extent_count);
     let mut heavy_refs: HeavyRefs = HashMap::new();
     for (&chunk, c) in chunks.iter_mut() {
