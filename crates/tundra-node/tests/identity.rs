@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use tundra_nbd::{ExportErrorKind, Exports};
 use tundra_node::native::NodeService;
 use tundra_node::nbd::NodeExports;
-use tundra_node::{Config, Error, Node};
+use tundra_node::{Config, Error, Node, WriteMode};
 use tundra_proto::{Service, Status};
 use tundra_store::volume::VolumeMode;
 
@@ -195,4 +195,75 @@ fn errors_name_their_reason_once() {
     assert!(failed.message().contains("os error 5"), "{failed}");
     let invalid = Error::from(tundra_store::Error::invalid("no volume 3"));
     assert_eq!(invalid.to_string(), "no volume 3");
+}
+
+/// The reproduction: `victim` is held by a client, deleted, and `secret` created in its place.
+/// Through the stale reference, reads, writes, zeroes and flushes of the bytes path and of the
+/// page path all fail with the closed kind, and `secret` never changes.
+#[test]
+fn a_deleted_volume_is_never_reached_through_a_stale_reference() {
+    for mode in [VolumeMode::Normal, VolumeMode::None] {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Arc::new(Node::open(&config(dir.path(), ""), &mut |_| {}).unwrap());
+        let deleted = Arc::new(Mutex::new(Vec::<String>::new()));
+        let heard = deleted.clone();
+        node.on_volume_deleted(Box::new(move |name| heard.lock().unwrap().push(name.to_string())));
+
+        let victim = node.volume_create("victim", 4 << 20, 8192, mode).unwrap();
+        node.write_bytes(&victim, 0, &[0x11; 8192]).unwrap();
+        node.volume_delete("victim").unwrap();
+        assert_eq!(*deleted.lock().unwrap(), ["victim"]);
+
+        // Before anything replaces it: writes and flushes are refused, not dropped silently.
+        let closed = |result: Result<(), Error>| matches!(result, Err(Error::Closed(m)) if m.contains("was deleted"));
+        assert!(closed(node.write_bytes(&victim, 0, &[0x22; 8192])), "{mode:?}");
+        assert!(closed(node.flush(Some(&victim))));
+
+        let secret = node.volume_create("secret", 4 << 20, 8192, mode).unwrap();
+        assert_ne!(secret.volume.id, victim.volume.id, "a deleted volume's id was given again");
+        node.write_bytes(&secret, 0, &[0x5e; 8192]).unwrap();
+        node.flush(Some(&secret)).unwrap();
+
+        let mut buf = vec![0u8; 8192];
+        assert!(closed(node.read_bytes(&victim, 0, &mut buf)));
+        assert!(closed(node.write_bytes(&victim, 0, &[0x22; 8192])));
+        assert!(closed(node.zero_bytes(&victim, 0, 8192)));
+        assert!(closed(node.flush(Some(&victim))));
+        assert!(closed(node.read_page(&victim, 0, &mut buf)));
+        assert!(closed(node.write_page(&victim, 0, WriteMode::Auto { update_fraction: None }, &[0x22; 8192])));
+        assert!(closed(node.trim_pages(&victim, 0, 1)));
+        // A native client holding the old id finds no volume.
+        assert!(matches!(node.volume(victim.volume.id), Err(Error::NotFound(_))));
+
+        node.flush(None).unwrap();
+        node.read_bytes(&secret, 0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0x5e), "secret changed through the stale reference ({mode:?})");
+        node.close().unwrap();
+    }
+}
+
+/// The same through the NBD export a connection holds: every request gets the shutdown kind
+/// (`ESHUTDOWN` on the wire), and the export of the new volume is unaffected.
+#[test]
+fn a_stale_nbd_export_answers_shutdown_and_never_serves_the_new_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Arc::new(Node::open(&config(dir.path(), ""), &mut |_| {}).unwrap());
+    let exports = NodeExports(node.clone());
+    node.volume_create("victim", 4 << 20, 8192, VolumeMode::Normal).unwrap();
+    let stale = exports.lookup("victim").unwrap();
+    stale.write(0, &[0x11; 8192], false).unwrap();
+    node.volume_delete("victim").unwrap();
+    node.volume_create("secret", 4 << 20, 8192, VolumeMode::Normal).unwrap();
+    let fresh = exports.lookup("secret").unwrap();
+    fresh.write(0, &[0x5e; 8192], true).unwrap();
+
+    let shutdown = |kind: ExportErrorKind| kind == ExportErrorKind::Shutdown;
+    let mut buf = vec![0u8; 8192];
+    assert!(shutdown(stale.read(0, &mut buf).unwrap_err().kind()));
+    assert!(shutdown(stale.write(0, &[0x22; 8192], false).unwrap_err().kind()));
+    assert!(shutdown(stale.flush().unwrap_err().kind()));
+    assert!(shutdown(stale.trim(0, 8192, false).unwrap_err().kind()));
+    assert!(shutdown(stale.write_zeroes(0, 8192, true, false).unwrap_err().kind()));
+    fresh.read(0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0x5e));
 }
