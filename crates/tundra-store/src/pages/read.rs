@@ -1,0 +1,106 @@
+//! The read path: the cache of decompressed pages, the store's image, decompression (heavy
+//! segments through their own cache) and the address-bound checksum.
+
+use super::*;
+
+impl Pages {
+    /// Reads a page back, decompressed and verified against its checksum; `None` if the page
+    /// does not exist. A mismatch is a corruption error, never wrong data.
+    pub fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>> {
+        if let Some(cached) = self.cache.lock().get((chunk, page)) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(cached.to_vec()));
+        }
+        let Some((entry, content)) = self.load(chunk, page)? else { return Ok(None) };
+        self.remember(chunk, page, entry, || Arc::from(content.as_slice()));
+        Ok(Some(content))
+    }
+
+    /// [`Pages::read_page`] without copying the page out of the cache: a reader that wants
+    /// part of a page, or copies it somewhere anyway, saves a copy and an allocation.
+    pub fn read_page_shared(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Arc<[u8]>>> {
+        if let Some(cached) = self.cache.lock().get((chunk, page)) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(cached));
+        }
+        let Some((entry, content)) = self.load(chunk, page)? else { return Ok(None) };
+        let content: Arc<[u8]> = Arc::from(content);
+        self.remember(chunk, page, entry, || content.clone());
+        Ok(Some(content))
+    }
+
+    /// Reads a page from the store, decompresses and verifies it.
+    fn load(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::index::PageEntry, Vec<u8>)>> {
+        let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
+        let encoding = match entry.encoding {
+            Encoding::Heavy => None,
+            Encoding::Raw => Some(tundra_codec::Encoding::Raw),
+            Encoding::Lz4 => Some(tundra_codec::Encoding::Compressed(Algorithm::Lz4)),
+            Encoding::Zstd => Some(tundra_codec::Encoding::Compressed(Algorithm::Zstd)),
+        };
+        let content = match encoding {
+            None => self.heavy_page(&entry, &stored)?,
+            // A raw page is its stored bytes: no copy.
+            Some(tundra_codec::Encoding::Raw) if stored.len() == self.page_size.bytes() => stored,
+            Some(encoding) => self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?,
+        };
+        if page_checksum(chunk, page, &content) != entry.checksum {
+            return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(Some((entry, content)))
+    }
+
+    /// Caches a page just read, if what was read is still the page's current version (see
+    /// `apply`).
+    fn remember(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        entry: crate::index::PageEntry,
+        content: impl FnOnce() -> Arc<[u8]>,
+    ) {
+        let mut cache = self.cache.lock();
+        if self.store.entry(chunk, page) == Some(entry) {
+            cache.insert((chunk, page), content());
+        }
+    }
+
+    /// One page of a heavy segment, from the cache of decompressed segments when this segment
+    /// (same first block and nonce) was decompressed before.
+    fn heavy_page(&self, entry: &crate::index::PageEntry, stored: &[u8]) -> Result<Vec<u8>> {
+        let header = &stored[..HEAVY_HEADER_BYTES];
+        let frame_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let page_count = usize::from(u16::from_le_bytes(header[4..6].try_into().expect("2 bytes")));
+        let nonce = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let index = usize::from(entry.stored_len);
+        if HEAVY_HEADER_BYTES + frame_len > stored.len() || index >= page_count {
+            return Err(Error::corrupted("a heavy segment header that does not fit its blocks"));
+        }
+        let key = entry.run.first_lba().0;
+        let cached = {
+            let mut guard = self.segments.lock();
+            let (cache, nonces) = &mut *guard;
+            if nonces.get(&key) == Some(&nonce) { cache.get(key) } else { None }
+        };
+        let segment = match cached {
+            Some(segment) => segment,
+            None => {
+                let frame = &stored[HEAVY_HEADER_BYTES..HEAVY_HEADER_BYTES + frame_len];
+                let segment =
+                    tundra_codec::heavy::decompress_segment(frame, self.page_size, page_count).map_err(codec_error)?;
+                let segment = Arc::new(segment);
+                let mut guard = self.segments.lock();
+                let (cache, nonces) = &mut *guard;
+                // The nonce map only ever forgets: a forgotten nonce is a miss, never a wrong hit.
+                if nonces.len() > 4 * SEGMENT_CACHE_SEGMENTS {
+                    nonces.clear();
+                }
+                cache.insert(key, segment.clone());
+                nonces.insert(key, nonce);
+                segment
+            }
+        };
+        Ok(segment.page(index).expect("index checked against the page count").to_vec())
+    }
+}
