@@ -17,6 +17,7 @@
 pub mod alloc;
 pub mod buf;
 pub mod cache;
+pub mod command;
 mod error;
 pub mod ids;
 pub mod index;

@@ -10,6 +10,9 @@ use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use super::frame::{LogBlock, SuperblockRead, classify_log_block};
 use super::*;
+use crate::ids::{BlockRun, ChunkId, ExtentId, Lsn, PageNo, VolumeId};
+use crate::index::{Encoding, PageEntry};
+use crate::volume::{Volume, VolumeMode};
 
 const GEOMETRY: JournalGeometry = JournalGeometry { checkpoint_blocks: 4, log_blocks: 8 };
 

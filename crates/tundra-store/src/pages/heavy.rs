@@ -52,7 +52,7 @@ impl Pages {
             }
             let Some(bytes) = self.read_page(chunk, page)? else { continue };
             before += u64::from(entry.run.count) * tundra_device::BLOCK_SIZE_BYTES;
-            present.push((page, page_checksum(chunk, page, &bytes), entry.lsn));
+            present.push(HeavyPage { page, checksum: page_checksum(chunk, page, &bytes), lsn: entry.lsn });
             content.extend_from_slice(&bytes);
         }
         if present.is_empty() {
@@ -76,18 +76,20 @@ impl Pages {
         segment.extend_from_slice(&self.next_segment_nonce().to_le_bytes());
         segment.extend_from_slice(&frame);
         // Pages absent from the segment are not indexed by it: index them by position.
-        self.store.apply_heavy(chunk, &present, &segment)?;
+        let segment_bytes = segment.len();
+        let archived: Vec<PageNo> = present.iter().map(|p| p.page).collect();
+        self.store.apply(&StoreCommand::PutHeavy { chunk, pages: present, segment })?;
         {
             let mut cache = self.cache.lock();
-            for &(page, _, _) in &present {
+            for &page in &archived {
                 cache.invalidate((chunk, page));
             }
         }
-        report.pages += present.len() as u64;
+        report.pages += archived.len() as u64;
         report.segments += 1;
         report.bytes_before += before;
         report.bytes_after +=
-            segment.len().div_ceil(tundra_device::BLOCK_SIZE) as u64 * tundra_device::BLOCK_SIZE_BYTES;
+            segment_bytes.div_ceil(tundra_device::BLOCK_SIZE) as u64 * tundra_device::BLOCK_SIZE_BYTES;
         Ok(())
     }
 }

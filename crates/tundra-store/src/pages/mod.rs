@@ -22,6 +22,7 @@ use tundra_codec::{
 };
 
 use crate::cache::{CacheStats, PageCache};
+use crate::command::{HeavyPage, PagePut, StoreCommand};
 use crate::ids::{ChunkId, Lsn, PageNo};
 use crate::index::Encoding;
 use crate::store::{HEAVY_HEADER_BYTES, PageImage, Store, page_checksum};
@@ -263,8 +264,8 @@ impl Pages {
 
     /// Stores an image and drops the page's cached copy. The drop follows the index install, so
     /// a reader that cached the old version before the install is undone by it.
-    fn apply(&self, chunk: ChunkId, page: PageNo, image: &PageImage, lsn: Lsn) -> Result<()> {
-        self.store.apply_write(chunk, page, image, lsn)?;
+    fn apply(&self, chunk: ChunkId, page: PageNo, image: PageImage, lsn: Lsn) -> Result<()> {
+        self.store.apply(&StoreCommand::PutPages { chunk, pages: vec![PagePut { page, image, lsn }] })?;
         self.cache.lock().invalidate((chunk, page));
         Ok(())
     }
@@ -329,10 +330,10 @@ impl Pages {
             let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
             let encoded = self.encode_whole(chunk, content, wanted, &mut cpu)?;
             let (image, counter) = self.image(chunk, page, content, encoded);
-            images.push((page, image, lsn));
+            images.push(PagePut { page, image, lsn });
             counters.push(counter);
         }
-        self.store.apply_writes(chunk, &images)?;
+        self.store.apply(&StoreCommand::PutPages { chunk, pages: images })?;
         {
             let mut partial = self.partial_raw.lock();
             let mut cache = self.cache.lock();
@@ -378,9 +379,10 @@ impl Pages {
         lsn: Lsn,
     ) -> Result<Encoding> {
         let (image, counter) = self.image(chunk, page, content, encoded);
-        self.apply(chunk, page, &image, lsn)?;
+        let encoding = image.encoding;
+        self.apply(chunk, page, image, lsn)?;
         counter.fetch_add(1, Ordering::Relaxed);
-        Ok(image.encoding)
+        Ok(encoding)
     }
 
     /// Compresses a page with `algorithm` (None: raw), whatever Algorithm 1 would say, and
@@ -412,7 +414,7 @@ impl Pages {
     pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
-        self.store.trim_page(chunk, page)?;
+        self.store.apply(&StoreCommand::TrimPages { chunk, pages: vec![page] })?;
         self.cache.lock().invalidate((chunk, page));
         Ok(())
     }

@@ -5,15 +5,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::State;
+use super::StoreCore;
 use crate::ids::{BlockRun, ChunkId, ExtentId};
 use crate::index::Encoding;
 
-impl State {
+impl StoreCore {
     /// Why the state is inconsistent, if it is. Valid only when no write is between its
     /// allocation and its install (a quiescent store): such a write's blocks are in use but in
     /// no index entry yet.
-    pub(super) fn invariant_problem(&self) -> Option<String> {
+    pub fn invariant_problem(&self) -> Option<String> {
         let mut heavy: HashMap<(ChunkId, BlockRun), u32> = HashMap::new();
         let mut expected: BTreeMap<(ChunkId, ExtentId), u32> = BTreeMap::new();
         let mut mark = |chunk: ChunkId, run: BlockRun, what: &str| -> Option<String> {
@@ -24,7 +24,7 @@ impl State {
             *bits |= run.mask();
             None
         };
-        let chunks: Vec<(&ChunkId, &super::Chunk)> = self.chunks.iter().collect();
+        let chunks: Vec<(&ChunkId, &super::state::Chunk)> = self.chunks.iter().collect();
         for &(&chunk, c) in &chunks {
             for (page, entry) in c.index.iter() {
                 if self.volumes.get(&chunk.volume()).is_none_or(|v| !v.contains(chunk, page)) {
@@ -56,7 +56,7 @@ impl State {
     /// Compares every chunk's bitmaps and the device allocator's owners with `expected`.
     fn allocator_problem(
         &self,
-        chunks: &[(&ChunkId, &super::Chunk)],
+        chunks: &[(&ChunkId, &super::state::Chunk)],
         expected: &BTreeMap<(ChunkId, ExtentId), u32>,
     ) -> Option<String> {
         let mut owned = 0u32;

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use tundra_device::BLOCK_SIZE;
 
-use super::{Chunk, State};
+use super::state::Chunk;
+use super::{StoreCore, Watermarks};
 use crate::alloc::ExtentAllocator;
 use crate::ids::{BlockRun, ChunkId, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
@@ -52,11 +53,12 @@ pub(super) fn entry_problem(volume: &Volume, entry: &PageEntry) -> Option<String
 /// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
 /// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
 /// sharing a block, or two chunks sharing an extent, is corruption.
-pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
+pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
     let mut chunks: BTreeMap<ChunkId, Chunk> = BTreeMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
     let mut next_volume_id = VolumeId(0);
+    let mut watermarks: BTreeMap<VolumeId, Watermarks> = BTreeMap::new();
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
             Record::VolumeSet(volume) => {
@@ -64,9 +66,15 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
                 volumes.insert(volume.id, volume);
             }
             Record::VolumeIdFloor(floor) => next_volume_id = next_volume_id.max(floor),
+            Record::Watermarks { volume, marks } => {
+                let kept = watermarks.entry(volume).or_default();
+                kept.durable_lsn = kept.durable_lsn.max(marks.durable_lsn);
+                kept.min_reader_lsn = kept.min_reader_lsn.max(marks.min_reader_lsn);
+            }
             Record::VolumeDelete(id) => {
                 next_volume_id = next_volume_id.max(id.next());
                 volumes.remove(&id);
+                watermarks.remove(&id);
                 chunks.retain(|chunk, _| chunk.volume() != id);
                 damaged.retain(|(chunk, _), _| chunk.volume() != id);
             }
@@ -98,7 +106,10 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<State> {
         }
     }
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
-    Ok(State { volumes, next_volume_id, extents, chunks, pending_free: Vec::new(), heavy_refs, damaged, failed: None })
+    let mut core = StoreCore::new(extent_count);
+    (core.volumes, core.next_volume_id, core.extents, core.chunks) = (volumes, next_volume_id, extents, chunks);
+    (core.heavy_refs, core.damaged, core.watermarks) = (heavy_refs, damaged, watermarks);
+    Ok(core)
 }
 
 type HeavyRefs = HashMap<(ChunkId, BlockRun), u32>;

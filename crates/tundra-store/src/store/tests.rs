@@ -7,7 +7,11 @@ use tundra_device::fault::FaultyDevice;
 use tundra_device::mem::MemDevice;
 
 use super::*;
+use crate::ErrorKind;
+use crate::command::{PagePut, StoreCommand};
+use crate::ids::Lsn;
 use crate::journal::JournalGeometry;
+use crate::journal::Record;
 
 const PAGE: usize = 16384;
 
@@ -201,18 +205,18 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                     // A group of distinct pages with one commit, written in few I/Os.
                     let mut group: Vec<u32> = (0..1 + rng.below(4)).map(|i| (page + i as u32 * 5) % 12).collect();
                     group.dedup();
-                    let images: Vec<(PageNo, PageImage, Lsn)> = group
+                    let images: Vec<PagePut> = group
                         .iter()
                         .enumerate()
                         .map(|(i, &p)| {
                             let tag = tag + i as u64 * 1_000_000;
                             in_flight.entry(p).or_default().push(tag);
-                            (PageNo(p), raw_image(chunk, PageNo(p), tag), Lsn(tag))
+                            PagePut { page: PageNo(p), image: raw_image(chunk, PageNo(p), tag), lsn: Lsn(tag) }
                         })
                         .collect();
-                    store
-                        .apply_writes(chunk, &images)
-                        .map(|()| images.iter().map(|(p, _, lsn)| (p.0, Some(lsn.0))).collect())
+                    let done: Vec<(u32, Option<u64>)> =
+                        images.iter().map(|put| (put.page.0, Some(put.lsn.0))).collect();
+                    store.apply(&StoreCommand::PutPages { chunk, pages: images }).map(|()| done)
                 } else {
                     in_flight.entry(page).or_default().push(tag);
                     store
@@ -260,10 +264,12 @@ fn grouped_pages_take_consecutive_blocks_and_deferred_trims_wait() {
         image.checksum = page_checksum(chunk, page, &image.bytes);
         image
     };
-    let images = |pages: std::ops::Range<u32>, tag: u64| -> Vec<(PageNo, PageImage, Lsn)> {
-        pages.map(|p| (PageNo(p), image(PageNo(p), tag + u64::from(p)), Lsn(tag))).collect()
+    let images = |pages: std::ops::Range<u32>, tag: u64| -> StoreCommand {
+        let pages =
+            pages.map(|p| PagePut { page: PageNo(p), image: image(PageNo(p), tag + u64::from(p)), lsn: Lsn(tag) });
+        StoreCommand::PutPages { chunk, pages: pages.collect() }
     };
-    store.apply_writes(chunk, &images(0..8, 100)).unwrap();
+    store.apply(&images(0..8, 100)).unwrap();
     let lbas: Vec<u64> = (0..8).map(|p| store.entry(chunk, PageNo(p)).unwrap().run.first_lba().0).collect();
     for pair in lbas.windows(2) {
         assert_eq!(pair[1], pair[0] + 4, "16 KiB raw pages written together lie back to back: {lbas:?}");
@@ -271,12 +277,12 @@ fn grouped_pages_take_consecutive_blocks_and_deferred_trims_wait() {
     let page_bytes = PAGE as u64;
     assert_eq!(data.usage().mapped_bytes, 8 * page_bytes);
     // The runs a rewrite lets go of stay mapped...
-    store.apply_writes(chunk, &images(0..4, 200)).unwrap();
+    store.apply(&images(0..4, 200)).unwrap();
     store.release_freed().unwrap();
     assert_eq!(data.usage().mapped_bytes, 12 * page_bytes);
     // ...and the next rewrite reuses them (first fit). The second extent, empty again, goes
     // back to the device allocator untrimmed.
-    store.apply_writes(chunk, &images(0..4, 300)).unwrap();
+    store.apply(&images(0..4, 300)).unwrap();
     assert_eq!(store.entry(chunk, PageNo(0)).unwrap().run.first_lba().0, lbas[0]);
     store.release_freed().unwrap();
     assert_eq!(store.stats().extents_in_use, 1);

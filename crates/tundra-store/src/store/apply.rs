@@ -1,0 +1,303 @@
+//! The replica side of the store (seed 000 §3.2.1, Figure 4 steps 3.1 to 3.3): a
+//! [`StoreCommand`] the leader side decided is applied here, with no compression: allocate the
+//! blocks (the core decides where), write them to the data device, journal the change, install
+//! it in the index, and release what it replaced. Every other mutating method of [`Store`] is a
+//! command built and applied, so there is one path for a local write and, later, for a
+//! replicated one.
+
+use tundra_device::BLOCK_SIZE;
+
+use super::{HEAVY_HEADER_BYTES, PageImage, Store, TrimPolicy, Watermarks, check_image};
+use crate::buf::with_scratch;
+use crate::command::{HeavyPage, PagePut, StoreCommand};
+use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, Lsn, PageNo, VolumeId};
+use crate::index::{Encoding, PageEntry};
+use crate::journal::Record;
+use crate::volume::{Volume, VolumeMode};
+use crate::{Error, Result};
+
+impl Store {
+    /// Applies a command: the one way the store changes. On an error the command had no effect
+    /// (a journal or device error in the middle also stops the store, see [`Store::open`]).
+    pub fn apply(&self, command: &StoreCommand) -> Result<()> {
+        match command {
+            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages),
+            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages),
+            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment),
+            StoreCommand::CreateVolume(volume) => self.create_volume_now(volume.clone()),
+            StoreCommand::ResizeVolume { volume, size_bytes } => self.resize_volume_now(*volume, *size_bytes),
+            StoreCommand::DeleteVolume(volume) => self.delete_volume_now(*volume),
+            StoreCommand::SetWatermarks { volume, marks } => self.set_watermarks(*volume, *marks),
+        }
+    }
+
+    /// Creates a volume. Its name must be new, and its id never given before (at least
+    /// [`Store::next_volume_id`]).
+    pub fn create_volume(&self, volume: Volume) -> Result<()> {
+        self.apply(&StoreCommand::CreateVolume(volume))
+    }
+
+    /// Grows a volume to `size_bytes`. Shrinking would drop pages, which is not offered.
+    pub fn resize_volume(&self, id: VolumeId, size_bytes: u64) -> Result<()> {
+        self.apply(&StoreCommand::ResizeVolume { volume: id, size_bytes })
+    }
+
+    /// Deletes a volume: its pages are gone and their blocks freed and trimmed.
+    pub fn delete_volume(&self, id: VolumeId) -> Result<()> {
+        self.apply(&StoreCommand::DeleteVolume(id))
+    }
+
+    /// Stores an encoded page (a [`StoreCommand::PutPages`] of one page). `lsn` is the LSN of
+    /// the change the image carries.
+    pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, lsn: Lsn) -> Result<()> {
+        self.put_pages(chunk, &[PagePut { page, image: image.clone(), lsn }])
+    }
+
+    /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
+    pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
+        self.trim_pages(chunk, &[page])
+    }
+
+    /// Stores pages of one chunk with one journal commit: each image is written to its own
+    /// blocks, then one group of records installs them all (one data flush and one journal
+    /// flush for the lot, where page-at-a-time writes pay both per page). The pages take
+    /// consecutive blocks where they are free, and blocks that follow each other on the device
+    /// are written with one I/O. Every image is checked before anything is written; on an
+    /// error nothing is installed and the blocks taken are freed.
+    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut]) -> Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let mut counts = Vec::with_capacity(pages.len());
+        for put in pages {
+            counts.push(check_image(&self.volume_of(chunk, put.page)?, &put.image)?);
+        }
+        let runs = self.allocate_many(chunk, &counts)?;
+        let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
+        if let Err(error) = self.write_runs(&runs, &images) {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
+        let entries: Vec<(PageNo, Option<PageEntry>)> = pages
+            .iter()
+            .zip(&runs)
+            .map(|(put, &run)| {
+                let entry = PageEntry {
+                    encoding: put.image.encoding,
+                    run,
+                    stored_len: put.image.bytes.len() as u16,
+                    checksum: put.image.checksum,
+                    lsn: put.lsn,
+                };
+                (put.page, Some(entry))
+            })
+            .collect();
+        self.commit_and_install(chunk, &entries, &runs)
+    }
+
+    /// Removes pages of one chunk with one journal commit; pages that do not exist are skipped.
+    /// Every page must lie inside its volume.
+    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<()> {
+        for &page in pages {
+            self.volume_of(chunk, page)?;
+        }
+        let entries: Vec<(PageNo, Option<PageEntry>)> = {
+            let state = self.state.lock();
+            pages.iter().filter(|&&page| state.is_mapped(chunk, page)).map(|&page| (page, None)).collect()
+        };
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.commit_and_install(chunk, &entries, &[])
+    }
+
+    /// Records a volume's redo watermarks; they only move forward.
+    fn set_watermarks(&self, volume: VolumeId, marks: Watermarks) -> Result<()> {
+        let _no_checkpoint = self.checkpoint_gate.read();
+        if self.volume(volume).is_none() {
+            return Err(Error::invalid(format!("no volume {}", volume.0)));
+        }
+        self.commit_volume(Record::Watermarks { volume, marks })?;
+        self.state.lock().set_watermarks(volume, marks);
+        Ok(())
+    }
+
+    /// Stores a heavy segment (seed 000 §3.2.3): `segment` (header and compressed frame, at most
+    /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
+    /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
+    /// and keeps the page's LSN: archiving changes no page.
+    fn put_heavy(&self, chunk: ChunkId, pages: &[HeavyPage], segment: &[u8]) -> Result<()> {
+        for &HeavyPage { page, .. } in pages {
+            let volume = self.volume_of(chunk, page)?;
+            if volume.mode != VolumeMode::Normal {
+                return Err(Error::invalid(format!("volume {:?} is never compressed", volume.name)));
+            }
+        }
+        let max = EXTENT_BLOCKS as usize * BLOCK_SIZE;
+        if pages.is_empty()
+            || pages.len() > usize::from(u16::MAX)
+            || segment.len() > max
+            || segment.len() <= HEAVY_HEADER_BYTES
+        {
+            return Err(Error::invalid(format!(
+                "a heavy segment of {} pages in {} bytes (at most {max})",
+                pages.len(),
+                segment.len()
+            )));
+        }
+        let run = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
+        let entries: Vec<(PageNo, Option<PageEntry>)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, &HeavyPage { page, checksum, lsn })| {
+                (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
+            })
+            .collect();
+        self.commit_and_install(chunk, &entries, &[run])
+    }
+
+    /// Creates a volume. Its name must be new, and its id never given before (at least
+    /// [`Store::next_volume_id`]).
+    fn create_volume_now(&self, volume: Volume) -> Result<()> {
+        volume.validate()?;
+        let _no_checkpoint = self.checkpoint_gate.read();
+        self.state.lock().check_new_volume(&volume)?;
+        self.commit_volume(Record::VolumeSet(volume.clone()))?;
+        self.state.lock().set_volume(volume);
+        Ok(())
+    }
+
+    /// Grows a volume to `size_bytes`. Shrinking would drop pages, which is not offered.
+    fn resize_volume_now(&self, id: VolumeId, size_bytes: u64) -> Result<()> {
+        let _no_checkpoint = self.checkpoint_gate.read();
+        let mut volume = self.volume(id).ok_or_else(|| Error::invalid(format!("no volume {}", id.0)))?;
+        if size_bytes < volume.size_bytes {
+            return Err(Error::invalid("volumes only grow: shrinking would drop pages"));
+        }
+        volume.size_bytes = size_bytes;
+        volume.validate()?;
+        self.commit_volume(Record::VolumeSet(volume.clone()))?;
+        self.state.lock().set_volume(volume);
+        Ok(())
+    }
+
+    /// Deletes a volume: its pages are gone and their blocks freed and trimmed.
+    fn delete_volume_now(&self, id: VolumeId) -> Result<()> {
+        {
+            // Exclusive: no write of the volume commits between its delete and the removal of
+            // its pages (a record of a deleted volume's page would make the journal unreadable).
+            let _no_commit = self.checkpoint_gate.write();
+            if self.volume(id).is_none() {
+                return Err(Error::invalid(format!("no volume {}", id.0)));
+            }
+            self.commit_volume(Record::VolumeDelete(id))?;
+            self.state.lock().delete_volume(id);
+        }
+        self.release_freed()?;
+        if self.trim_policy == TrimPolicy::Deferred {
+            self.trim_unused()?;
+        }
+        Ok(())
+    }
+
+    fn commit_volume(&self, record: Record) -> Result<()> {
+        self.journal.commit(std::slice::from_ref(&record)).inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
+    }
+
+    /// Writes each image to its run, zero-padded, with one device write for every group of
+    /// runs that follow each other on the device. Not flushed (see [`Store::write_run`]).
+    fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        order.sort_unstable_by_key(|&i| runs[i].first_lba().0);
+        let mut i = 0;
+        while i < order.len() {
+            let first = runs[order[i]].first_lba();
+            let mut end = i + 1;
+            while end < order.len()
+                && runs[order[end]].first_lba().0
+                    == runs[order[end - 1]].first_lba().0 + u64::from(runs[order[end - 1]].count)
+            {
+                end += 1;
+            }
+            let group = &order[i..end];
+            let blocks: usize = group.iter().map(|&j| usize::from(runs[j].count)).sum();
+            with_scratch(blocks * BLOCK_SIZE, |buffer| {
+                let mut at = 0;
+                for &j in group {
+                    let len = usize::from(runs[j].count) * BLOCK_SIZE;
+                    buffer[at..at + images[j].len()].copy_from_slice(images[j]);
+                    buffer[at + images[j].len()..at + len].fill(0);
+                    at += len;
+                }
+                self.data.write(first, buffer)
+            })?;
+            i = end;
+        }
+        Ok(())
+    }
+
+    /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
+    /// the journal flushes the data device before it writes the record that points here.
+    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
+        let run = self.allocate_many(chunk, &[blocks])?[0];
+        if let Err(error) = self.write_runs(&[run], &[bytes]) {
+            self.state.lock().unallocate(chunk, &[run]);
+            return Err(error);
+        }
+        Ok(run)
+    }
+
+    /// Takes a run of blocks for each page of a group (see [`StoreCore::allocate`]).
+    fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
+        self.state.lock().allocate(chunk, counts)
+    }
+
+    /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
+    /// and lets go of the blocks they replace. On a journal error `new_runs`, the blocks the
+    /// entries point at, is freed and the store stops.
+    fn commit_and_install(
+        &self,
+        chunk: ChunkId,
+        entries: &[(PageNo, Option<PageEntry>)],
+        new_runs: &[BlockRun],
+    ) -> Result<()> {
+        let records: Vec<Record> = entries
+            .iter()
+            .map(|&(page, entry)| match entry {
+                Some(entry) => Record::PageSet { chunk, page, entry },
+                None => Record::PageClear { chunk, page },
+            })
+            .collect();
+        let _no_checkpoint = self.checkpoint_gate.read();
+        // A volume deleted since the write began takes nothing more: its delete holds the gate
+        // exclusively, so it is either journalled before this check or after this commit.
+        if self.state.lock().volume(chunk.volume()).is_none() {
+            self.abandon_runs(chunk, new_runs)?;
+            return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
+        }
+        if let Err(error) = self.journal.commit(&records) {
+            let mut state = self.state.lock();
+            state.unallocate(chunk, new_runs);
+            state.failed.get_or_insert_with(|| error.to_string());
+            return Err(error);
+        }
+        let release = self.state.lock().install(chunk, entries);
+        drop(_no_checkpoint);
+        if release {
+            self.release_freed()?;
+        }
+        Ok(())
+    }
+
+    /// Gives back runs written but never journalled: nothing points at them, so they are
+    /// trimmed (they hold no space on a compressing drive), then allocatable again.
+    fn abandon_runs(&self, chunk: ChunkId, runs: &[BlockRun]) -> Result<()> {
+        for &run in runs {
+            self.data.trim(run.first_lba(), u64::from(run.count))?;
+        }
+        self.state.lock().unallocate(chunk, runs);
+        Ok(())
+    }
+}
