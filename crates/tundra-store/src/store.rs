@@ -349,4 +349,6 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
 }
 
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 pub(crate) mod tests;

@@ -1,0 +1,258 @@
+//! Replicas and the I/O-free core: the same commands, encoded and decoded as a Raft entry
+//! would carry them, applied on two stores whose devices differ give the same logical content
+//! with their own block placement; the core alone, driven by random events with no device,
+//! keeps its invariants after every step.
+
+use tundra_device::mem::MemDevice;
+use tundra_env::{Rng, seed_from_env};
+
+use super::*;
+use crate::command::{HeavyPage, PagePut, StoreCommand};
+use crate::ids::{BlockRun, Lsn};
+use crate::journal::JournalGeometry;
+
+const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 256 };
+const PAGE: u32 = 8192;
+
+fn replica(data_blocks: u64) -> (Arc<MemDevice>, Arc<MemDevice>, Store) {
+    let data = Arc::new(MemDevice::new(data_blocks));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    (data, fast, store)
+}
+
+fn volume(id: u32) -> Volume {
+    Volume {
+        id: VolumeId(id),
+        name: format!("v{id}"),
+        size_bytes: 16 * 1024 * 1024,
+        page_size: PAGE,
+        chunk_bytes: 4 * 1024 * 1024,
+        mode: VolumeMode::Normal,
+    }
+}
+
+/// An image of `page` as the leader would ship it: raw, or "compressed" bytes of some length
+/// (the store never decodes them; it checks only that they fit the page).
+fn image(rng: &mut Rng, chunk: ChunkId, page: PageNo) -> PageImage {
+    let content = rng.bytes(PAGE as usize);
+    let checksum = page_checksum(chunk, page, &content);
+    let (encoding, len) = match rng.below(3) {
+        0 => return PageImage { encoding: Encoding::Raw, bytes: content, checksum },
+        1 => (Encoding::Lz4, 1 + rng.below(u64::from(PAGE)) as usize),
+        _ => (Encoding::Zstd, 1 + rng.below(3000) as usize),
+    };
+    PageImage { encoding, bytes: rng.bytes(len), checksum }
+}
+
+/// A random command the leader side could have decided, for volumes 1 and 2.
+fn command(rng: &mut Rng, lsn: &mut u64, live: &[VolumeId]) -> StoreCommand {
+    let id = *rng.pick(live);
+    let chunk = ChunkId::new(id, rng.below(4) as u32);
+    let pages_per_chunk = 4 * 1024 * 1024 / u64::from(PAGE);
+    let mut pages: Vec<PageNo> = (0..1 + rng.below(6)).map(|_| PageNo(rng.below(pages_per_chunk) as u32)).collect();
+    pages.sort_unstable();
+    pages.dedup();
+    *lsn += 1;
+    match rng.below(10) {
+        0..=5 => StoreCommand::PutPages {
+            chunk,
+            pages: pages
+                .into_iter()
+                .map(|page| PagePut { page, image: image(rng, chunk, page), lsn: Lsn(*lsn) })
+                .collect(),
+        },
+        6 => StoreCommand::TrimPages { chunk, pages },
+        7 => {
+            let first = rng.below(pages_per_chunk - 8) as u32;
+            let pages = (first..first + 1 + rng.below(8) as u32)
+                .map(|p| HeavyPage { page: PageNo(p), checksum: rng.next_u32(), lsn: Lsn(*lsn) })
+                .collect();
+            let len = 17 + rng.below(20_000) as usize;
+            StoreCommand::PutHeavy { chunk, pages, segment: rng.bytes(len) }
+        }
+        _ => StoreCommand::SetWatermarks {
+            volume: id,
+            marks: Watermarks { durable_lsn: Lsn(*lsn), min_reader_lsn: Lsn(*lsn / 2) },
+        },
+    }
+}
+
+/// What a replica holds of its volumes, placement aside: every page's encoding, stored bytes,
+/// checksum and LSN, the volumes and their watermarks.
+fn logical_content(store: &Store) -> Vec<String> {
+    let mut out: Vec<String> = store.volumes().iter().map(|v| format!("{v:?} {:?}", store.watermarks(v.id))).collect();
+    for (chunk, page, entry) in store.entries() {
+        let (_, bytes) = store.read_image(chunk, page).unwrap().unwrap();
+        // A heavy page's image is its whole segment, padded to blocks; its stored length is its
+        // place in the segment.
+        out.push(format!(
+            "{chunk:?} {page:?} {:?} {} {:08x} {:?} {:08x}",
+            entry.encoding,
+            entry.stored_len,
+            entry.checksum,
+            entry.lsn,
+            crc32c::crc32c(&bytes)
+        ));
+    }
+    out
+}
+
+fn placement(store: &Store) -> Vec<BlockRun> {
+    store.entries().into_iter().map(|(_, _, e)| e.run).collect()
+}
+
+#[test]
+fn two_replicas_applying_the_same_commands_hold_the_same_pages() {
+    let seed = seed_from_env(14);
+    let mut rng = Rng::new(seed);
+    // The replicas differ: another device size, and replica b has pages of a volume of its own
+    // (as a node hosting other chunks would), so its blocks go elsewhere.
+    let (_, _, a) = replica(4096);
+    let (_, _, b) = replica(6144);
+    let local = Volume { id: VolumeId(0), name: "local".into(), ..volume(0) };
+    b.create_volume(local).unwrap();
+    for p in 0..40 {
+        let chunk = ChunkId::new(VolumeId(0), 0);
+        b.apply_write(chunk, PageNo(p), &image(&mut rng, chunk, PageNo(p)), Lsn(1)).unwrap();
+    }
+    let mut lsn = 0;
+    let mut commands = vec![StoreCommand::CreateVolume(volume(1)), StoreCommand::CreateVolume(volume(2))];
+    for _ in 0..300 {
+        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1), VolumeId(2)]));
+    }
+    commands.push(StoreCommand::ResizeVolume { volume: VolumeId(1), size_bytes: 32 * 1024 * 1024 });
+    commands.push(StoreCommand::DeleteVolume(VolumeId(2)));
+    for _ in 0..100 {
+        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1)]));
+    }
+    let mut applied = 0;
+    for (step, command) in commands.iter().enumerate() {
+        // What a Raft entry carries: the command's bytes.
+        let shipped = StoreCommand::decode(&command.encode()).unwrap();
+        assert_eq!(&shipped, command);
+        let on_a = a.apply(command);
+        let on_b = b.apply(&shipped);
+        assert_eq!(on_a.is_ok(), on_b.is_ok(), "step {step}: {command:?}: {on_a:?} against {on_b:?}");
+        applied += usize::from(on_a.is_ok());
+        a.check_invariants().unwrap();
+        b.check_invariants().unwrap();
+    }
+    b.delete_volume(VolumeId(0)).unwrap();
+    let content = logical_content(&a);
+    assert!(content.len() > 100, "the commands left pages behind: {}", content.len());
+    assert_eq!(content, logical_content(&b), "seed {seed}");
+    assert_ne!(placement(&a), placement(&b), "the replicas placed blocks alike: the test shows nothing");
+    assert!(applied * 10 > commands.len() * 9, "only {applied} of {} commands applied", commands.len());
+    // The comparison sees one command applied on one replica only.
+    let chunk = ChunkId::new(VolumeId(1), 0);
+    let extra = StoreCommand::PutPages {
+        chunk,
+        pages: vec![PagePut { page: PageNo(3), image: image(&mut rng, chunk, PageNo(3)), lsn: Lsn(lsn + 1) }],
+    };
+    a.apply(&extra).unwrap();
+    assert_ne!(logical_content(&a), logical_content(&b), "a command missing on one replica went unseen");
+}
+
+#[test]
+fn watermarks_only_advance_and_survive_checkpoints_and_reopen() {
+    let (data, fast, store) = replica(2048);
+    store.create_volume(volume(1)).unwrap();
+    let set = |durable, reader| StoreCommand::SetWatermarks {
+        volume: VolumeId(1),
+        marks: Watermarks { durable_lsn: Lsn(durable), min_reader_lsn: Lsn(reader) },
+    };
+    store.apply(&set(10, 4)).unwrap();
+    store.apply(&set(8, 6)).unwrap();
+    assert_eq!(store.watermarks(VolumeId(1)), Some(Watermarks { durable_lsn: Lsn(10), min_reader_lsn: Lsn(6) }));
+    assert!(store.apply(&StoreCommand::SetWatermarks { volume: VolumeId(5), marks: Watermarks::default() }).is_err());
+    drop(store);
+    // From the log...
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    assert_eq!(store.watermarks(VolumeId(1)).unwrap().durable_lsn, Lsn(10));
+    store.apply(&set(12, 7)).unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    // ...and from a checkpoint; a deleted volume's marks are gone with it.
+    let store = Store::open(data, fast).unwrap();
+    assert_eq!(store.watermarks(VolumeId(1)), Some(Watermarks { durable_lsn: Lsn(12), min_reader_lsn: Lsn(7) }));
+    store.delete_volume(VolumeId(1)).unwrap();
+    assert_eq!(store.watermarks(VolumeId(1)), None);
+}
+
+/// The core alone: random allocations, installs, removals, volume deletions and releases, with
+/// no device, and the invariant check after every event. Replayed twice, the same events give
+/// the same placement.
+#[test]
+fn the_core_keeps_its_invariants_under_random_events_with_no_io() {
+    let seed = seed_from_env(3);
+    let run = |seed: u64| -> Vec<(ChunkId, PageNo, PageEntry)> {
+        let mut rng = Rng::new(seed);
+        let mut core = StoreCore::new(64);
+        core.set_volume(volume(1));
+        let mut in_flight: Vec<(ChunkId, Vec<(PageNo, BlockRun)>)> = Vec::new();
+        let mut checks = 0;
+        for step in 0..3_000 {
+            let chunk = ChunkId::new(VolumeId(1), rng.below(3) as u32);
+            match rng.below(10) {
+                0..=3 => {
+                    let counts: Vec<u8> = (0..1 + rng.below(4)).map(|_| 1 + rng.below(2) as u8).collect();
+                    if let Ok(runs) = core.allocate(chunk, &counts) {
+                        let pages = runs.into_iter().map(|run| (PageNo(rng.below(64) as u32), run)).collect();
+                        in_flight.push((chunk, pages));
+                    }
+                }
+                4..=6 if !in_flight.is_empty() => {
+                    let (chunk, pages) = in_flight.swap_remove(rng.below(in_flight.len() as u64) as usize);
+                    // A page named twice in one group keeps its first run; the others were
+                    // never journalled and go back at once.
+                    let mut named = std::collections::BTreeSet::new();
+                    let (mut entries, mut spare) = (Vec::new(), Vec::new());
+                    for (page, run) in pages {
+                        if !named.insert(page) {
+                            spare.push(run);
+                            continue;
+                        }
+                        let entry = PageEntry {
+                            encoding: Encoding::Lz4,
+                            run,
+                            stored_len: u16::from(run.count) * 4096 - 1,
+                            checksum: 0,
+                            lsn: Lsn(step),
+                        };
+                        entries.push((page, Some(entry)));
+                    }
+                    core.unallocate(chunk, &spare);
+                    core.install(chunk, &entries);
+                }
+                7 => {
+                    let page = PageNo(rng.below(64) as u32);
+                    if core.is_mapped(chunk, page) {
+                        core.install(chunk, &[(page, None)]);
+                    }
+                }
+                8 if in_flight.is_empty() => {
+                    let freed = core.take_pending();
+                    core.release(&freed);
+                }
+                _ => {
+                    let (chunk, runs): (ChunkId, Vec<BlockRun>) = match in_flight.pop() {
+                        Some((chunk, pages)) => (chunk, pages.into_iter().map(|(_, run)| run).collect()),
+                        None => continue,
+                    };
+                    core.unallocate(chunk, &runs);
+                }
+            }
+            if in_flight.is_empty() {
+                assert_eq!(core.invariant_problem(), None, "seed {seed}, step {step}");
+                checks += 1;
+            }
+        }
+        assert!(checks > 300, "only {checks} quiescent steps were checked");
+        core.entries()
+    };
+    let first = run(seed);
+    assert!(!first.is_empty());
+    assert_eq!(first, run(seed), "the same events gave another placement");
+}
