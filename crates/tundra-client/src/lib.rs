@@ -9,9 +9,9 @@
 //! Submitted requests are buffered and sent together by the next `wait`, `wait_any` or `send`
 //! (or when the buffer fills), so that a burst of submissions costs one write.
 //!
-//! [`bench::overhead`] measures what the protocol costs per request against in-process calls.
+//! What the protocol costs per request against in-process calls is measured apart, by
+//! `tundra-bench protocol` (crates/tundra-bench).
 
-pub mod bench;
 mod error;
 
 use std::collections::{HashMap, VecDeque};

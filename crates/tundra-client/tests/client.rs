@@ -1,12 +1,12 @@
 //! The client against a server over the in-memory service: every opcode, errors and which of
 //! them the connection survives, pipelining with answers taken out of order, several clients,
-//! shutdown, and the overhead benchmark at a tiny size.
+//! shutdown.
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tundra_client::{Client, ClientConfig, Error, RequestId, bench};
+use tundra_client::{Client, ClientConfig, Error, RequestId};
 use tundra_proto::mem::MemService;
 use tundra_proto::{HeavyResult, Reply, Server, ServiceError, Status, VolumeMode, VolumeSpec, WriteMode};
 
@@ -263,32 +263,4 @@ fn a_dropped_server_ends_its_connections() {
     let mut client = Client::connect(server.local_addr()).unwrap();
     drop(server);
     assert!(client.ping(b"x").unwrap_err().is_connection_lost());
-}
-
-#[test]
-fn the_overhead_benchmark_runs_at_a_tiny_size() {
-    let service = Arc::new(MemService::new());
-    let info = tundra_proto::Service::volume_create(&*service, spec("bench", 64)).unwrap();
-    let ops = std::env::var("TUNDRA_BENCH_OPS").ok().and_then(|ops| ops.parse().ok()).unwrap_or(200);
-    let report = bench::overhead(service, info.id, PAGE, ops).unwrap();
-    println!("{report}");
-    for phase in [&report.in_process, &report.protocol_qd1, &report.protocol_qdn] {
-        for stats in [&phase.read, &phase.write] {
-            assert_eq!(stats.ops, ops);
-            assert!(stats.latency_us_median > 0.0 && stats.latency_us_median <= stats.latency_us_p99);
-            assert!(stats.wall_us_per_op > 0.0);
-        }
-    }
-    assert_eq!(report.protocol_qdn.queue_depth, 16);
-    assert!(report.to_string().contains("read overhead: depth 1"));
-}
-
-#[test]
-fn the_overhead_benchmark_checks_its_volume() {
-    let service = Arc::new(MemService::new());
-    let info = tundra_proto::Service::volume_create(&*service, spec("bench", 8)).unwrap();
-    let error = bench::overhead(service.clone(), info.id + 1, PAGE, 10).unwrap_err();
-    assert_eq!(error.status(), Some(Status::NotFound));
-    let error = bench::overhead(service, info.id, 8192, 10).unwrap_err();
-    assert_eq!(error.status(), Some(Status::Invalid));
 }

@@ -3,15 +3,19 @@
 //! Every layer above writes through this trait and nothing else. The implementations are the
 //! emulated compressing drive ([`csd::CsdDevice`], a model of PolarCSD, seed 000 §3.2.2 and §4.1),
 //! a plain file or raw block device ([`file::FileDevice`], TRIM by hole punching as in seed 004
-//! §3), a memory device ([`mem::MemDevice`]) and a fault-injecting wrapper for tests
-//! ([`fault::FaultyDevice`]). All of them pass the same conformance suite ([`conformance`]).
+//! §3) and a memory device ([`mem::MemDevice`]). All of them pass the same conformance suite
+//! (`conformance`), and the layers above test their crash handling on a fault-injecting wrapper
+//! (`fault::FaultyDevice`). Those two are test fixtures behind the `testing` feature, which the
+//! product never enables; a crate whose tests use them enables it in its dev-dependencies.
 //!
 //! The device layer knows nothing of pages, volumes or chunks: it stores numbered 4 KiB blocks.
 
 pub mod buf;
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod csd;
 mod error;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod file;
 pub mod mem;

@@ -11,22 +11,17 @@
 //! compares; its decompression costs are calibrated on this machine at startup, on sample pages
 //! of the files themselves. Nothing is written anywhere.
 
-use std::fs::File;
 use std::io::IsTerminal;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use libdeflater::{CompressionLvl, Compressor};
-use tundra_codec::{
-    Algorithm, DecompressCost, EncodedPage, Encoding, PageCodec, PageSize, Selector, SelectorConfig, bytes_4k,
-    calibration_pages,
-};
+use tundra::input::{InputFile, calibrate, open_files, parse_page_size, read_padded, selector_config};
+use tundra_codec::{Algorithm, EncodedPage, Encoding, PageCodec, PageSize, Selector, bytes_4k};
 use tundra_device::csd::{DEFLATE_LEVEL, stored_payload_bytes};
-use tundra_device::size::parse_size;
 use tundra_device::{BLOCK_SIZE, is_zero};
 
 use crate::analyze_report::{Input, Report};
@@ -48,20 +43,6 @@ pub struct AnalyzeArgs {
     tie_rate: String,
 }
 
-/// The selector's thresholds for `--tie-rate`: the paper's, with the tie rule at `rate`.
-pub fn selector_config(tie_rate: &str) -> Result<SelectorConfig> {
-    let tie_bytes_per_us = match tie_rate {
-        "off" => None,
-        rate => Some(
-            rate.parse::<f64>()
-                .ok()
-                .filter(|r| r.is_finite() && *r > 0.0)
-                .ok_or_else(|| anyhow::anyhow!("--tie-rate {rate:?}: give a positive number of B/µs or `off`"))?,
-        ),
-    };
-    Ok(SelectorConfig { tie_bytes_per_us, ..SelectorConfig::default() })
-}
-
 /// Input sizes of seed 000 Figure 2b. Each divides [`UNIT_BYTES`], so that a unit of work holds
 /// whole inputs of every size.
 pub const INPUT_SIZES: [usize; 6] = [4 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
@@ -69,8 +50,6 @@ pub const INPUT_SIZES: [usize; 6] = [4 << 10, 8 << 10, 16 << 10, 64 << 10, 256 <
 pub const GRANULARITY_INPUT: usize = 16 << 10;
 /// The bytes of a file one worker takes at a time.
 const UNIT_BYTES: u64 = 1 << 20;
-/// Real pages timed to calibrate the decompression costs, besides the synthetic ones.
-const CALIBRATION_SAMPLES: u64 = 24;
 
 // Units start at page boundaries and hold whole inputs of every Figure 2 size.
 const _: () = {
@@ -110,82 +89,10 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn parse_page_size(text: &str) -> Result<PageSize> {
-    let bytes = parse_size(text).with_context(|| format!("--page-size {text}"))?;
-    PageSize::from_bytes(bytes)
-        .map_err(|_| anyhow::anyhow!("--page-size {text}: only pages of 8KiB or 16KiB are supported"))
-}
-
 fn names(paths: &[PathBuf]) -> String {
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     let verb = if names.len() == 1 { "is" } else { "are" };
     format!("{} {verb}", names.join(", "))
-}
-
-/// One input file, open for positional reads from every worker.
-pub(crate) struct InputFile {
-    path: PathBuf,
-    file: File,
-    pub(crate) bytes: u64,
-}
-
-pub(crate) fn open_files(paths: &[PathBuf]) -> Result<Vec<InputFile>> {
-    paths
-        .iter()
-        .map(|path| {
-            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            let metadata = file.metadata().with_context(|| format!("examining {}", path.display()))?;
-            if !metadata.is_file() {
-                bail!("{} is not a regular file", path.display());
-            }
-            Ok(InputFile { path: path.clone(), file, bytes: metadata.len() })
-        })
-        .collect()
-}
-
-/// Reads `buf.len()` bytes at `offset`; what lies past the end of the file stays zero.
-pub(crate) fn read_padded(input: &InputFile, offset: u64, buf: &mut [u8]) -> Result<()> {
-    buf.fill(0);
-    let mut filled = 0;
-    while filled < buf.len() {
-        let n = input
-            .file
-            .read_at(&mut buf[filled..], offset + filled as u64)
-            .with_context(|| format!("reading {}", input.path.display()))?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
-    }
-    Ok(())
-}
-
-/// Calibrates the decompression costs on pages spread evenly over the input, plus synthetic pages
-/// that spread the compressed sizes.
-pub(crate) fn calibrate(
-    codec: &PageCodec,
-    files: &[InputFile],
-    page_size: PageSize,
-    pages: u64,
-) -> Result<DecompressCost> {
-    let page_bytes = page_size.bytes() as u64;
-    let mut samples = calibration_pages(page_size);
-    let step = pages.div_ceil(CALIBRATION_SAMPLES);
-    let mut first_page = 0u64;
-    for input in files {
-        let file_pages = input.bytes.div_ceil(page_bytes);
-        // Every page whose global index is a multiple of `step`.
-        let mut index = first_page.div_ceil(step) * step;
-        while index < first_page + file_pages {
-            let mut page = vec![0u8; page_size.bytes()];
-            read_padded(input, (index - first_page) * page_bytes, &mut page)?;
-            samples.push(page);
-            index += step;
-        }
-        first_page += file_pages;
-    }
-    let refs: Vec<&[u8]> = samples.iter().map(Vec::as_slice).collect();
-    DecompressCost::calibrate(codec, &refs).context("calibrating decompression costs")
 }
 
 /// Bytes one way of storing pages costs.

@@ -15,8 +15,6 @@ use tundra_device::file::FileDevice;
 use tundra_device::size::{format_size, parse_size};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
-use crate::drive_bench;
-
 #[derive(Subcommand)]
 pub enum DriveCommand {
     /// Create an empty drive image at PATH.
@@ -79,9 +77,6 @@ pub enum DriveCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Measure the drive against a plain file device (seed 000 Figure 7) and its garbage
-    /// collection under random overwrites.
-    Bench(drive_bench::BenchArgs),
 }
 
 pub fn run(command: DriveCommand) -> Result<()> {
@@ -102,7 +97,6 @@ pub fn run(command: DriveCommand) -> Result<()> {
         DriveCommand::Trim { path, offset, length } => trim(&path, parse_size(&offset)?, parse_size(&length)?),
         DriveCommand::Gc { path, max_segments, policy } => gc(&path, max_segments, &policy),
         DriveCommand::Stats { path, json } => stats(&path, json),
-        DriveCommand::Bench(args) => drive_bench::run(args),
     }
 }
 

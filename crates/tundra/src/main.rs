@@ -1,15 +1,12 @@
 //! The `tundra` command line. Every subcommand's names, flags and JSON keys are a user-facing
-//! contract documented in docs/cli.md.
+//! contract documented in docs/cli.md. The benchmarks and measurements are not here: they are
+//! the `tundra-bench` binary (crates/tundra-bench, docs/bench-cli.md).
 
 mod analyze;
 mod analyze_report;
-mod bench;
 mod drive;
-mod drive_bench;
-mod measure;
 mod repair;
 mod serve;
-mod store_measure;
 mod volume;
 
 use clap::{Parser, Subcommand};
@@ -23,15 +20,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The emulated compressing drive: format, load, dump, trim, collect, inspect, benchmark.
+    /// The emulated compressing drive: format, load, dump, trim, collect, inspect.
     #[command(subcommand)]
     Drive(drive::DriveCommand),
     /// Estimate what Tundra would store for database files: each compression layer, lz4 vs zstd,
     /// Algorithm 1's mix.
     Analyze(analyze::AnalyzeArgs),
-    /// The page store.
-    #[command(subcommand)]
-    Store(StoreCommand),
     /// Run the node: volumes over NBD and the native protocol, metrics; the embedded default
     /// keeps everything in ./tundra-data and listens on 127.0.0.1 only.
     Serve(serve::NodeArgs),
@@ -46,16 +40,6 @@ enum Command {
     /// Repair a stopped node whose journal is damaged: without --accept-loss, report what would
     /// be dropped; with it, truncate the log at the damage and list the pages that then fail.
     Repair(repair::RepairArgs),
-    /// Benchmarks of the node's parts, each against a baseline measured in the same run.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
-}
-
-#[derive(Subcommand)]
-enum StoreCommand {
-    /// Write database files page by page through the store onto an emulated drive, once per way
-    /// of compressing (none, lz4, zstd, Algorithm 1), and report the space each really takes.
-    Measure(store_measure::MeasureArgs),
 }
 
 fn main() {
@@ -63,13 +47,11 @@ fn main() {
     let result = match cli.command {
         Command::Drive(command) => drive::run(command),
         Command::Analyze(args) => analyze::run(args),
-        Command::Store(StoreCommand::Measure(args)) => store_measure::run(args),
         Command::Serve(args) => serve::serve(args),
         Command::Volume(command) => volume::run(command),
         Command::Stats(args) => volume::stats(args),
         Command::Fsck(args) => serve::fsck(args),
         Command::Repair(args) => repair::repair(args),
-        Command::Bench(command) => bench::run(command),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");

@@ -100,26 +100,3 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
     std::fs::write(&not_a_drive, vec![0u8; 1 << 20]).unwrap();
     fails(&["drive", "stats", not_a_drive.to_str().unwrap()], "not a formatted Tundra drive");
 }
-
-#[test]
-fn bench_quick_runs_and_reports_ratios() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let out =
-        ok(&["drive", "bench", "--quick", "--dir", dir.path().to_str().unwrap(), "--json", json.to_str().unwrap()]);
-    assert!(out.contains("configuration: `tundra drive bench"), "{out}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let latency = report["latency"].as_array().unwrap();
-    assert_eq!(latency.len(), 4);
-    // Data of a higher target ratio compresses more, and the map costs 7 bytes per LBA.
-    let achieved: Vec<f64> = latency.iter().map(|p| p["achieved_ratio"].as_f64().unwrap()).collect();
-    assert!(achieved.windows(2).all(|w| w[0] < w[1]), "{achieved:?}");
-    assert!((achieved[0] - 1.0).abs() < 0.05 && achieved[1] > 1.7, "{achieved:?}");
-    assert!(latency.iter().all(|p| p["map_bytes_per_lba"].as_f64().unwrap() <= 8.0));
-    let gc = report["gc"].as_array().unwrap();
-    assert_eq!(gc.len(), 6);
-    for point in gc {
-        let wa = point["gc_write_amplification"].as_f64().unwrap();
-        assert!(wa >= 1.0, "{point}");
-    }
-}

@@ -1,6 +1,8 @@
-//! `tundra store measure` end to end: real bytes through the store onto an emulated drive.
+//! `tundra-bench store` end to end: real bytes through the store onto an emulated drive.
 
-use std::process::Command;
+mod common;
+
+use common::{fails, succeeds};
 
 #[test]
 fn measure_reports_every_layout_from_real_usage() {
@@ -13,12 +15,15 @@ fn measure_reports_every_layout_from_real_usage() {
         );
     }
     std::fs::write(&file, &data).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tundra"))
-        .args(["store", "measure", file.to_str().unwrap(), "--page-size", "16KiB", "--json", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = succeeds(&[
+        "store",
+        file.to_str().unwrap(),
+        "--page-size",
+        "16KiB",
+        "--json",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let pages = (data.len() as u64).div_ceil(16384);
     let layouts = report["layouts"].as_array().unwrap();
@@ -38,8 +43,5 @@ fn measure_reports_every_layout_from_real_usage() {
     }
     // Text compresses: zstd's pages take fewer blocks than raw ones.
     assert!(layouts[2]["software_4k_bytes"].as_u64() < layouts[0]["software_4k_bytes"].as_u64());
-    let missing =
-        Command::new(env!("CARGO_BIN_EXE_tundra")).args(["store", "measure", "/nonexistent/file"]).output().unwrap();
-    assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).starts_with("tundra: "));
+    fails(&["store", "/nonexistent/file"], "/nonexistent/file");
 }

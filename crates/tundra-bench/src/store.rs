@@ -1,4 +1,4 @@
-//! `tundra store measure`: writes database files page by page through the store onto an emulated
+//! `tundra-bench store`: writes database files page by page through the store onto an emulated
 //! drive, once per way of compressing, and reports the space each way really takes, measured from
 //! the store's and the drive's own usage (seed 000 Figure 14 and Table 3), against the drive
 //! alone and against no compression at all.
@@ -20,10 +20,10 @@ use tundra_store::pages::{CpuLoad, Pages};
 use tundra_store::store::Store;
 use tundra_store::volume::{DEFAULT_CHUNK_BYTES, Volume, VolumeMode};
 
-use crate::analyze::{calibrate, open_files, parse_page_size, read_padded};
+use tundra::input::{InputFile, calibrate, open_files, parse_page_size, read_padded, selector_config};
 
 #[derive(Args)]
-pub struct MeasureArgs {
+pub struct StoreArgs {
     /// Database files (PostgreSQL relation files, InnoDB .ibd files, ...).
     #[arg(required = true)]
     files: Vec<PathBuf>,
@@ -83,7 +83,7 @@ struct Report {
     layouts: Vec<Layout>,
 }
 
-pub fn run(args: MeasureArgs) -> Result<()> {
+pub fn run(args: StoreArgs) -> Result<()> {
     let page_size = parse_page_size(&args.page_size)?;
     let files = open_files(&args.files)?;
     let page_bytes = page_size.bytes() as u64;
@@ -95,7 +95,7 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     let dir =
         args.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("tundra-measure-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let config = crate::analyze::selector_config(&args.tie_rate)?;
+    let config = selector_config(&args.tie_rate)?;
     let result = measure_all(&files, page_size, logical, &dir, config);
     let _ = std::fs::remove_dir_all(&dir);
     let (drive_only, plain, layouts) = result?;
@@ -135,7 +135,7 @@ fn read_count(pages: u64) -> usize {
 
 /// The page indexes read, the same for every layout.
 fn read_order(pages: u64) -> Vec<u64> {
-    let mut rng = tundra_device::conformance::Rng::new(7);
+    let mut rng = tundra_env::Rng::new(7);
     (0..read_count(pages)).map(|_| rng.below(pages)).collect()
 }
 
@@ -149,12 +149,7 @@ fn p99_us(samples: &mut [Duration]) -> f64 {
 }
 
 /// The baseline: pages written and flushed one by one, then read, straight on a plain file.
-fn plain_device(
-    dir: &Path,
-    files: &[crate::analyze::InputFile],
-    page_size: tundra_codec::PageSize,
-    logical: u64,
-) -> Result<Timing> {
+fn plain_device(dir: &Path, files: &[InputFile], page_size: tundra_codec::PageSize, logical: u64) -> Result<Timing> {
     let page_bytes = page_size.bytes() as u64;
     let device = FileDevice::create(dir.join("plain.img"), logical.div_ceil(BLOCK_SIZE_BYTES) * BLOCK_SIZE_BYTES)?;
     let mut writes = Vec::new();
@@ -178,7 +173,7 @@ fn plain_device(
 }
 
 fn measure_all(
-    files: &[crate::analyze::InputFile],
+    files: &[InputFile],
     page_size: tundra_codec::PageSize,
     logical: u64,
     dir: &Path,
@@ -309,7 +304,7 @@ fn measure_all(
 }
 
 fn for_each_page(
-    files: &[crate::analyze::InputFile],
+    files: &[InputFile],
     page_size: tundra_codec::PageSize,
     page: &mut [u8],
     mut visit: impl FnMut(&[u8]) -> Result<()>,

@@ -1,4 +1,4 @@
-//! `tundra drive bench`: the emulated drive measured the way seed 000 §4.1.3 measures PolarCSD
+//! `tundra-bench drive`: the emulated drive measured the way seed 000 §4.1.3 measures PolarCSD
 //! (Figure 7: 16 KiB I/O at queue depth 1, compressibility 1.0 to 4.0) against a plain file
 //! device in the same run, the host CPU its engine costs, and its garbage collection under random
 //! overwrites at several physical fullness levels.
@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use serde::Serialize;
-use tundra_device::conformance::Rng;
 use tundra_device::csd::{CompressionMode, CsdConfig, CsdDevice, FormatOptions, GcPolicy, stored_payload_bytes};
 use tundra_device::file::FileDevice;
 use tundra_device::size::{format_size, parse_size};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
+use tundra_env::Rng;
 
 use crate::measure::{Latencies, process_cpu_time};
 
 #[derive(Args, Clone)]
-pub struct BenchArgs {
+pub struct DriveArgs {
     /// Directory for the drive and plain images (removed afterwards); defaults to the system
     /// temporary directory.
     #[arg(long)]
@@ -99,7 +99,7 @@ struct Report {
     gc: Vec<GcPoint>,
 }
 
-pub fn run(mut args: BenchArgs) -> Result<()> {
+pub fn run(mut args: DriveArgs) -> Result<()> {
     if args.quick {
         args.size = "8MiB".into();
         args.reads = 300;
@@ -114,7 +114,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let configuration = format!(
-        "tundra drive bench --size {} --reads {} --ratios {} --fullness {} --gc-physical {} --gc-passes {} --segment-size {}{}",
+        "tundra-bench drive --size {} --reads {} --ratios {} --fullness {} --gc-physical {} --gc-passes {} --segment-size {}{}",
         args.size,
         args.reads,
         args.ratios.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(","),
@@ -125,7 +125,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         if args.quick { " (--quick)" } else { "" },
     );
     let machine = machine_description();
-    println!("# tundra drive bench\n\nconfiguration: `{configuration}`\n\nmachine: {machine}\n");
+    println!("# tundra-bench drive\n\nconfiguration: `{configuration}`\n\nmachine: {machine}\n");
     let result = run_suites(&args, &dir, configuration, machine);
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -138,7 +138,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_suites(args: &BenchArgs, dir: &Path, configuration: String, machine: String) -> Result<Report> {
+fn run_suites(args: &DriveArgs, dir: &Path, configuration: String, machine: String) -> Result<Report> {
     let segment_bytes = parse_size(&args.segment_size)?;
     let mut report = Report { configuration, machine, latency: Vec::new(), gc: Vec::new() };
     if args.suite != "gc" {

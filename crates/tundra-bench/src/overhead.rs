@@ -5,8 +5,9 @@
 //!
 //! At depth 1 the overhead is the difference of median latencies: a request's round trip through
 //! two sockets and two thread wake-ups. A bare TCP echo of 20 bytes, measured in the same run,
-//! shows how much of that the machine costs before the protocol does anything. At depth N it is the difference of wall time per
-//! operation, which is what a pipelining engine sees as throughput.
+//! shows how much of that the machine costs before the protocol does anything. At depth N it is
+//! the difference of wall time per operation, which is what a pipelining engine sees as
+//! throughput.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,10 +18,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tundra_client::{Client, Error, RequestId, Result};
 use tundra_proto::frame::HEADER_BYTES;
 use tundra_proto::{Server, Service, ServiceError, WriteMode};
-
-use crate::{Client, Error, Result};
 
 /// What to run. `ops` reads and `ops` writes per phase, after a warm-up of a tenth as many.
 #[derive(Clone, Debug)]
@@ -258,7 +258,7 @@ fn measure_pipelined(
     client: &mut Client,
     ops: usize,
     depth: usize,
-    mut submit: impl FnMut(&mut Client, usize) -> Result<crate::RequestId>,
+    mut submit: impl FnMut(&mut Client, usize) -> Result<RequestId>,
 ) -> Result<OpStats> {
     run_pipelined(client, ops / 10, depth, &mut submit)?;
     let start = Instant::now();
@@ -270,7 +270,7 @@ fn run_pipelined(
     client: &mut Client,
     ops: usize,
     depth: usize,
-    submit: &mut impl FnMut(&mut Client, usize) -> Result<crate::RequestId>,
+    submit: &mut impl FnMut(&mut Client, usize) -> Result<RequestId>,
 ) -> Result<Vec<Duration>> {
     let mut submitted_at = HashMap::with_capacity(depth);
     let mut latencies = Vec::with_capacity(ops);

@@ -1,26 +1,21 @@
-//! `tundra bench protocol`: what the native protocol costs per request on a real node.
+//! `tundra-bench protocol`: what the native protocol costs per request on a real node.
 //!
 //! A node is opened on a scratch data directory (a small drive and fast device, as files) and
 //! the same page reads and writes run as in-process calls on its service and through the
-//! protocol server and client on 127.0.0.1 (tundra_client::bench), in one run, so the answer is
+//! protocol server and client on 127.0.0.1 ([`crate::overhead`]), in one run, so the answer is
 //! a difference and a ratio against a baseline measured beside it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand, ValueEnum};
-use tundra_client::bench::{OverheadConfig, overhead_with};
+use clap::{Args, ValueEnum};
 use tundra_device::size::parse_size;
 use tundra_node::native::NodeService;
 use tundra_node::{Config, Node};
 use tundra_proto::{Service, VolumeMode, VolumeSpec, WriteMode};
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Per-request overhead of the native protocol against in-process calls on a real node.
-    Protocol(ProtocolArgs),
-}
+use crate::overhead::{OverheadConfig, overhead_with};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Mode {
@@ -53,13 +48,7 @@ pub struct ProtocolArgs {
     json: bool,
 }
 
-pub fn run(command: BenchCommand) -> Result<()> {
-    match command {
-        BenchCommand::Protocol(args) => protocol(args),
-    }
-}
-
-fn protocol(args: ProtocolArgs) -> Result<()> {
+pub fn run(args: ProtocolArgs) -> Result<()> {
     let page_size = parse_size(&args.page_size).with_context(|| format!("--page-size {}", args.page_size))?;
     if page_size != 8192 && page_size != 16384 {
         bail!("--page-size must be 8KiB or 16KiB, not {}", args.page_size);
@@ -112,7 +101,7 @@ fn protocol(args: ProtocolArgs) -> Result<()> {
     };
     if !args.json {
         eprintln!(
-            "tundra bench protocol: a node in {} ({} volume, mode normal), {} ops per phase, depth 1 and {}; \
+            "tundra-bench protocol: a node in {} ({} volume, mode normal), {} ops per phase, depth 1 and {}; \
              client, server and node share this machine's cores",
             config.data_dir.display(),
             tundra_device::size::format_size(volume_bytes),

@@ -1,4 +1,4 @@
-//! `tundra bench protocol` end to end at a tiny size, so the benchmark cannot rot.
+//! `tundra-bench protocol` end to end at a tiny size, so the benchmark cannot rot.
 
 mod common;
 
@@ -6,7 +6,7 @@ use common::{fails, succeeds};
 
 #[test]
 fn protocol_bench_measures_a_real_node_against_in_process_calls() {
-    let out = succeeds(&["bench", "protocol", "--ops", "40", "--queue-depth", "4", "--pages", "64", "--json"]);
+    let out = succeeds(&["protocol", "--ops", "40", "--queue-depth", "4", "--pages", "64", "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["page_size"], 8192);
     assert_eq!(report["ops"], 40);
@@ -27,8 +27,8 @@ fn protocol_bench_measures_a_real_node_against_in_process_calls() {
 
 #[test]
 fn protocol_bench_rejects_bad_arguments() {
-    fails(&["bench", "protocol", "--page-size", "4KiB"], "8KiB or 16KiB");
-    fails(&["bench", "protocol", "--ops", "0"], "at least 1");
+    fails(&["protocol", "--page-size", "4KiB"], "8KiB or 16KiB");
+    fails(&["protocol", "--ops", "0"], "at least 1");
     let dir = tempfile::tempdir().unwrap();
-    fails(&["bench", "protocol", "--data-dir", dir.path().to_str().unwrap()], "exists");
+    fails(&["protocol", "--data-dir", dir.path().to_str().unwrap()], "exists");
 }
