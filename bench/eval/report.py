@@ -323,7 +323,7 @@ class Report:
                        "`scripts/datasets`) written page by page through the store (allocator, index, journal) "
                        "onto a fresh emulated drive, once per way of compressing; ratios are logical bytes over "
                        "the drive's own `physical_used_bytes`, software only over the 4 KiB blocks the store "
-                       "allocated. Algorithm 1 runs as on an idle host (`tundra store measure`); `analyze` is "
+                       "allocated. Algorithm 1 runs as on an idle host (`tundra-bench store`); `analyze` is "
                        "`tundra analyze`'s estimate of Algorithm 1 on both layers for the same files, against "
                        "the store's measured bytes. Commands, per dataset: "
                        + "; ".join(f"`{c}`" for c in (ok[0]["commands"] if ok else [])) + ".", ""]

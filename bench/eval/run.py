@@ -9,8 +9,8 @@ MariaDB InnoDB's own compression on ext4), on a fresh stack every time:
               tables), then the seven workloads of seed 000 Figure 12, caches dropped before
               each, the database in a memory cgroup so that it reads from storage; sizes after.
 Then the store alone on each dataset's PostgreSQL relation files (`scripts/datasets`, then
-`tundra store measure` and `tundra analyze`: seed 000 Figures 14, 5c and 2, Table 3), the drive
-alone (`tundra drive bench --suite latency`, Figure 7) and the report: results.json, report.md
+`tundra-bench store` and `tundra analyze`: seed 000 Figures 14, 5c and 2, Table 3), the drive
+alone (`tundra-bench drive --suite latency`, Figure 7) and the report: results.json, report.md
 and PNG plots in the output directory.
 
 Every system is normalised to its uncompressed baseline measured in the same run: the
@@ -136,6 +136,7 @@ class Runner:
     def __init__(self, args, size: Size, out: pathlib.Path):
         self.args, self.size, self.out = args, size, out
         self.tundra_bin = REPO / "target" / "release" / "tundra"
+        self.bench_bin = REPO / "target" / "release" / "tundra-bench"
         self.work = pathlib.Path(args.work_dir or "/tmp") / f"tundra-bench.{os.getpid()}"
         self.results = {"space": [], "throughput": [], "store": [], "drive": None, "problems": []}
         self.ports = self._pick_ports()
@@ -275,7 +276,7 @@ class Runner:
         """Seed 000 Figure 14, Table 3 and Figure 5c on the store alone: the dataset's PostgreSQL
         relation files (tables and indexes, from `scripts/datasets`) written page by page through
         the store onto an emulated drive, once per way of compressing, sizes from the store's and
-        the drive's own usage (`tundra store measure`); and what `tundra analyze` estimates for
+        the drive's own usage (`tundra-bench store`); and what `tundra analyze` estimates for
         the same files, which must agree."""
         scale = self.size.scale
         logs = self.out / "logs" / "store"
@@ -291,16 +292,16 @@ class Runner:
             work = self.work / "store"
             work.mkdir(parents=True, exist_ok=True)
             names = [str(f) for f in files]
-            measure = [str(self.tundra_bin), "store", "measure", *names, "--page-size", "8KiB", "--json",
+            measure = [str(self.bench_bin), "store", *names, "--page-size", "8KiB", "--json",
                        "--dir", str(work)]
             analyze = [str(self.tundra_bin), "analyze", *names, "--page-size", "8KiB", "--json"]
             started = time.monotonic()
-            result["measure"] = json.loads(common.run(measure, what="tundra store measure").stdout)
+            result["measure"] = json.loads(common.run(measure, what="tundra-bench store").stdout)
             result["analyze"] = json.loads(common.run(analyze, what="tundra analyze").stdout)
             result["seconds"] = round(time.monotonic() - started, 1)
             shown = f"target/datasets/{scale}/{dataset}/*.heap target/datasets/{scale}/{dataset}/*.index"
             result["commands"] = [f"scripts/datasets --scale {scale} {dataset}",
-                                  f"tundra store measure {shown} --page-size 8KiB --json",
+                                  f"tundra-bench store {shown} --page-size 8KiB --json",
                                   f"tundra analyze {shown} --page-size 8KiB --json"]
             for name, data in (("measure", result["measure"]), ("analyze", result["analyze"])):
                 (logs / f"{dataset}-{name}.json").write_text(json.dumps(data, indent=1))
@@ -316,11 +317,11 @@ class Runner:
     def drive(self) -> dict | None:
         """Figure 7: the emulated drive's 16 KiB latency against a plain file, by compressibility."""
         out = self.out / "drive-bench.json"
-        cmd = [str(self.tundra_bin), "drive", "bench", "--suite", "latency", "--json", str(out),
+        cmd = [str(self.bench_bin), "drive", "--suite", "latency", "--json", str(out),
                "--dir", str(self.work / "drive-bench"), *self.size.drive_bench]
         (self.work / "drive-bench").mkdir(parents=True, exist_ok=True)
         try:
-            common.run(cmd, what="tundra drive bench", log_file=self.out / "logs" / "drive-bench.log")
+            common.run(cmd, what="tundra-bench drive", log_file=self.out / "logs" / "drive-bench.log")
         except BenchError as e:
             self.results["problems"].append(f"drive bench: {e}")
             return None

@@ -55,7 +55,7 @@ def results() -> dict:
                                            {"input_bytes": 65536, "ratio": 3.0}, {"input_bytes": 1 << 20, "ratio": 3.5}]}}
     store = [{"dataset": "tpch", "scale": "quick", "measure": measure, "analyze": analyze, "seconds": 1.0,
               "commands": ["scripts/datasets --scale quick tpch"]},
-             {"dataset": "tpcds", "scale": "quick", "error": "tundra store measure failed: test"}]
+             {"dataset": "tpcds", "scale": "quick", "error": "tundra-bench store failed: test"}]
     return {"meta": {"command": "bench/run --quick", "date": "2026-11-23T00:00:00+00:00", "finished": "x",
                      "wall_seconds": 1, "size": QUICK.__dict__ | {"name": "quick"}, "databases": ["postgresql"],
                      "datasets": ["tpch"], "workloads": ["oltp_point_select", "oltp_insert"],
