@@ -21,11 +21,11 @@ pub(crate) fn journal_places(slices: &FastSlices) -> [JournalPlace; 2] {
     [
         JournalPlace {
             name: format!("the compressed store's journal in {FAST_FILE}"),
-            first_lba: slices.data_journal.0,
+            first_lba: Lba(slices.data_journal.0),
         },
         JournalPlace {
             name: format!("the uncompressed store's journal in {FAST_FILE}"),
-            first_lba: slices.fast_journal.0,
+            first_lba: Lba(slices.fast_journal.0),
         },
     ]
 }

@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
 mod frame;
+mod ids;
 mod record;
 mod recovery;
 #[cfg(test)]
@@ -30,6 +31,8 @@ mod tests;
 
 pub use frame::JournalGeometry;
 use frame::{CheckpointHeader, LOG_PAYLOAD_BYTES, Superblock, encode_log_block};
+pub use ids::LogPosition;
+use ids::{CheckpointSlot, Epoch, Generation};
 pub(crate) use record::{Cursor, decode_volume, encode_volume, encoding_bits, encoding_from_bits};
 pub use record::{MAX_RECORD_BYTES, PAGE_RECORD_BYTES, Record};
 #[cfg(test)]
@@ -49,13 +52,13 @@ struct Committer {
     committing: bool,
     /// The position of the block the next commit writes first: the last, partly filled block,
     /// whose records are in `tail`, or a fresh one when `tail` is empty.
-    next_position: u64,
+    next_position: LogPosition,
     tail: Vec<u8>,
-    epoch: u64,
+    epoch: Epoch,
     /// The newest checkpoint's position, and the oldest position either checkpoint still needs:
     /// the ring never reuses a block from there on.
-    checkpoint_position: u64,
-    retain_from: u64,
+    checkpoint_position: LogPosition,
+    retain_from: LogPosition,
     failed: Option<String>,
 }
 
@@ -63,9 +66,9 @@ struct Committer {
 /// each slot's log position.
 #[derive(Clone, Copy)]
 struct Checkpoints {
-    generation: u64,
-    current: u64,
-    positions: [u64; 2],
+    generation: Generation,
+    current: CheckpointSlot,
+    positions: [LogPosition; 2],
 }
 
 /// The journal on a fast device.
@@ -106,12 +109,18 @@ impl Journal {
         }
         device.trim(Lba(0), geometry.total_blocks())?;
         // Both slots hold the empty checkpoint, so either can be fallen back to.
-        for slot in 0..2 {
-            device.write(geometry.checkpoint_lba(slot), &encode_checkpoint(&[], 0, 0)?)?;
+        for slot in CheckpointSlot::BOTH {
+            device.write(geometry.checkpoint_lba(slot), &encode_checkpoint(&[], LogPosition::default(), 0)?)?;
         }
         device.flush()?;
-        let superblock = Superblock { geometry, generation: 1, epoch: 1, current: 0, positions: [0, 0] };
-        device.write(Lba(1), &superblock.encode())?;
+        let superblock = Superblock {
+            geometry,
+            generation: Generation::FIRST,
+            epoch: Epoch::FIRST,
+            current: CheckpointSlot::BOTH[0],
+            positions: [LogPosition::default(); 2],
+        };
+        device.write(Lba(superblock.generation.copy()), &superblock.encode())?;
         device.flush()?;
         Ok(())
     }
@@ -140,7 +149,7 @@ impl Journal {
             // Up to one lap past the older checkpoint's position, not the recovered one's: the
             // blocks that checkpoint's replay needs stay (later positions would reuse them).
             let keep_from = found.superblock.positions[0].min(found.superblock.positions[1]);
-            recovery::truncate(device.as_ref(), geometry, damage.position, keep_from + geometry.log_blocks)?;
+            recovery::truncate(device.as_ref(), geometry, damage.position, keep_from.after(geometry.log_blocks))?;
             notes.push(format!("{}: truncated the log, dropping {}", place.name, damage.dropped()));
         }
         let mut checkpoints = Checkpoints {
@@ -188,6 +197,11 @@ impl Journal {
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
         }
+        // No records is nothing to make durable, and a group of none would have no last block
+        // to hold the tail: every group commit below carries at least one record.
+        if records.is_empty() {
+            return Ok(());
+        }
         for record in records {
             record.encode(&mut c.pending);
         }
@@ -232,7 +246,14 @@ impl Journal {
     /// with (a single block write is atomic, so they are never lost). Returns the position of
     /// the new last block if it has room left, with its records, or of the next block. Refuses
     /// to reuse a block from `retain_from` on: the older checkpoint's replay needs it.
-    fn write_batch(&self, records: &[u8], position: u64, epoch: u64, retain_from: u64) -> Result<(u64, Vec<u8>)> {
+    fn write_batch(
+        &self,
+        records: &[u8],
+        position: LogPosition,
+        epoch: Epoch,
+        retain_from: LogPosition,
+    ) -> Result<(LogPosition, Vec<u8>)> {
+        assert!(!records.is_empty(), "a group commit of no records");
         if let Some(barrier) = &self.barrier {
             barrier.flush()?;
         }
@@ -249,24 +270,24 @@ impl Journal {
                 }
                 end += len;
             }
-            blocks.push(encode_log_block(position + blocks.len() as u64, epoch, &records[at..end]));
+            blocks.push(encode_log_block(position.after(blocks.len() as u64), epoch, &records[at..end]));
             at = end;
         }
-        let next = position + blocks.len() as u64;
+        let last = position.after(blocks.len() as u64 - 1);
         let last_used = records.len() - last_start;
         let (tail_position, tail) = if last_used + MAX_RECORD_BYTES <= LOG_PAYLOAD_BYTES {
-            (next - 1, records[last_start..].to_vec())
+            (last, records[last_start..].to_vec())
         } else {
-            (next, Vec::new())
+            (last.next(), Vec::new())
         };
-        if next - retain_from > self.geometry.log_blocks {
+        if last.next().blocks_since(retain_from) > self.geometry.log_blocks {
             return Err(Error::invalid("the journal is full: checkpoints must be taken before more commits"));
         }
         // Write contiguous pieces: the ring may wrap inside the group.
         let mut i = 0;
         while i < blocks.len() {
-            let first = position + i as u64;
-            let room = (self.geometry.log_blocks - first % self.geometry.log_blocks) as usize;
+            let first = position.after(i as u64);
+            let room = (self.geometry.log_blocks - first.ring_block(self.geometry.log_blocks)) as usize;
             let n = room.min(blocks.len() - i);
             self.device.write(self.geometry.log_lba(first), &blocks[i..i + n].concat())?;
             i += n;
@@ -280,7 +301,7 @@ impl Journal {
     pub fn usage_blocks(&self) -> (u64, u64) {
         let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
-        (c.next_position + partly - c.retain_from, self.geometry.log_blocks)
+        (c.next_position.after(partly).blocks_since(c.retain_from), self.geometry.log_blocks)
     }
 
     /// Whether a checkpoint is due: a third of the ring written since the newest checkpoint, or
@@ -289,8 +310,9 @@ impl Journal {
     pub fn wants_checkpoint(&self) -> bool {
         let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
-        let since_newest = c.next_position + partly - c.checkpoint_position;
-        let held = c.next_position + partly - c.retain_from;
+        let end = c.next_position.after(partly);
+        let since_newest = end.blocks_since(c.checkpoint_position);
+        let held = end.blocks_since(c.retain_from);
         let ring = self.geometry.log_blocks;
         since_newest > 0 && (since_newest * 3 >= ring || held * 3 >= ring * 2)
     }
@@ -299,17 +321,17 @@ impl Journal {
     /// into the slot of the older one, then names it in the superblock. The checkpoint it
     /// replaces stays, as the fallback, and the log is kept from its position on. The caller
     /// guarantees that every record committed before `position` is reflected in `records`.
-    pub fn checkpoint(&self, records: &[Record], position: u64) -> Result<()> {
+    pub fn checkpoint(&self, records: &[Record], position: LogPosition) -> Result<()> {
         let mut checkpoints = self.checkpoints.lock();
-        let slot = 1 - checkpoints.current;
+        let slot = checkpoints.current.other();
         let image = encode_checkpoint(records, position, self.geometry.checkpoint_blocks)?;
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
         let epoch = self.committer.lock().epoch;
         let mut next = *checkpoints;
-        let previous = next.positions[next.current as usize];
+        let previous = next.positions[next.current.index()];
         next.current = slot;
-        next.positions[slot as usize] = position;
+        next.positions[slot.index()] = position;
         self.write_superblock(&mut next, epoch)?;
         *checkpoints = next;
         let mut c = self.committer.lock();
@@ -321,22 +343,22 @@ impl Journal {
     /// The log position the next commit will write at: a checkpoint taken now reflects every
     /// record before it.
     /// The caller must hold off commits while it takes a checkpoint at this position.
-    pub fn position(&self) -> u64 {
+    pub fn position(&self) -> LogPosition {
         let mut c = self.committer.lock();
         assert!(!c.committing && c.pending.is_empty(), "a checkpoint position taken while commits are in flight");
         // The checkpoint will reflect the records of the partly filled block too, so later
         // commits start a fresh block at the checkpoint's position.
         if !c.tail.is_empty() {
             c.tail.clear();
-            c.next_position += 1;
+            c.next_position = c.next_position.next();
         }
         c.next_position
     }
 
     /// Writes and flushes the next superblock (generation one higher, in the other copy) with
     /// `checkpoints` and `epoch`, and advances `checkpoints` to that generation.
-    fn write_superblock(&self, checkpoints: &mut Checkpoints, epoch: u64) -> Result<()> {
-        let generation = checkpoints.generation + 1;
+    fn write_superblock(&self, checkpoints: &mut Checkpoints, epoch: Epoch) -> Result<()> {
+        let generation = checkpoints.generation.next();
         let superblock = Superblock {
             geometry: self.geometry,
             generation,
@@ -344,7 +366,7 @@ impl Journal {
             current: checkpoints.current,
             positions: checkpoints.positions,
         };
-        self.device.write(Lba(generation % 2), &superblock.encode())?;
+        self.device.write(Lba(generation.copy()), &superblock.encode())?;
         self.device.flush()?;
         checkpoints.generation = generation;
         Ok(())
@@ -353,7 +375,7 @@ impl Journal {
 
 /// A checkpoint image: a header block (magic, version, position, record bytes and count, crc of
 /// the records) then the records, padded to whole blocks.
-fn encode_checkpoint(records: &[Record], position: u64, slot_blocks: u64) -> Result<Vec<u8>> {
+fn encode_checkpoint(records: &[Record], position: LogPosition, slot_blocks: u64) -> Result<Vec<u8>> {
     let mut body = Vec::with_capacity(records.len() * MAX_RECORD_BYTES);
     for record in records {
         record.encode(&mut body);

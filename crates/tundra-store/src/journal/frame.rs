@@ -5,6 +5,8 @@
 
 use tundra_device::{BLOCK_SIZE, Lba};
 
+use super::ids::{CheckpointSlot, Epoch, Generation, LogPosition};
+
 /// The journal format this build writes and reads. Version 1 had one checksum per log block and
 /// one checkpoint position in the superblock.
 pub(super) const VERSION: u32 = 2;
@@ -25,12 +27,12 @@ pub struct JournalGeometry {
 }
 
 impl JournalGeometry {
-    pub(super) fn checkpoint_lba(&self, slot: u64) -> Lba {
-        Lba(2 + slot * self.checkpoint_blocks)
+    pub(super) fn checkpoint_lba(&self, slot: CheckpointSlot) -> Lba {
+        Lba(2 + slot.index() as u64 * self.checkpoint_blocks)
     }
 
-    pub(super) fn log_lba(&self, position: u64) -> Lba {
-        Lba(2 + 2 * self.checkpoint_blocks + position % self.log_blocks)
+    pub(super) fn log_lba(&self, position: LogPosition) -> Lba {
+        Lba(2 + 2 * self.checkpoint_blocks + position.ring_block(self.log_blocks))
     }
 
     /// Blocks the journal takes; saturates for geometries no device could hold.
@@ -44,12 +46,13 @@ impl JournalGeometry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Superblock {
     pub geometry: JournalGeometry,
-    pub generation: u64,
-    pub epoch: u64,
+    pub generation: Generation,
+    pub epoch: Epoch,
     /// The slot of the newest checkpoint; the other slot holds the one before it.
-    pub current: u64,
-    /// The log position each slot's checkpoint reflects: the first block it does not.
-    pub positions: [u64; 2],
+    pub current: CheckpointSlot,
+    /// The log position each slot's checkpoint reflects (the first block it does not), by
+    /// [`CheckpointSlot::index`].
+    pub positions: [LogPosition; 2],
 }
 
 /// What a superblock copy holds.
@@ -69,11 +72,11 @@ impl Superblock {
         for v in [
             self.geometry.checkpoint_blocks,
             self.geometry.log_blocks,
-            self.generation,
-            self.epoch,
-            self.current,
-            self.positions[0],
-            self.positions[1],
+            self.generation.0,
+            self.epoch.0,
+            self.current.stored(),
+            self.positions[0].0,
+            self.positions[1].0,
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
@@ -93,15 +96,15 @@ impl Superblock {
             return SuperblockRead::Version(version);
         }
         let field = |i: usize| u64_at(body, 16 + 8 * i);
+        let Some(current) = CheckpointSlot::from_stored(field(4)) else { return SuperblockRead::Invalid };
         let superblock = Superblock {
             geometry: JournalGeometry { checkpoint_blocks: field(0), log_blocks: field(1) },
-            generation: field(2),
-            epoch: field(3),
-            current: field(4),
-            positions: [field(5), field(6)],
+            generation: Generation(field(2)),
+            epoch: Epoch(field(3)),
+            current,
+            positions: [LogPosition(field(5)), LogPosition(field(6))],
         };
-        let sane = superblock.current < 2
-            && superblock.geometry.log_blocks >= 2
+        let sane = superblock.geometry.log_blocks >= 2
             && superblock.geometry.checkpoint_blocks >= 1
             && superblock.geometry.total_blocks() < u64::MAX;
         if sane { SuperblockRead::Valid(superblock) } else { SuperblockRead::Invalid }
@@ -111,7 +114,7 @@ impl Superblock {
 /// The first block of a checkpoint slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct CheckpointHeader {
-    pub position: u64,
+    pub position: LogPosition,
     pub record_bytes: u64,
     pub record_count: u64,
     pub crc: u32,
@@ -123,7 +126,7 @@ impl CheckpointHeader {
         b.extend_from_slice(CHECKPOINT_MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
-        b.extend_from_slice(&self.position.to_le_bytes());
+        b.extend_from_slice(&self.position.0.to_le_bytes());
         b.extend_from_slice(&self.record_bytes.to_le_bytes());
         b.extend_from_slice(&self.record_count.to_le_bytes());
         b.extend_from_slice(&self.crc.to_le_bytes());
@@ -141,7 +144,7 @@ impl CheckpointHeader {
             return Err(format!("its header is of journal format version {version}; this build reads {VERSION}"));
         }
         Ok(CheckpointHeader {
-            position: u64_at(body, 16),
+            position: LogPosition(u64_at(body, 16)),
             record_bytes: u64_at(body, 24),
             record_count: u64_at(body, 32),
             crc: u32_at(body, 40),
@@ -151,15 +154,15 @@ impl CheckpointHeader {
 
 /// A log block: a header with its own checksum (magic, version, position, epoch, record bytes,
 /// the body's checksum), then the records, zero-padded.
-pub(super) fn encode_log_block(position: u64, epoch: u64, records: &[u8]) -> Vec<u8> {
+pub(super) fn encode_log_block(position: LogPosition, epoch: Epoch, records: &[u8]) -> Vec<u8> {
     assert!(records.len() <= LOG_PAYLOAD_BYTES);
     let mut b = vec![0u8; BLOCK_SIZE];
     b[LOG_HEADER_BYTES..LOG_HEADER_BYTES + records.len()].copy_from_slice(records);
     let body_crc = crc32c::crc32c(&b[LOG_HEADER_BYTES..]);
     b[0..4].copy_from_slice(&LOG_MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&VERSION.to_le_bytes());
-    b[8..16].copy_from_slice(&position.to_le_bytes());
-    b[16..24].copy_from_slice(&epoch.to_le_bytes());
+    b[8..16].copy_from_slice(&position.0.to_le_bytes());
+    b[16..24].copy_from_slice(&epoch.0.to_le_bytes());
     b[24..28].copy_from_slice(&(records.len() as u32).to_le_bytes());
     b[28..32].copy_from_slice(&body_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&b[..36]);
@@ -171,19 +174,19 @@ pub(super) fn encode_log_block(position: u64, epoch: u64, records: &[u8]) -> Vec
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum LogBlock<'a> {
     /// The block at this position, of an epoch no older than the block before it: its records.
-    Valid { epoch: u64, records: &'a [u8] },
+    Valid { epoch: Epoch, records: &'a [u8] },
     /// Never written (all zeros), or a verified block of another position or an older epoch:
     /// left from an earlier lap of the ring or from before a crash. The log ends before it.
     End,
     /// The header verifies and names this position and a current epoch, but the body fails its
     /// checksum. A single block write is atomic, so this is damage, never a torn write.
-    BodyDamaged { epoch: u64 },
+    BodyDamaged { epoch: Epoch },
     /// Neither zeros nor a verified header: damage.
     HeaderDamaged,
 }
 
 /// Classifies `block` for the log position `position`, after a block of epoch `min_epoch`.
-pub(super) fn classify_log_block(block: &[u8], position: u64, min_epoch: u64) -> LogBlock<'_> {
+pub(super) fn classify_log_block(block: &[u8], position: LogPosition, min_epoch: Epoch) -> LogBlock<'_> {
     let header_ok = crc32c::crc32c(&block[..36]) == u32_at(block, 36)
         && u32_at(block, 0) == LOG_MAGIC
         && u32_at(block, 4) == VERSION
@@ -192,8 +195,8 @@ pub(super) fn classify_log_block(block: &[u8], position: u64, min_epoch: u64) ->
     if !header_ok {
         return if block.iter().all(|&b| b == 0) { LogBlock::End } else { LogBlock::HeaderDamaged };
     }
-    let epoch = u64_at(block, 16);
-    if u64_at(block, 8) != position || epoch < min_epoch {
+    let epoch = Epoch(u64_at(block, 16));
+    if LogPosition(u64_at(block, 8)) != position || epoch < min_epoch {
         return LogBlock::End;
     }
     if crc32c::crc32c(&block[LOG_HEADER_BYTES..]) != u32_at(block, 28) {

@@ -17,6 +17,7 @@ use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 use super::frame::{
     CheckpointHeader, JournalGeometry, LogBlock, Superblock, SuperblockRead, VERSION, classify_log_block,
 };
+use super::ids::{CheckpointSlot, Epoch, LogPosition};
 use super::{Record, decode_all};
 use crate::{Error, Result};
 
@@ -25,18 +26,19 @@ use crate::{Error, Result};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalPlace {
     pub name: String,
-    pub first_lba: u64,
+    pub first_lba: Lba,
 }
 
 impl Default for JournalPlace {
     fn default() -> JournalPlace {
-        JournalPlace { name: "the journal".into(), first_lba: 0 }
+        JournalPlace { name: "the journal".into(), first_lba: Lba(0) }
     }
 }
 
 impl JournalPlace {
-    fn lba(&self, lba: Lba) -> u64 {
-        self.first_lba + lba.0
+    /// The address, on the device the place names, of the journal's block `lba`.
+    fn lba(&self, lba: Lba) -> Lba {
+        self.first_lba.offset_by(lba.0)
     }
 }
 
@@ -44,8 +46,8 @@ impl JournalPlace {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogDamage {
     /// The log position of the damaged block, and its LBA on the device the place names.
-    pub position: u64,
-    pub lba: u64,
+    pub position: LogPosition,
+    pub lba: Lba,
     /// What is wrong with it.
     pub what: String,
     /// Later blocks of the log (their expected position and a current epoch) after it, and the
@@ -59,10 +61,10 @@ impl LogDamage {
     pub fn dropped(&self) -> String {
         let Self { position, lba, later_blocks, later_records, .. } = self;
         if *later_blocks == 0 {
-            format!("the damaged block at position {position} (LBA {lba}), the last the log reached")
+            format!("the damaged block at position {position} ({lba}), the last the log reached")
         } else {
             format!(
-                "the damaged block at position {position} (LBA {lba}) and {later_blocks} later block(s) holding at least {later_records} record(s)"
+                "the damaged block at position {position} ({lba}) and {later_blocks} later block(s) holding at least {later_records} record(s)"
             )
         }
     }
@@ -72,13 +74,13 @@ impl LogDamage {
         let Self { position, lba, what, later_blocks, later_records } = self;
         let found = if *later_blocks > 0 {
             format!(
-                "the log block at position {position} (LBA {lba}) is damaged ({what}) and {later_blocks} later \
+                "the log block at position {position} ({lba}) is damaged ({what}) and {later_blocks} later \
                  block(s) of the log follow it, holding at least {later_records} record(s): the records from \
                  position {position} on would be lost"
             )
         } else {
             format!(
-                "the log block at position {position} (LBA {lba}) is damaged ({what}); no later block of the log \
+                "the log block at position {position} ({lba}) is damaged ({what}); no later block of the log \
                  follows it, so whether it held acknowledged records cannot be known"
             )
         };
@@ -94,14 +96,14 @@ impl LogDamage {
 pub struct Inspection {
     pub(super) superblock: Superblock,
     /// The epoch the next session takes.
-    pub(super) next_epoch: u64,
+    pub(super) next_epoch: Epoch,
     /// The checkpoint slot recovery starts from, and the log position replay starts at.
-    pub(super) slot: u64,
-    pub(super) start: u64,
+    pub(super) slot: CheckpointSlot,
+    pub(super) start: LogPosition,
     pub checkpoint: Vec<Record>,
     /// The log's records up to its end or up to the damage.
     pub log: Vec<Record>,
-    pub(super) end: u64,
+    pub(super) end: LogPosition,
     pub damage: Option<LogDamage>,
     /// Damage recovered from (a superblock copy, the newest checkpoint), one line each.
     pub notes: Vec<String>,
@@ -111,7 +113,7 @@ pub struct Inspection {
 /// back to the previous one), and the log up to its end or its first damaged block.
 pub fn inspect(device: &dyn BlockDevice, place: &JournalPlace) -> Result<Inspection> {
     let mut notes = Vec::new();
-    let (superblock, epoch_step) = read_superblock(device, place, &mut notes)?;
+    let (superblock, copy_lost) = read_superblock(device, place, &mut notes)?;
     let geometry = superblock.geometry;
     if device.block_count() < geometry.total_blocks() {
         return Err(Error::corrupted(format!(
@@ -122,9 +124,12 @@ pub fn inspect(device: &dyn BlockDevice, place: &JournalPlace) -> Result<Inspect
         )));
     }
     let (slot, checkpoint) = choose_checkpoint(device, place, &superblock, &mut notes)?;
-    let start = superblock.positions[slot as usize];
+    let start = superblock.positions[slot.index()];
     let log = read_log(device, geometry, place, start)?;
-    let next_epoch = superblock.epoch.max(log.max_epoch) + epoch_step;
+    // A lost copy may have been newer by one generation, whose session took the epoch after the
+    // newest seen: skipping that one too keeps every epoch used by one session only.
+    let newest_epoch = superblock.epoch.max(log.max_epoch);
+    let next_epoch = if copy_lost { newest_epoch.next().next() } else { newest_epoch.next() };
     Ok(Inspection {
         superblock,
         next_epoch,
@@ -138,14 +143,12 @@ pub fn inspect(device: &dyn BlockDevice, place: &JournalPlace) -> Result<Inspect
     })
 }
 
-/// The newest superblock copy that verifies, and the epoch step the next session takes: 1, or 2
-/// when a copy is unreadable (the damaged copy may have been newer by one generation, whose
-/// session took an epoch one higher; skipping it keeps every epoch used once).
+/// The newest superblock copy that verifies, and whether the other copy is unreadable.
 fn read_superblock(
     device: &dyn BlockDevice,
     place: &JournalPlace,
     notes: &mut Vec<String>,
-) -> Result<(Superblock, u64)> {
+) -> Result<(Superblock, bool)> {
     let mut blocks = vec![0u8; 2 * BLOCK_SIZE];
     device.read(Lba(0), &mut blocks)?;
     let copies = [&blocks[..BLOCK_SIZE], &blocks[BLOCK_SIZE..]];
@@ -163,21 +166,20 @@ fn read_superblock(
         reads.iter().filter_map(|r| if let SuperblockRead::Valid(s) = r { Some(*s) } else { None }).collect();
     let Some(newest) = valid.iter().max_by_key(|s| s.generation).copied() else {
         return Err(Error::invalid(format!(
-            "{}: no valid journal superblock at LBA {} or {}: the device holds no Tundra journal, or both copies \
-             are damaged",
+            "{}: no valid journal superblock at {} or {}: the device holds no Tundra journal, or both copies are \
+             damaged",
             place.name,
             place.lba(Lba(0)),
-            place.lba(Lba(1))
+            place.lba(Lba(1)).0
         )));
     };
     if valid.len() == 2 {
-        return Ok((newest, 1));
+        return Ok((newest, false));
     }
     for (i, copy) in copies.iter().enumerate() {
         if matches!(reads[i], SuperblockRead::Invalid) && copy.iter().any(|&b| b != 0) {
             notes.push(format!(
-                "{}: the journal superblock copy at LBA {} is damaged; recovered from the copy at LBA {} \
-                 (generation {})",
+                "{}: the journal superblock copy at {} is damaged; recovered from the copy at {} (generation {})",
                 place.name,
                 place.lba(Lba(i as u64)),
                 place.lba(Lba(1 - i as u64)),
@@ -185,7 +187,7 @@ fn read_superblock(
             ));
         }
     }
-    Ok((newest, 2))
+    Ok((newest, true))
 }
 
 /// The newest checkpoint if it verifies, otherwise the one before it; with its slot.
@@ -194,20 +196,20 @@ fn choose_checkpoint(
     place: &JournalPlace,
     superblock: &Superblock,
     notes: &mut Vec<String>,
-) -> Result<(u64, Vec<Record>)> {
+) -> Result<(CheckpointSlot, Vec<Record>)> {
     let geometry = superblock.geometry;
     let current = superblock.current;
-    let newest = match read_checkpoint(device, geometry, current, superblock.positions[current as usize])? {
+    let newest = match read_checkpoint(device, geometry, current, superblock.positions[current.index()])? {
         Ok(records) => return Ok((current, records)),
         Err(reason) => reason,
     };
-    let previous = 1 - current;
-    let position = superblock.positions[previous as usize];
+    let previous = current.other();
+    let position = superblock.positions[previous.index()];
     let lba = |slot| place.lba(geometry.checkpoint_lba(slot));
     match read_checkpoint(device, geometry, previous, position)? {
         Ok(records) => {
             notes.push(format!(
-                "{}: journal checkpoint slot {current} (LBA {}) is damaged ({newest}); recovered from the previous \
+                "{}: journal checkpoint slot {current} ({}) is damaged ({newest}); recovered from the previous \
                  checkpoint in slot {previous} at log position {position}",
                 place.name,
                 lba(current)
@@ -215,7 +217,7 @@ fn choose_checkpoint(
             Ok((previous, records))
         }
         Err(older) => Err(Error::corrupted(format!(
-            "{}: both journal checkpoints are damaged: slot {current} (LBA {}): {newest}; slot {previous} (LBA {}): \
+            "{}: both journal checkpoints are damaged: slot {current} ({}): {newest}; slot {previous} ({}): \
              {older}. The index cannot be rebuilt from this journal; restore the node's data from a backup",
             place.name,
             lba(current),
@@ -229,8 +231,8 @@ fn choose_checkpoint(
 fn read_checkpoint(
     device: &dyn BlockDevice,
     geometry: JournalGeometry,
-    slot: u64,
-    position: u64,
+    slot: CheckpointSlot,
+    position: LogPosition,
 ) -> Result<std::result::Result<Vec<Record>, String>> {
     let mut block = vec![0u8; BLOCK_SIZE];
     device.read(geometry.checkpoint_lba(slot), &mut block)?;
@@ -253,7 +255,7 @@ fn read_checkpoint(
     }
     let mut bytes = vec![0u8; (blocks * BLOCK_SIZE_BYTES) as usize];
     if blocks > 0 {
-        device.read(Lba(geometry.checkpoint_lba(slot).0 + 1), &mut bytes)?;
+        device.read(geometry.checkpoint_lba(slot).offset_by(1), &mut bytes)?;
     }
     bytes.truncate(header.record_bytes as usize);
     if crc32c::crc32c(&bytes) != header.crc {
@@ -270,18 +272,26 @@ fn read_checkpoint(
 
 struct LogRead {
     records: Vec<Record>,
-    end: u64,
-    max_epoch: u64,
+    end: LogPosition,
+    /// The newest epoch of any block of this log read, the damaged one and those after it
+    /// included; the default (older than any written) when none was read.
+    max_epoch: Epoch,
     damage: Option<LogDamage>,
 }
 
 /// Reads the log from `start` over at most one lap of the ring, to its end or its first
 /// damaged block.
-fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, place: &JournalPlace, start: u64) -> Result<LogRead> {
-    let window_end = start + geometry.log_blocks;
-    let mut read = LogRead { records: Vec::new(), end: start, max_epoch: 0, damage: None };
+fn read_log(
+    device: &dyn BlockDevice,
+    geometry: JournalGeometry,
+    place: &JournalPlace,
+    start: LogPosition,
+) -> Result<LogRead> {
+    let window_end = start.after(geometry.log_blocks);
+    let mut read = LogRead { records: Vec::new(), end: start, max_epoch: Epoch::default(), damage: None };
     let mut block = vec![0u8; BLOCK_SIZE];
-    let mut min_epoch = 0;
+    // The first block may be of any epoch; each later one of its predecessor's or newer.
+    let mut min_epoch = Epoch::default();
     while read.end < window_end {
         let position = read.end;
         device.read(geometry.log_lba(position), &mut block)?;
@@ -292,7 +302,7 @@ fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, place: &Journal
                     read.records.extend(records);
                     min_epoch = epoch;
                     read.max_epoch = read.max_epoch.max(epoch);
-                    read.end += 1;
+                    read.end = read.end.next();
                     continue;
                 }
                 Err(error) => format!("its records do not decode: {}", error.message()),
@@ -304,7 +314,7 @@ fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, place: &Journal
             break;
         }
         let (later_blocks, later_records, later_epoch) =
-            look_ahead(device, geometry, position + 1, window_end, min_epoch)?;
+            look_ahead(device, geometry, position.next(), window_end, min_epoch)?;
         read.max_epoch = read.max_epoch.max(later_epoch);
         let lba = place.lba(geometry.log_lba(position));
         read.damage = Some(LogDamage { position, lba, what, later_blocks, later_records });
@@ -321,13 +331,13 @@ fn read_log(device: &dyn BlockDevice, geometry: JournalGeometry, place: &Journal
 fn look_ahead(
     device: &dyn BlockDevice,
     geometry: JournalGeometry,
-    from: u64,
-    to: u64,
-    min_epoch: u64,
-) -> Result<(u64, u64, u64)> {
-    let (mut blocks, mut records, mut max_epoch) = (0, 0, 0);
+    from: LogPosition,
+    to: LogPosition,
+    min_epoch: Epoch,
+) -> Result<(u64, u64, Epoch)> {
+    let (mut blocks, mut records, mut max_epoch) = (0, 0, Epoch::default());
     let mut block = vec![0u8; BLOCK_SIZE];
-    for position in from..to {
+    for position in (0..to.blocks_since(from)).map(|i| from.after(i)) {
         device.read(geometry.log_lba(position), &mut block)?;
         match classify_log_block(&block, position, min_epoch) {
             LogBlock::Valid { epoch, records: bytes } => {
@@ -347,13 +357,18 @@ fn look_ahead(
 
 /// Trims the log blocks of positions `from..to` (at most one lap): they read as zeros, so the
 /// log ends at `from` and no block dropped there can reappear.
-pub(super) fn truncate(device: &dyn BlockDevice, geometry: JournalGeometry, from: u64, to: u64) -> Result<()> {
+pub(super) fn truncate(
+    device: &dyn BlockDevice,
+    geometry: JournalGeometry,
+    from: LogPosition,
+    to: LogPosition,
+) -> Result<()> {
     let mut position = from;
     while position < to {
-        let room = geometry.log_blocks - position % geometry.log_blocks;
-        let count = room.min(to - position);
+        let room = geometry.log_blocks - position.ring_block(geometry.log_blocks);
+        let count = room.min(to.blocks_since(position));
         device.trim(geometry.log_lba(position), count)?;
-        position += count;
+        position = position.after(count);
     }
     device.flush()?;
     Ok(())

@@ -9,6 +9,7 @@ use tundra_device::mem::MemDevice;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use super::frame::{LogBlock, SuperblockRead, classify_log_block};
+use super::ids::{CheckpointSlot, Epoch, Generation};
 use super::*;
 use crate::ids::{BlockRun, ChunkId, ExtentId, Lsn, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
@@ -201,7 +202,7 @@ fn commit_range(journal: &Journal, model: &mut BTreeMap<u32, Record>, first: u32
 /// (after a restart) commits several groups and stops without a checkpoint. Returns the
 /// device, what a replay must give, and the (position, LBA) of the second session's blocks.
 /// A device, the replay it must give, and (position, LBA) of the blocks of interest.
-type Scenario = (Arc<MemDevice>, BTreeMap<u32, Record>, Vec<(u64, u64)>);
+type Scenario = (Arc<MemDevice>, BTreeMap<u32, Record>, Vec<(LogPosition, Lba)>);
 
 fn two_sessions() -> Scenario {
     let device = Arc::new(MemDevice::new(MID.total_blocks()));
@@ -224,34 +225,33 @@ fn two_sessions() -> Scenario {
 }
 
 /// (position, LBA) of the valid log blocks of the newest epoch, in log order.
-fn blocks_of_newest_epoch(device: &dyn BlockDevice) -> Vec<(u64, u64)> {
+fn blocks_of_newest_epoch(device: &dyn BlockDevice) -> Vec<(LogPosition, Lba)> {
     let mut found = Vec::new();
     let mut block = vec![0u8; BLOCK_SIZE];
     for i in 0..MID.log_blocks {
-        let lba = MID.log_lba(i);
+        let lba = MID.log_lba(LogPosition(i));
         device.read(lba, &mut block).unwrap();
-        let position = u64::from_le_bytes(block[8..16].try_into().unwrap());
-        let epoch = u64::from_le_bytes(block[16..24].try_into().unwrap());
-        if let LogBlock::Valid { .. } = classify_log_block(&block, position, 0) {
-            found.push((epoch, position, lba.0));
+        let position = LogPosition(u64::from_le_bytes(block[8..16].try_into().unwrap()));
+        if let LogBlock::Valid { epoch, .. } = classify_log_block(&block, position, Epoch::default()) {
+            found.push((epoch, position, lba));
         }
     }
     let newest = found.iter().map(|f| f.0).max().unwrap();
-    let mut blocks: Vec<(u64, u64)> = found.into_iter().filter(|f| f.0 == newest).map(|f| (f.1, f.2)).collect();
+    let mut blocks: Vec<(LogPosition, Lba)> = found.into_iter().filter(|f| f.0 == newest).map(|f| (f.1, f.2)).collect();
     blocks.sort_unstable();
     blocks
 }
 
-fn flip(device: &dyn BlockDevice, lba: u64, byte: usize) {
+fn flip(device: &dyn BlockDevice, lba: Lba, byte: usize) {
     let mut block = vec![0u8; BLOCK_SIZE];
-    device.read(Lba(lba), &mut block).unwrap();
+    device.read(lba, &mut block).unwrap();
     block[byte] ^= 0x10;
-    device.write(Lba(lba), &block).unwrap();
+    device.write(lba, &block).unwrap();
 }
 
 /// The oracle: after damage, the journal either replays exactly what was committed or refuses
 /// with a corruption error naming the damaged block's LBA; anything else is a silent loss.
-fn recovers_or_refuses(device: Arc<dyn BlockDevice>, model: &BTreeMap<u32, Record>, lba: u64) -> Result<(), String> {
+fn recovers_or_refuses(device: Arc<dyn BlockDevice>, model: &BTreeMap<u32, Record>, lba: Lba) -> Result<(), String> {
     match Journal::open(device) {
         Ok((_, replay)) if replayed(&replay) == *model => Ok(()),
         Ok((_, replay)) => Err(format!(
@@ -262,8 +262,10 @@ fn recovers_or_refuses(device: Arc<dyn BlockDevice>, model: &BTreeMap<u32, Recor
             },
             model.len()
         )),
-        Err(e) if e.kind() == crate::ErrorKind::Corrupted && e.message().contains(&format!("(LBA {lba})")) => Ok(()),
-        Err(e) => Err(format!("an error that does not name LBA {lba}: {e}")),
+        Err(e) if e.kind() == crate::ErrorKind::Corrupted && e.message().contains(&format!("(LBA {})", lba.0)) => {
+            Ok(())
+        }
+        Err(e) => Err(format!("an error that does not name LBA {}: {e}", lba.0)),
     }
 }
 
@@ -284,7 +286,7 @@ fn a_flipped_bit_in_any_log_block_is_refused_naming_the_block() {
         flip(device.as_ref(), lba, byte);
         recovers_or_refuses(device.clone(), &model, lba).unwrap_or_else(|e| panic!("{what}: {e}"));
         let error = Journal::open(device.clone()).err().unwrap_or_else(|| panic!("{what}: opened"));
-        assert!(error.message().contains(&format!("position {position} (LBA {lba})")), "{what}: {error}");
+        assert!(error.message().contains(&format!("position {position} (LBA {})", lba.0)), "{what}: {error}");
         assert!(error.message().contains("tundra repair --accept-loss"), "{what}: {error}");
         if what.starts_with("middle") {
             assert!(error.message().contains("later block(s) of the log follow it"), "{what}: {error}");
@@ -312,13 +314,13 @@ fn accepting_the_loss_truncates_the_log_at_the_damage_and_reopens_cleanly() {
     let (device, model, blocks) = two_sessions();
     let (position, lba) = blocks[blocks.len() / 2];
     flip(device.as_ref(), lba, 900);
-    let place = JournalPlace { name: "the test journal".into(), first_lba: 1000 };
+    let place = JournalPlace { name: "the test journal".into(), first_lba: Lba(1000) };
     let error = Journal::open_with(device.clone(), &place, false).err().unwrap();
     assert!(error.message().starts_with("the test journal: "), "{error}");
-    assert!(error.message().contains(&format!("(LBA {})", lba + 1000)), "{error}");
+    assert!(error.message().contains(&format!("(LBA {})", lba.0 + 1000)), "{error}");
     let (journal, replay) = Journal::open_with(device.clone(), &place, true).unwrap();
     let lost = replay.lost.clone().unwrap();
-    assert_eq!((lost.position, lost.lba), (position, lba + 1000));
+    assert_eq!((lost.position, lost.lba), (position, lba.offset_by(1000)));
     assert!(lost.later_blocks >= 1 && lost.later_records > 0, "{lost:?}");
     assert!(
         replay.notes.iter().any(|n| n.contains("truncated the log, dropping the damaged block at position")),
@@ -342,7 +344,7 @@ fn accepting_the_loss_truncates_the_log_at_the_damage_and_reopens_cleanly() {
     let current = newest_superblock(device.as_ref()).current;
     let mut saved = vec![0u8; BLOCK_SIZE];
     device.read(MID.checkpoint_lba(current), &mut saved).unwrap();
-    flip(device.as_ref(), MID.checkpoint_lba(current).0, 60);
+    flip(device.as_ref(), MID.checkpoint_lba(current), 60);
     let (_, fallback) = Journal::open(device.clone()).unwrap();
     assert_eq!(replayed(&fallback), state, "the previous checkpoint's replay after a repair");
     device.write(MID.checkpoint_lba(current), &saved).unwrap();
@@ -363,7 +365,7 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one() {
         let superblock = newest_superblock(device.as_ref());
         let slot = superblock.current;
         // The checkpoint's header block, or its first block of records.
-        let lba = MID.checkpoint_lba(slot).0 + u64::from(byte == 3000);
+        let lba = MID.checkpoint_lba(slot).offset_by(u64::from(byte == 3000));
         flip(device.as_ref(), lba, byte);
         let (journal, replay) = Journal::open(device.clone()).unwrap();
         assert_eq!(replayed(&replay), model, "byte {byte}");
@@ -386,11 +388,12 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one() {
 #[test]
 fn both_checkpoints_damaged_is_refused_naming_both() {
     let (device, _, _) = two_sessions();
-    flip(device.as_ref(), MID.checkpoint_lba(0).0, 30);
-    flip(device.as_ref(), MID.checkpoint_lba(1).0, 30);
+    for slot in CheckpointSlot::BOTH {
+        flip(device.as_ref(), MID.checkpoint_lba(slot), 30);
+    }
     let error = Journal::open(device).err().unwrap();
     assert_eq!(error.kind(), crate::ErrorKind::Corrupted);
-    for slot in 0..2 {
+    for slot in CheckpointSlot::BOTH {
         assert!(error.message().contains(&format!("slot {slot} (LBA {})", MID.checkpoint_lba(slot).0)), "{error}");
     }
 }
@@ -434,7 +437,7 @@ fn the_ring_keeps_the_older_checkpoints_log_through_many_laps() {
             // Saved, damaged, recovered from, restored: the damage only tests the fallback.
             let mut saved = vec![0u8; BLOCK_SIZE];
             device.read(GEOMETRY.checkpoint_lba(slot), &mut saved).unwrap();
-            flip(device.as_ref(), GEOMETRY.checkpoint_lba(slot).0, 50);
+            flip(device.as_ref(), GEOMETRY.checkpoint_lba(slot), 50);
             let (_, replay) = Journal::open(device.clone()).unwrap();
             assert_eq!(replayed(&replay), model, "round {round}: the previous checkpoint's replay");
             assert!(!replay.notes.is_empty());
@@ -464,20 +467,69 @@ fn log_blocks_and_records_decode_without_panics() {
     for page in 0..50 {
         set(page, 3).encode(&mut records);
     }
-    let block = encode_log_block(9, 4, &records);
-    assert!(matches!(classify_log_block(&block, 9, 4), LogBlock::Valid { epoch: 4, .. }));
-    assert_eq!(classify_log_block(&block, 10, 0), LogBlock::End, "another position");
-    assert_eq!(classify_log_block(&block, 9, 5), LogBlock::End, "an older epoch");
-    assert_eq!(classify_log_block(&[0u8; BLOCK_SIZE], 9, 0), LogBlock::End, "never written");
+    let (position, epoch) = (LogPosition(9), Epoch(4));
+    let block = encode_log_block(position, epoch, &records);
+    assert_eq!(&block[8..16], &9u64.to_le_bytes(), "the position's bytes");
+    assert_eq!(&block[16..24], &4u64.to_le_bytes(), "the epoch's bytes");
+    assert!(matches!(classify_log_block(&block, position, epoch), LogBlock::Valid { epoch: Epoch(4), .. }));
+    assert_eq!(classify_log_block(&block, position.next(), Epoch::default()), LogBlock::End, "another position");
+    assert_eq!(classify_log_block(&block, position, epoch.next()), LogBlock::End, "an older epoch");
+    assert_eq!(classify_log_block(&[0u8; BLOCK_SIZE], position, Epoch::default()), LogBlock::End, "never written");
     let mut rng = Rng::new(3);
     for _ in 0..400 {
         let mut damaged = block.clone();
         let byte = rng.below(BLOCK_SIZE as u64) as usize;
         damaged[byte] ^= 1 << rng.below(8);
-        let class = classify_log_block(&damaged, 9, 4);
+        let class = classify_log_block(&damaged, position, epoch);
         assert!(matches!(class, LogBlock::BodyDamaged { .. } | LogBlock::HeaderDamaged), "byte {byte}: {class:?}");
         let mut garbage = vec![0u8; 64];
         rng.fill(&mut garbage);
         let _ = decode_all(&garbage);
     }
+}
+
+/// The counters' types change nothing on the media: each is the little-endian u64 at the offset
+/// docs/format.md gives, in the superblock, the checkpoint header and (above) the log block.
+#[test]
+fn counters_keep_their_documented_bytes() {
+    let superblock = frame::Superblock {
+        geometry: MID,
+        generation: Generation(7),
+        epoch: Epoch(5),
+        current: CheckpointSlot::BOTH[1],
+        positions: [LogPosition(300), LogPosition(411)],
+    };
+    let block = superblock.encode();
+    let field = |i: usize| u64::from_le_bytes(block[16 + 8 * i..24 + 8 * i].try_into().unwrap());
+    assert_eq!((0..7).map(field).collect::<Vec<_>>(), [16, 64, 7, 5, 1, 300, 411]);
+    assert!(matches!(frame::Superblock::decode(&block), SuperblockRead::Valid(s) if s == superblock));
+    let header = frame::CheckpointHeader { position: LogPosition(411), record_bytes: 0, record_count: 0, crc: 0 };
+    assert_eq!(&header.encode()[16..24], &411u64.to_le_bytes());
+    // A superblock naming a third slot is not a superblock.
+    let mut body = block[..BLOCK_SIZE - 4].to_vec();
+    body[48..56].copy_from_slice(&2u64.to_le_bytes());
+    assert!(matches!(frame::Superblock::decode(&frame::seal_block(body)), SuperblockRead::Invalid));
+}
+
+/// A commit of no records writes nothing and leaves the log where it was: the next commit goes
+/// after every block already written, on a fresh journal and right after a checkpoint alike.
+#[test]
+fn a_commit_of_no_records_leaves_the_log_as_it_was() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
+    Journal::format(device.as_ref(), GEOMETRY).unwrap();
+    let mut model = BTreeMap::new();
+    let (journal, _) = Journal::open(device.clone()).unwrap();
+    journal.commit(&[]).unwrap();
+    assert_eq!(journal.position(), LogPosition(0));
+    let records: Vec<Record> = (0..200).map(|page| set(page, 1)).collect();
+    journal.commit(&records).unwrap();
+    apply(&mut model, &records);
+    let position = journal.position();
+    journal.checkpoint(&model.values().cloned().collect::<Vec<_>>(), position).unwrap();
+    journal.commit(&[]).unwrap();
+    assert_eq!(journal.position(), position);
+    commit_range(&journal, &mut model, 0, 10, 2);
+    drop(journal);
+    let (_, replay) = Journal::open(device).unwrap();
+    assert_eq!(replayed(&replay), model);
 }

@@ -395,7 +395,7 @@ fn a_damaged_log_block_is_refused_and_accepting_the_loss_gives_no_wrong_data() {
     let options = OpenOptions { accept_loss: true, ..OpenOptions::default() };
     let store = Store::open_with(data.clone(), fast.clone(), &options).unwrap();
     let lost = store.recovery().lost.clone().expect("the repair reports what it dropped");
-    assert_eq!(lost.position, position);
+    assert_eq!(lost.position, crate::journal::LogPosition(position));
     for (&page, &tag) in &latest {
         match store.read_image(chunk, PageNo(page)) {
             Ok(Some((entry, bytes))) if page_checksum(chunk, PageNo(page), &bytes) == entry.checksum => {
