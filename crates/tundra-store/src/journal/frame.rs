@@ -7,9 +7,44 @@ use tundra_device::{BLOCK_SIZE, Lba};
 
 use super::ids::{CheckpointSlot, Epoch, Generation, LogPosition};
 
-/// The journal format this build writes and reads. Version 1 had one checksum per log block and
-/// one checkpoint position in the superblock.
-pub(super) const VERSION: u32 = 2;
+/// The journal format this build writes. Version 1 had one checksum per log block and one
+/// checkpoint position in the superblock; version 2 is version 3 without the Watermarks record.
+pub(super) const VERSION: u32 = 3;
+/// The oldest version this build reads: a version 2 journal is a version 3 journal that holds no
+/// record version 2 lacks, so it replays as it is, and the checkpoint taken when the store opens
+/// carries it to version 3. A build that reads only version 2 refuses a version 3 journal by its
+/// superblock, before it could meet a record it does not know.
+pub(super) const OLDEST_READABLE: u32 = 2;
+
+/// The versions this build reads, for messages.
+pub(super) const READABLE: &str = "versions 2 and 3";
+
+fn readable(version: u32) -> bool {
+    (OLDEST_READABLE..=VERSION).contains(&version)
+}
+
+/// The version this build writes; tests make journals of the version before.
+fn written_version() -> u32 {
+    #[cfg(test)]
+    {
+        let forced = WRITE_VERSION.with(|v| v.get());
+        if forced != 0 {
+            return forced;
+        }
+    }
+    VERSION
+}
+
+#[cfg(test)]
+thread_local! {
+    static WRITE_VERSION: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes this thread's journals write `version` (0: the build's own), to test reading older ones.
+#[cfg(test)]
+pub(crate) fn set_write_version(version: u32) {
+    WRITE_VERSION.with(|v| v.set(version));
+}
 const SUPERBLOCK_MAGIC: &[u8; 8] = b"TNDRJRNL";
 /// Version 1's superblock magic, recognised only to name the version in the error.
 const SUPERBLOCK_MAGIC_V1: &[u8; 8] = b"TNDRJNL1";
@@ -67,7 +102,7 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(BLOCK_SIZE);
         b.extend_from_slice(SUPERBLOCK_MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&written_version().to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
         for v in [
             self.geometry.checkpoint_blocks,
@@ -92,7 +127,7 @@ impl Superblock {
             return SuperblockRead::Invalid;
         }
         let version = u32_at(body, 8);
-        if version != VERSION {
+        if !readable(version) {
             return SuperblockRead::Version(version);
         }
         let field = |i: usize| u64_at(body, 16 + 8 * i);
@@ -124,7 +159,7 @@ impl CheckpointHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(BLOCK_SIZE);
         b.extend_from_slice(CHECKPOINT_MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&written_version().to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
         b.extend_from_slice(&self.position.0.to_le_bytes());
         b.extend_from_slice(&self.record_bytes.to_le_bytes());
@@ -140,8 +175,8 @@ impl CheckpointHeader {
             return Err("its header block is not a checkpoint header".into());
         }
         let version = u32_at(body, 8);
-        if version != VERSION {
-            return Err(format!("its header is of journal format version {version}; this build reads {VERSION}"));
+        if !readable(version) {
+            return Err(format!("its header is of journal format version {version}; this build reads {READABLE}"));
         }
         Ok(CheckpointHeader {
             position: LogPosition(u64_at(body, 16)),
@@ -160,7 +195,7 @@ pub(super) fn encode_log_block(position: LogPosition, epoch: Epoch, records: &[u
     b[LOG_HEADER_BYTES..LOG_HEADER_BYTES + records.len()].copy_from_slice(records);
     let body_crc = crc32c::crc32c(&b[LOG_HEADER_BYTES..]);
     b[0..4].copy_from_slice(&LOG_MAGIC.to_le_bytes());
-    b[4..8].copy_from_slice(&VERSION.to_le_bytes());
+    b[4..8].copy_from_slice(&written_version().to_le_bytes());
     b[8..16].copy_from_slice(&position.0.to_le_bytes());
     b[16..24].copy_from_slice(&epoch.0.to_le_bytes());
     b[24..28].copy_from_slice(&(records.len() as u32).to_le_bytes());
@@ -189,7 +224,7 @@ pub(super) enum LogBlock<'a> {
 pub(super) fn classify_log_block(block: &[u8], position: LogPosition, min_epoch: Epoch) -> LogBlock<'_> {
     let header_ok = crc32c::crc32c(&block[..36]) == u32_at(block, 36)
         && u32_at(block, 0) == LOG_MAGIC
-        && u32_at(block, 4) == VERSION
+        && readable(u32_at(block, 4))
         && u32_at(block, 32) == 0
         && u32_at(block, 24) as usize <= LOG_PAYLOAD_BYTES;
     if !header_ok {

@@ -15,7 +15,7 @@
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
 use super::frame::{
-    CheckpointHeader, JournalGeometry, LogBlock, Superblock, SuperblockRead, VERSION, classify_log_block,
+    CheckpointHeader, JournalGeometry, LogBlock, READABLE, Superblock, SuperblockRead, classify_log_block,
 };
 use super::ids::{CheckpointSlot, Epoch, LogPosition};
 use super::{Record, decode_all};
@@ -156,7 +156,7 @@ fn read_superblock(
     for read in &reads {
         if let SuperblockRead::Version(version) = read {
             return Err(Error::invalid(format!(
-                "{}: journal format version {version}; this build reads {VERSION}. Open it with the build that \
+                "{}: journal format version {version}; this build reads {READABLE}. Open it with the build that \
                  wrote it, or set up a new data directory",
                 place.name
             )));

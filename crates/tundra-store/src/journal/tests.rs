@@ -456,7 +456,7 @@ fn an_older_journal_format_is_a_clear_error() {
     body.extend_from_slice(&[0u8; 48]);
     device.write(Lba(1), &frame::seal_block(body)).unwrap();
     let error = Journal::open(device).err().unwrap();
-    assert!(error.message().contains("journal format version 1; this build reads 2"), "{error}");
+    assert!(error.message().contains("journal format version 1; this build reads versions 2 and 3"), "{error}");
 }
 
 /// Every header field and record of a log block is checked before use: any byte of a valid
@@ -532,4 +532,50 @@ fn a_commit_of_no_records_leaves_the_log_as_it_was() {
     drop(journal);
     let (_, replay) = Journal::open(device).unwrap();
     assert_eq!(replayed(&replay), model);
+}
+
+/// The version field of both superblock copies, as written.
+fn superblock_versions(device: &dyn BlockDevice) -> [u32; 2] {
+    let mut block = vec![0u8; BLOCK_SIZE];
+    [0, 1].map(|lba| {
+        device.read(Lba(lba), &mut block).unwrap();
+        u32::from_le_bytes(block[8..12].try_into().unwrap())
+    })
+}
+
+/// A journal written by a version 2 build (its superblock, checkpoints and log blocks all say
+/// 2) replays every record, and the first checkpoint carries it to version 3; a version this
+/// build does not know is refused by its superblock.
+#[test]
+fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_version_3() {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
+    frame::set_write_version(2);
+    Journal::format(device.as_ref(), GEOMETRY).unwrap();
+    let mut model = BTreeMap::new();
+    {
+        let (journal, _) = Journal::open(device.clone()).unwrap();
+        commit_range(&journal, &mut model, 0, 40, 1);
+    }
+    frame::set_write_version(0);
+    assert_eq!(superblock_versions(device.as_ref()), [2, 2]);
+    let (journal, replay) = Journal::open(device.clone()).unwrap();
+    assert_eq!(replayed(&replay), model);
+    // Records written now go into version 3 blocks after the version 2 ones.
+    commit_range(&journal, &mut model, 40, 10, 2);
+    drop(journal);
+    let (journal, replay) = Journal::open(device.clone()).unwrap();
+    assert_eq!(replayed(&replay), model, "a log of version 2 and version 3 blocks");
+    let snapshot: Vec<Record> = model.values().cloned().collect();
+    journal.checkpoint(&snapshot, journal.position()).unwrap();
+    assert!(superblock_versions(device.as_ref()).contains(&3));
+    drop(journal);
+    let (_, replay) = Journal::open(device.clone()).unwrap();
+    assert_eq!(replayed(&replay), model);
+
+    frame::set_write_version(4);
+    let newer: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
+    Journal::format(newer.as_ref(), GEOMETRY).unwrap();
+    frame::set_write_version(0);
+    let error = Journal::open(newer).err().unwrap();
+    assert!(error.message().contains("journal format version 4; this build reads versions 2 and 3"), "{error}");
 }
