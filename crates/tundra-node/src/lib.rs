@@ -31,7 +31,7 @@
 //! flush.rs writes it to the store; background.rs runs the periodic upkeep, check.rs the offline
 //! check; stats.rs reports; error.rs holds the one [`Error`]. config.rs, layout.rs and repair.rs
 //! are the data directory's configuration, geometry and journal damage; native.rs, nbd.rs and
-//! metrics.rs serve the node over its protocols.
+//! metrics.rs serve the node over its protocols, with histogram.rs for their latencies.
 
 mod admin;
 mod background;
