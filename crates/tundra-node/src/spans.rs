@@ -84,6 +84,8 @@ impl ByteRange {
         let whole_at = at - self.offset;
         at += pages * ps;
         let tail = (at < end).then(|| piece(at, end - at));
+        let piece_bytes = |span: Option<PageSpan>| span.map_or(0, |s| s.len as u64);
+        assert_eq!(piece_bytes(head) + pages * ps + piece_bytes(tail), self.len);
         Split { head, whole, whole_at, tail }
     }
 
