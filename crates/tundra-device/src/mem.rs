@@ -87,6 +87,15 @@ impl BlockDevice for MemDevice {
             physical_capacity_bytes: self.block_count * BLOCK_SIZE_BYTES,
         }
     }
+
+    /// Every block is known to be mapped or not, so a slice of the device (a journal, a store's
+    /// data) can report its own share, as a sparse file's slices do.
+    fn mapped_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        check_range(self.block_count, lba, count).ok()?;
+        let end = lba.0 + count;
+        let mapped = self.blocks.read().keys().filter(|&&key| key >= lba.0 && key < end).count() as u64;
+        Some(mapped * BLOCK_SIZE_BYTES)
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +106,19 @@ mod tests {
     #[test]
     fn conformance_suite() {
         conformance::run_all(&|blocks| Box::new(MemDevice::new(blocks)));
+    }
+
+    #[test]
+    fn a_range_reports_its_own_mapped_blocks() {
+        let device = MemDevice::new(16);
+        device.write(Lba(2), &vec![7u8; 3 * BLOCK_SIZE]).unwrap();
+        device.write(Lba(10), &vec![7u8; BLOCK_SIZE]).unwrap();
+        // A block of zeros is not stored, as a sparse file's hole.
+        device.write(Lba(12), &vec![0u8; BLOCK_SIZE]).unwrap();
+        assert_eq!(device.mapped_bytes_in(Lba(0), 16), Some(4 * BLOCK_SIZE_BYTES));
+        assert_eq!(device.mapped_bytes_in(Lba(3), 8), Some(3 * BLOCK_SIZE_BYTES));
+        assert_eq!(device.mapped_bytes_in(Lba(5), 5), Some(0));
+        assert_eq!(device.mapped_bytes_in(Lba(11), 5), Some(0));
+        assert_eq!(device.mapped_bytes_in(Lba(10), 7), None);
     }
 }

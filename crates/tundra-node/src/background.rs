@@ -1,0 +1,39 @@
+//! The node's periodic upkeep: once a second the write-back cache is written to the store,
+//! each store checkpoints when its journal is half full, and pages that partial writes left
+//! raw are compressed again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::Result;
+use crate::node::Node;
+
+impl Node {
+    /// Background work, called about once a second: writes the write-back cache to the store
+    /// (so unflushed writes are at most about a second old), checkpoints when the journal is
+    /// half full, compresses pages partial writes left raw (as the software setting says:
+    /// never when it is off).
+    pub fn background(&self) -> Result<()> {
+        self.flush_dirty()?;
+        self.data.maybe_checkpoint()?;
+        self.fast.maybe_checkpoint()?;
+        for pages in self.paths.values() {
+            pages.recompress_partial()?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `node.background()` every `period` until `stop` is set; errors are reported to `log`.
+pub fn background_loop(node: &Node, period: Duration, stop: &AtomicBool, log: &dyn Fn(&str)) {
+    while !stop.load(Ordering::Relaxed) {
+        let mut waited = Duration::ZERO;
+        while waited < period && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            waited += Duration::from_millis(50);
+        }
+        if let Err(e) = node.background() {
+            log(&format!("background work failed: {e}"));
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The node's state and the vocabulary of its entry points: [`Node`] itself (the two stores,
+//! a page path per device and page size, the volume table, the write-back cache), the
+//! [`VolumeRef`] every request is bound to, which [`Device`] a volume lives on and how a page
+//! write asks to be compressed ([`WriteMode`]). The entry points themselves live beside it, one
+//! concern per module: open.rs builds a node, pages_io.rs and bytes.rs serve I/O, flush.rs makes
+//! writes durable, background.rs and check.rs look after the stores, stats.rs reports.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tundra_codec::PageSize;
+use tundra_device::BlockDevice;
+use tundra_device::csd::CsdDevice;
+use tundra_store::ids::{Lsn, VolumeId};
+use tundra_store::pages::Pages;
+use tundra_store::store::Store;
+
+use crate::admin::DeletedListener;
+use crate::histogram::Histogram;
+use crate::layout::Layout;
+use crate::writeback::WriteBack;
+
+/// How a page write asks to be compressed. Under `[compression] software = "auto"` it gets
+/// what it asks; any other setting decides for every page of a mode normal volume.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WriteMode {
+    /// Algorithm 1. `update_fraction` is the caller's estimate of how much of the page changed
+    /// since its last write (from its redo volume); None: unknown.
+    Auto {
+        update_fraction: Option<f64>,
+    },
+    Lz4,
+    Zstd,
+    /// Stored raw (the none mode).
+    None,
+}
+
+/// Which device a volume lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// The compressing drive (mode normal).
+    Drive,
+    /// The fast device, never compressed (mode none).
+    Fast,
+}
+
+/// A volume and the page path that serves it, bound to the volume's identity: once the volume
+/// is deleted, every request made with this reference fails (admin.rs).
+#[derive(Clone)]
+pub struct VolumeRef {
+    pub volume: tundra_store::volume::Volume,
+    pub device: Device,
+    pub(crate) pages: Arc<Pages>,
+    pub(crate) latency: Arc<VolumeLatency>,
+    /// Cleared when the volume is deleted.
+    pub(crate) live: Arc<AtomicBool>,
+}
+
+impl VolumeRef {
+    pub fn page_size(&self) -> usize {
+        self.volume.page_size as usize
+    }
+}
+
+/// Latency histograms of one volume.
+#[derive(Default)]
+pub struct VolumeLatency {
+    pub page_read: Histogram,
+    pub page_write: Histogram,
+    pub flush: Histogram,
+}
+
+/// The node.
+pub struct Node {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) layout: Layout,
+    pub(crate) drive: Arc<CsdDevice>,
+    pub(crate) fast_device: Arc<dyn BlockDevice>,
+    pub(crate) data: Arc<Store>,
+    pub(crate) fast: Arc<Store>,
+    /// Page paths per (device, page size).
+    pub(crate) paths: BTreeMap<(Device, u32), Arc<Pages>>,
+    pub(crate) volumes: RwLock<BTreeMap<VolumeId, VolumeRef>>,
+    /// Each volume's latency histograms and liveness flag, kept across table rebuilds.
+    pub(crate) tracked: Mutex<BTreeMap<VolumeId, Tracked>>,
+    pub(crate) deleted_listeners: Mutex<Vec<DeletedListener>>,
+    /// Whether volumes may promise more than each device's space (`overcommit` in [drive] and
+    /// [fast]).
+    pub(crate) overcommit: Overcommit,
+    /// The data directory's lock, held while the node runs; none for a node built on devices
+    /// that no directory holds.
+    pub(crate) _lock: Option<std::fs::File>,
+    /// The next LSN to give a write, above every LSN stored. Until volumes have redo streams the
+    /// node numbers writes itself, in the order it stores them.
+    pub(crate) version: AtomicU64,
+    /// Volume create, resize and delete one at a time.
+    pub(crate) admin: Mutex<()>,
+    /// Block-device writes not yet flushed (writeback.rs).
+    pub(crate) writeback: WriteBack,
+    pub(crate) writeback_enabled: bool,
+    pub(crate) configuration: Configuration,
+    pub started: Instant,
+}
+
+/// A volume's latency histograms and liveness flag.
+pub(crate) type Tracked = (Arc<VolumeLatency>, Arc<AtomicBool>);
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Overcommit {
+    pub drive: bool,
+    pub fast: bool,
+}
+
+/// Which layers compress: the node's configuration as `tundra stats` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Configuration {
+    /// `[compression] software`: "auto", "lz4", "zstd" or "off".
+    pub software_compression: &'static str,
+    /// `[drive] compression`: "on" or "off".
+    pub drive_compression: &'static str,
+}
+
+/// The page sizes a volume may have: each has a page path on each device.
+pub(crate) const PAGE_SIZES: [PageSize; 2] = [PageSize::Kib8, PageSize::Kib16];
+
+impl Node {
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Which layers compress, as configured at start.
+    pub fn configuration(&self) -> Configuration {
+        self.configuration
+    }
+
+    pub(crate) fn store(&self, device: Device) -> &Arc<Store> {
+        match device {
+            Device::Drive => &self.data,
+            Device::Fast => &self.fast,
+        }
+    }
+
+    /// The LSN for the next write the node stores.
+    pub(crate) fn next_lsn(&self) -> Lsn {
+        Lsn(self.version.fetch_add(1, Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,222 @@
+//! Building a node. [`Node::open`] is the data directory's side: the layout, the directory's
+//! lock, the files of the emulated drive and the fast device, formatted on first use.
+//! [`Node::from_devices`] is everything after: both stores recovered from already-opened
+//! devices, a page path per device and page size, the volume table. What would make two
+//! starts on the same devices differ (decompression costs timed on this machine, the host's
+//! CPU load) comes in as an [`Environment`], so that a node can also be built over devices and
+//! inputs a test chooses.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use tundra_codec::{DecompressCost, PageCodec, PageSize, Selector, calibration_pages};
+use tundra_device::csd::{CsdConfig, CsdDevice};
+use tundra_device::file::FileDevice;
+use tundra_device::slice::SliceDevice;
+use tundra_device::{BlockDevice, Lba};
+use tundra_store::journal::Journal;
+use tundra_store::pages::{CpuLoad, Pages};
+use tundra_store::store::TrimPolicy;
+
+use crate::config::Config;
+use crate::layout::{self, Layout};
+use crate::node::{Configuration, Device, Node, Overcommit, PAGE_SIZES};
+use crate::writeback::WriteBack;
+use crate::{Error, Result, repair};
+
+/// The devices a node runs on, opened: the drive formatted or recovered, the fast device
+/// holding the slices its [`Layout`] describes.
+pub struct Devices {
+    /// The emulated compressing drive: the compressed store's pages.
+    pub drive: Arc<CsdDevice>,
+    /// The fast device: both stores' journals and the uncompressed store's data.
+    pub fast: Arc<dyn BlockDevice>,
+}
+
+/// The fast device's three slices, as the layout cuts it.
+struct FastParts {
+    data_journal: Arc<dyn BlockDevice>,
+    fast_journal: Arc<dyn BlockDevice>,
+    fast_data: Arc<dyn BlockDevice>,
+}
+
+impl Devices {
+    fn fast_parts(&self, layout: &Layout) -> Result<FastParts> {
+        let slices = layout.fast_slices();
+        let slice = |(first, count): (u64, u64)| -> Result<Arc<dyn BlockDevice>> {
+            Ok(Arc::new(SliceDevice::new(self.fast.clone(), Lba(first), count)?))
+        };
+        Ok(FastParts {
+            data_journal: slice(slices.data_journal)?,
+            fast_journal: slice(slices.fast_journal)?,
+            fast_data: slice(slices.fast_data)?,
+        })
+    }
+
+    /// Formats both stores' journals on a new fast device, as `layout` places them.
+    pub fn format_journals(&self, layout: &Layout) -> Result<()> {
+        let parts = self.fast_parts(layout)?;
+        Journal::format(parts.data_journal.as_ref(), layout.data_journal_geometry())?;
+        Journal::format(parts.fast_journal.as_ref(), layout.fast_journal_geometry())?;
+        Ok(())
+    }
+}
+
+/// Where the CPU utilisation that Algorithm 1 looks at comes from, for every page path.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CpuSource {
+    /// The host's, sampled from /proc/stat at each write (each page path its own sampler);
+    /// an idle host where it cannot be read.
+    Host,
+    /// A fixed busy fraction in [0, 1].
+    Fixed(f64),
+}
+
+impl CpuSource {
+    fn load(self) -> CpuLoad {
+        match self {
+            CpuSource::Host => match tundra_codec::CpuSampler::new() {
+                Ok(sampler) => CpuLoad::Sampled(Mutex::new(sampler)),
+                Err(_) => CpuLoad::Fixed(0.0),
+            },
+            CpuSource::Fixed(fraction) => CpuLoad::Fixed(fraction),
+        }
+    }
+}
+
+/// The inputs besides devices and configuration that make two starts of a node differ.
+#[derive(Clone, Debug)]
+pub struct Environment {
+    /// The decompression cost model Algorithm 1 weighs, one per page size (each names its
+    /// own).
+    pub decompress_costs: Vec<DecompressCost>,
+    pub cpu: CpuSource,
+}
+
+impl Environment {
+    /// This machine's: the decompression costs timed here (tens of milliseconds per page
+    /// size) and the host's CPU load.
+    pub fn host() -> Result<Environment> {
+        let codec = PageCodec::default();
+        let mut decompress_costs = Vec::new();
+        for page_size in PAGE_SIZES {
+            let samples = calibration_pages(page_size);
+            let refs: Vec<&[u8]> = samples.iter().map(|p| p.as_slice()).collect();
+            let cost = DecompressCost::calibrate(&codec, &refs).map_err(|e| Error::Io(e.to_string()))?;
+            decompress_costs.push(cost);
+        }
+        Ok(Environment { decompress_costs, cpu: CpuSource::Host })
+    }
+
+    fn decompress_cost(&self, page_size: PageSize) -> Result<DecompressCost> {
+        self.decompress_costs.iter().find(|cost| cost.page_size == page_size).copied().ok_or_else(|| {
+            Error::Invalid(format!("the environment has no decompression cost for {}-byte pages", page_size.bytes()))
+        })
+    }
+}
+
+impl Node {
+    /// Opens the node on `config.data_dir`, setting the directory up on first use. `progress`
+    /// hears what the open does (set-up, recovery). Damage in the log of a store's journal that
+    /// would lose acknowledged writes is a `Corrupted` error naming it.
+    pub fn open(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Node> {
+        Node::open_with(config, progress, false)
+    }
+
+    /// [`Node::open`]; with `accept_loss` (`tundra repair --accept-loss`), a damaged journal
+    /// log is truncated at the damage instead, and [`Node::recovery`] says what was dropped.
+    pub fn open_with(config: &Config, progress: &mut dyn FnMut(&str), accept_loss: bool) -> Result<Node> {
+        config.validate()?;
+        let dir = config.data_dir.clone();
+        let (layout, fresh, lock) = layout::open_or_create(&dir, config, progress)?;
+        let drive_media = FileDevice::open(dir.join(layout::DRIVE_FILE))?;
+        let csd_config = CsdConfig { compression: config.drive.compression.mode(), ..CsdConfig::default() };
+        let drive = Arc::new(if fresh {
+            CsdDevice::format(Arc::new(drive_media), &layout.drive_format(), csd_config)?
+        } else {
+            CsdDevice::open(Arc::new(drive_media), csd_config)?
+        });
+        for note in drive.recovery_notes() {
+            progress(&format!("the emulated drive in {}: {note}", layout::DRIVE_FILE));
+        }
+        let fast: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(dir.join(layout::FAST_FILE))?);
+        let devices = Devices { drive, fast };
+        if fresh {
+            devices.format_journals(&layout)?;
+            // Written last: a set-up cut short before this leaves no layout and is redone.
+            layout::commit(&dir, &layout)?;
+        }
+        let environment = Environment::host()?;
+        let mut node = Node::from_devices(config, layout, devices, &environment, accept_loss, progress)?;
+        node._lock = Some(lock);
+        Ok(node)
+    }
+
+    /// Builds a node on opened devices (the journals formatted, see [`Devices`]): recovers
+    /// both stores, makes a page path per device and page size as `config` and `environment`
+    /// say, and loads the volume table. `config` is taken as valid; its data directory only
+    /// names the node in its statistics.
+    pub fn from_devices(
+        config: &Config,
+        layout: Layout,
+        devices: Devices,
+        environment: &Environment,
+        accept_loss: bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Node> {
+        let parts = devices.fast_parts(&layout)?;
+        progress("recovering the page store");
+        let [data_place, fast_place] = repair::journal_places(&layout.fast_slices());
+        let data = repair::open_store(devices.drive.clone(), parts.data_journal, data_place, accept_loss, progress)?;
+        let data = Arc::new(data);
+        // The fast device does not compress: a trim there only gives space back to the
+        // filesystem holding fast.img, at a cost per rewritten page, so freed blocks are
+        // reused untrimmed (trimmed at open, at a check and when a volume is deleted).
+        let fast = repair::open_store(parts.fast_data, parts.fast_journal, fast_place, accept_loss, progress)?;
+        let fast = Arc::new(fast.with_trim_policy(TrimPolicy::Deferred));
+
+        let codec = PageCodec::default();
+        let mut paths = BTreeMap::new();
+        for page_size in PAGE_SIZES {
+            let cost = environment.decompress_cost(page_size)?;
+            for (device, store) in [(Device::Drive, &data), (Device::Fast, &fast)] {
+                let selector = Selector::new(config.compression.selector(), codec, cost)
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                let pages = Pages::new(store.clone(), page_size, selector, codec, environment.cpu.load())?
+                    .with_software_compression(config.compression.software);
+                pages.set_cache_pages(config.cache.pages);
+                paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
+            }
+        }
+        let write_back_bytes = config.cache.write_back_bytes()?;
+        let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.lsn.0).max();
+        let node = Node {
+            data_dir: config.data_dir.clone(),
+            layout,
+            drive: devices.drive,
+            fast_device: devices.fast,
+            data,
+            fast,
+            paths,
+            volumes: RwLock::new(BTreeMap::new()),
+            tracked: Mutex::new(BTreeMap::new()),
+            deleted_listeners: Mutex::new(Vec::new()),
+            overcommit: Overcommit { drive: config.drive.overcommit, fast: config.fast.overcommit },
+            _lock: None,
+            version: AtomicU64::new(max_version.unwrap_or(0) + 1),
+            admin: Mutex::new(()),
+            writeback: WriteBack::new(write_back_bytes),
+            writeback_enabled: write_back_bytes > 0,
+            configuration: Configuration {
+                software_compression: config.compression.software.name(),
+                drive_compression: config.drive.compression.name(),
+            },
+            started: Instant::now(),
+        };
+        node.refresh_volumes();
+        Ok(node)
+    }
+}

@@ -1,0 +1,196 @@
+//! What `tundra stats` and the metrics endpoint report: space by layer (logical, after software
+//! compression, on the drive's media) for the node and each volume, the drive's own counters,
+//! caches and latencies.
+
+use serde::Serialize;
+use tundra_store::volume::VolumeMode;
+
+use crate::histogram::LatencySummary;
+use crate::node::{Configuration, Device, Node};
+
+impl Node {
+    /// Everything `tundra stats` shows.
+    pub fn stats(&self) -> NodeStats {
+        let drive = self.drive.stats();
+        let mut volumes = Vec::new();
+        let mut node = SpaceStats::default();
+        for v in self.volumes() {
+            let usage = self.store(v.device).volume_usage(v.volume.id);
+            let logical = usage.pages * u64::from(v.volume.page_size);
+            let space = SpaceStats {
+                pages: usage.pages,
+                logical_bytes: logical,
+                software_bytes: usage.stored_bytes,
+                compressed_bytes: usage.compressed_bytes,
+                raw_pages: usage.raw_pages,
+                lz4_pages: usage.lz4_pages,
+                zstd_pages: usage.zstd_pages,
+                heavy_pages: usage.heavy_pages,
+            };
+            if v.device == Device::Drive {
+                node.add(&space);
+            }
+            volumes.push((v, space));
+        }
+        let drive_physical = drive.physical_used_bytes;
+        let volumes = volumes
+            .into_iter()
+            .map(|(v, space)| {
+                // The drive does not know volumes: its physical bytes are shared out in
+                // proportion to the blocks each volume's pages take.
+                let physical = match v.device {
+                    Device::Drive if node.software_bytes > 0 => {
+                        (drive_physical as u128 * space.software_bytes as u128 / node.software_bytes as u128) as u64
+                    }
+                    Device::Drive => 0,
+                    Device::Fast => space.software_bytes,
+                };
+                VolumeStats {
+                    id: v.volume.id.0,
+                    name: v.volume.name.clone(),
+                    size_bytes: v.volume.size_bytes,
+                    page_size: v.volume.page_size,
+                    mode: mode_name(v.volume.mode),
+                    device: v.device,
+                    software_ratio: ratio(space.logical_bytes, space.software_bytes),
+                    physical_bytes_attributed: physical,
+                    ratio: ratio(space.logical_bytes, physical),
+                    space,
+                    page_read: v.latency.page_read.summary(),
+                    page_write: v.latency.page_write.summary(),
+                    flush: v.latency.flush.summary(),
+                }
+            })
+            .collect();
+        let cache = self.paths.values().map(|p| p.cache_stats()).fold((0, 0), |(h, m), s| (h + s.hits, m + s.misses));
+        let store = self.data.stats();
+        NodeStats {
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            data_dir: self.data_dir.display().to_string(),
+            configuration: self.configuration,
+            software_ratio: ratio(node.logical_bytes, node.software_bytes),
+            drive_ratio: ratio(drive.mapped_bytes, drive.physical_used_bytes),
+            ratio: ratio(node.logical_bytes, drive.physical_used_bytes),
+            compressed: node,
+            drive: DriveStats {
+                logical_capacity_bytes: drive.logical_capacity_bytes,
+                physical_capacity_bytes: drive.physical_capacity_bytes,
+                mapped_bytes: drive.mapped_bytes,
+                physical_used_bytes: drive.physical_used_bytes,
+                gc_write_amplification: drive.gc_write_amplification(),
+                gc_moved_bytes: drive.counters.gc_moved_bytes,
+                free_segments: drive.free_segments,
+                segments: drive.segments,
+            },
+            fast_volume_bytes: self.layout.fast_volume_bytes,
+            index_memory_bytes: store.index_memory_bytes + self.fast.stats().index_memory_bytes,
+            index_bytes_per_page: if store.pages == 0 {
+                0.0
+            } else {
+                store.index_memory_bytes as f64 / store.pages as f64
+            },
+            cache_hits: cache.0,
+            cache_misses: cache.1,
+            write_back_dirty_bytes: self.writeback.dirty_bytes(),
+            volumes,
+        }
+    }
+}
+
+fn mode_name(mode: VolumeMode) -> &'static str {
+    match mode {
+        VolumeMode::Normal => "normal",
+        VolumeMode::None => "none",
+    }
+}
+
+fn ratio(logical: u64, physical: u64) -> f64 {
+    if physical == 0 { 0.0 } else { logical as f64 / physical as f64 }
+}
+
+/// Space of a set of pages, by layer.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SpaceStats {
+    pub pages: u64,
+    /// Pages times the page size.
+    pub logical_bytes: u64,
+    /// What the pages take after software compression, in 4 KiB blocks.
+    pub software_bytes: u64,
+    /// What they take at byte granularity.
+    pub compressed_bytes: u64,
+    pub raw_pages: u64,
+    pub lz4_pages: u64,
+    pub zstd_pages: u64,
+    pub heavy_pages: u64,
+}
+
+impl SpaceStats {
+    fn add(&mut self, o: &SpaceStats) {
+        self.pages += o.pages;
+        self.logical_bytes += o.logical_bytes;
+        self.software_bytes += o.software_bytes;
+        self.compressed_bytes += o.compressed_bytes;
+        self.raw_pages += o.raw_pages;
+        self.lz4_pages += o.lz4_pages;
+        self.zstd_pages += o.zstd_pages;
+        self.heavy_pages += o.heavy_pages;
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DriveStats {
+    pub logical_capacity_bytes: u64,
+    pub physical_capacity_bytes: u64,
+    pub mapped_bytes: u64,
+    pub physical_used_bytes: u64,
+    pub gc_write_amplification: f64,
+    pub gc_moved_bytes: u64,
+    pub free_segments: u64,
+    pub segments: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeStats {
+    pub id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub page_size: u32,
+    pub mode: &'static str,
+    pub device: Device,
+    #[serde(flatten)]
+    pub space: SpaceStats,
+    pub software_ratio: f64,
+    /// The drive's physical bytes shared out by software bytes (the drive does not know
+    /// volumes); for the fast device, the software bytes.
+    pub physical_bytes_attributed: u64,
+    pub ratio: f64,
+    pub page_read: LatencySummary,
+    pub page_write: LatencySummary,
+    pub flush: LatencySummary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStats {
+    pub uptime_seconds: f64,
+    pub data_dir: String,
+    /// Which layers compress.
+    pub configuration: Configuration,
+    /// The compressed volumes' pages (mode none volumes excluded).
+    pub compressed: SpaceStats,
+    /// Logical over software bytes.
+    pub software_ratio: f64,
+    /// The drive's own ratio: mapped over physical bytes.
+    pub drive_ratio: f64,
+    /// Both layers: logical over physical bytes.
+    pub ratio: f64,
+    pub drive: DriveStats,
+    /// The fast device's space for uncompressed volumes (mode none).
+    pub fast_volume_bytes: u64,
+    pub index_memory_bytes: u64,
+    pub index_bytes_per_page: f64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Block-device writes acknowledged and held in the write-back cache until the next flush.
+    pub write_back_dirty_bytes: u64,
+    pub volumes: Vec<VolumeStats>,
+}
