@@ -7,7 +7,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::conformance::{self, Crashable, Model, Rng, block_content};
+use tundra_env::Rng;
+
+use crate::conformance::{self, Crashable, Model, block_content};
 use crate::fault::{Fault, FaultyDevice};
 use crate::mem::MemDevice;
 
