@@ -11,6 +11,7 @@ use super::layout::Superblock;
 use super::state::{HeadKind, SegmentState};
 use super::*;
 
+use crate::Lba;
 use crate::conformance::block_content;
 use crate::mem::MemDevice;
 

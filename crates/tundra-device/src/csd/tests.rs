@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-
-use super::*;
 use tundra_env::Rng;
 
+use super::*;
+
+use crate::Lba;
 use crate::conformance::{self, Crashable, Model, block_content};
 use crate::fault::{Fault, FaultyDevice};
 use crate::mem::MemDevice;
