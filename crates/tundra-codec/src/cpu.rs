@@ -4,8 +4,14 @@
 //! It is the whole machine's busy fraction, not this process's: the selection competes with
 //! everything on the host. Linux counts CPU time in `/proc/stat`; the fraction is the busy share
 //! of the ticks between two samples. Parsing is separate from reading, so it is tested on text.
+//!
+//! [`CpuSampler`] is the real [`CpuGauge`] of tundra-env's seam; simulation and tests give the
+//! store a `FixedCpu` instead.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use tundra_env::CpuGauge;
 
 use crate::{Error, Result};
 
@@ -57,12 +63,18 @@ fn unexpected(what: &str) -> Error {
     Error::new(crate::ErrorKind::Io, format!("unexpected /proc/stat: {what}"))
 }
 
-/// Samples the machine's CPU utilisation between calls.
+/// Samples the machine's CPU utilisation between calls. It is shared (`&self`): the previous
+/// sample sits behind a lock, so one sampler can serve every writer as an `Arc<dyn CpuGauge>`.
 #[derive(Debug)]
 pub struct CpuSampler {
     path: PathBuf,
-    last: CpuTimes,
-    last_fraction: f64,
+    last: Mutex<Sample>,
+}
+
+#[derive(Debug)]
+struct Sample {
+    times: CpuTimes,
+    fraction: f64,
 }
 
 impl CpuSampler {
@@ -74,19 +86,31 @@ impl CpuSampler {
     /// A sampler of a file in /proc/stat's format (tests point it at their own file).
     pub fn with_path(path: impl AsRef<Path>) -> Result<CpuSampler> {
         let path = path.as_ref().to_path_buf();
-        let last = read_times(&path)?;
-        Ok(CpuSampler { path, last, last_fraction: 0.0 })
+        let times = read_times(&path)?;
+        Ok(CpuSampler { path, last: Mutex::new(Sample { times, fraction: 0.0 }) })
     }
 
     /// The busy fraction since the previous sample (or since the sampler was made). Called again
     /// before a clock tick has passed, it repeats the previous answer.
-    pub fn sample(&mut self) -> Result<f64> {
+    pub fn sample(&self) -> Result<f64> {
         let now = read_times(&self.path)?;
-        if let Some(fraction) = now.busy_fraction_since(&self.last) {
-            self.last = now;
-            self.last_fraction = fraction;
+        let mut last = self.last();
+        if let Some(fraction) = now.busy_fraction_since(&last.times) {
+            *last = Sample { times: now, fraction };
         }
-        Ok(self.last_fraction)
+        Ok(last.fraction)
+    }
+
+    /// The previous sample. A panic elsewhere while it was held cannot leave it half written
+    /// (it is replaced whole), so a poisoned lock is taken as it is.
+    fn last(&self) -> MutexGuard<'_, Sample> {
+        self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl CpuGauge for CpuSampler {
+    fn busy_fraction(&self) -> std::result::Result<f64, String> {
+        self.sample().map_err(|error| error.to_string())
     }
 }
 
@@ -134,7 +158,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stat");
         std::fs::write(&path, STAT).unwrap();
-        let mut sampler = CpuSampler::with_path(&path).unwrap();
+        let sampler = CpuSampler::with_path(&path).unwrap();
         assert_eq!(sampler.sample().unwrap(), 0.0, "no tick has passed");
         std::fs::write(&path, "cpu  130 20 40 860 50 5 5 10 7 0\n").unwrap();
         assert_eq!(sampler.sample().unwrap(), 0.4);
@@ -142,7 +166,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(sampler.sample().unwrap_err().kind(), ErrorKind::Io);
         if Path::new("/proc/stat").exists() {
-            let fraction = CpuSampler::new().unwrap().sample().unwrap();
+            let gauge: std::sync::Arc<dyn CpuGauge> = std::sync::Arc::new(CpuSampler::new().unwrap());
+            let fraction = gauge.busy_fraction().unwrap();
             assert!((0.0..=1.0).contains(&fraction));
         }
     }

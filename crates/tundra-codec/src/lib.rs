@@ -7,8 +7,9 @@
 //!   spans the run (heavy compression, for archived pages), and [`SegmentCache`] keeps recently
 //!   decompressed runs for sequential readers.
 //! - [`Selector`] is Algorithm 1: the per-page choice between lz4 and zstd, made without I/O from
-//!   the page, its history, the host's CPU utilisation ([`CpuSampler`]) and a decompression cost
-//!   model calibrated on the running machine ([`DecompressCost`]).
+//!   the page, its history, the host's CPU utilisation ([`CpuSampler`], the real
+//!   `tundra_env::CpuGauge`) and a decompression cost model ([`DecompressCost`]: calibrated on
+//!   the running machine when a node starts, fixed nominal coefficients everywhere else).
 //!
 //! The codec knows pages and 4 KiB blocks as sizes only: it never reads or writes a device, and
 //! knows nothing of indexes, chunks or the drive's own compression.

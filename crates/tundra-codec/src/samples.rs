@@ -1,30 +1,26 @@
 //! Deterministic sample bytes: rows of text like a table's, and random bytes. Calibration mixes
 //! them into pages that spread the compressed sizes, and tests use them as fixtures; ratios are
 //! never claimed on them.
+//!
+//! Both draw from the project's seeded generator ([`tundra_env::Rng`]), so the same seed gives
+//! the same bytes on every machine.
 
-/// A xorshift generator: the same seed gives the same bytes on every machine.
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
+use tundra_env::Rng;
 
 /// `len` bytes that do not compress.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len).map(|_| xorshift(&mut state) as u8).collect()
+    Rng::new(seed).bytes(len)
 }
 
 /// `len` bytes of CSV-like rows of flights, which compress several times over.
 pub fn text_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rng = Rng::new(seed);
     let carriers = ["UA", "AA", "B6", "DL", "EV", "MQ", "US", "WN"];
     let airports = ["EWR", "JFK", "LGA", "IAH", "MIA", "ATL", "ORD", "BOS", "SFO", "LAX"];
     let mut text = Vec::with_capacity(len + 64);
     let mut row = 0u64;
     while text.len() < len {
-        let r = xorshift(&mut state);
+        let r = rng.next_u64();
         let line = format!(
             "{row:07},2013-{:02}-{:02},{},N{:05},{},{},{}\n",
             1 + r % 12,

@@ -10,39 +10,33 @@ use std::sync::Arc;
 
 use crate::{BLOCK_SIZE, BlockDevice, ErrorKind, Lba};
 
-/// A small deterministic random generator (SplitMix64), so that a failing seed replays exactly.
+/// The suites' generator: the project's one seeded generator ([`tundra_env::Rng`], so a failing
+/// seed replays exactly), with chances stated in percent as the crash suites of the layers above
+/// this one state them.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(tundra_env::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(tundra_env::Rng::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A number in `0..bound`.
     pub fn below(&mut self, bound: u64) -> u64 {
-        assert!(bound > 0);
-        self.next_u64() % bound
+        self.0.below(bound)
     }
 
     /// True with probability `percent` / 100.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
+        self.0.below(100) < percent
     }
 
     pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let word = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
+        self.0.fill(buf);
     }
 }
 

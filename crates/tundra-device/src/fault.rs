@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use parking_lot::Mutex;
+use tundra_env::Rng;
 
-use crate::conformance::Rng;
 use crate::{BLOCK_SIZE, BlockDevice, Error, Lba, Result, Usage, check_io, check_range};
 
 /// A fault that stays armed until cleared.
@@ -112,7 +112,7 @@ impl<D: BlockDevice> FaultyDevice<D> {
         for (lba, block) in unflushed {
             let mut kept = block.durable;
             for version in block.versions {
-                if state.rng.chance(50) {
+                if state.rng.chance(0.5) {
                     kept = version;
                 }
             }

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use tundra_device::conformance::Rng;
 use tundra_device::csd::layout::{CheckpointHeader, RecordHeader, RecordKind, SegmentHeader, Superblock};
 use tundra_device::csd::{CompressionMode, CsdConfig, CsdDevice, FormatOptions};
 use tundra_device::mem::MemDevice;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
+use tundra_env::Rng;
 
 /// A media's block count and its written blocks.
 type Media = (u64, std::collections::HashMap<u64, Box<[u8]>>);

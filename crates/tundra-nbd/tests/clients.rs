@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
+use tundra_env::Rng;
 
 /// Panics unless `tool` is on the PATH.
 fn require(tool: &str) {
@@ -241,7 +242,7 @@ fn qemu_img_info_convert_and_compare() {
     // An image with data, zeros and holes, copied in and compared back.
     let dir = tempfile::tempdir().expect("tempdir");
     let image = dir.path().join("image.raw");
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let mut bytes = vec![0u8; 16 * MIB as usize];
     for chunk in bytes.chunks_mut(256 * 1024).step_by(3) {
         chunk[..100_000].copy_from_slice(&rng.bytes(100_000));
@@ -391,7 +392,7 @@ fn nbdfuse_file_reads_and_writes_through_the_kernel() {
     }
     let file = mountpoint.join("nbd");
     assert_eq!(std::fs::metadata(&file).expect("stat").len(), 8 * MIB);
-    let data = Rng(9).bytes(3 * MIB as usize + 123);
+    let data = Rng::new(9).bytes(3 * MIB as usize + 123);
     {
         use std::io::{Seek, SeekFrom, Write};
         let mut handle = std::fs::OpenOptions::new().write(true).open(&file).expect("open");

@@ -8,13 +8,14 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::*;
+use tundra_env::{Rng, seed_from_env};
 use tundra_nbd::{ExportError, ExportErrorKind, SHUTDOWN_GRACE};
 
 #[test]
 fn writes_read_back_at_any_alignment() {
     let fixture = Fixture::start(MIB);
     let mut client = fixture.client("vol");
-    let mut rng = Rng(1);
+    let mut rng = Rng::new(seed_from_env(1));
     let mut model = vec![0u8; MIB as usize];
     for _ in 0..200 {
         let len = 1 + rng.below(70_000) as usize;
@@ -194,7 +195,7 @@ fn a_shutdown_error_closes_the_connection_after_its_reply() {
 fn pipelined_requests_are_answered_in_order() {
     let fixture = Fixture::start(4 * MIB);
     let mut client = fixture.client("vol");
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(seed_from_env(7));
     // Requests go out from another thread while this one reads replies, as a real client does,
     // so neither side's socket buffer can fill and stall the other.
     let mut plan = Vec::new();
@@ -304,7 +305,7 @@ fn bad_request_magic_closes_only_that_connection() {
 fn random_requests_never_break_the_server() {
     let fixture = Fixture::start(MIB);
     let mut client = fixture.client("small");
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(seed_from_env(42));
     let size = 64 * 1024u64;
     for cookie in 1..=3000u64 {
         let command = match rng.below(4) {
@@ -314,16 +315,16 @@ fn random_requests_never_break_the_server() {
         if command == CMD_DISC {
             continue;
         }
-        let flags = if rng.below(3) == 0 { rng.next() as u16 } else { rng.below(4) as u16 };
+        let flags = if rng.below(3) == 0 { rng.next_u64() as u16 } else { rng.below(4) as u16 };
         let offset = match rng.below(4) {
-            0 => rng.next(),
+            0 => rng.next_u64(),
             1 => size - rng.below(100),
             _ => rng.below(size),
         };
         let length = match rng.below(5) {
             0 => 0,
             // Huge lengths, but a write's payload is really sent: keep those to a few.
-            1 if command != CMD_WRITE || rng.below(50) == 0 => rng.next() as u32 & 0x3ff_ffff,
+            1 if command != CMD_WRITE || rng.below(50) == 0 => rng.next_u64() as u32 & 0x3ff_ffff,
             _ => rng.below(9000) as u32,
         };
         let payload = if command == CMD_WRITE { vec![cookie as u8; length as usize] } else { Vec::new() };

@@ -4,6 +4,7 @@
 //! writes through the write-back cache, partial writes and the background pass) and checks the
 //! space each layer reports.
 
+use tundra_env::Rng;
 use tundra_node::{Config, DriveCompression, Node, NodeStats, SoftwareCompression, WriteMode};
 use tundra_store::volume::VolumeMode;
 
@@ -35,12 +36,10 @@ fn table_page(seed: u64) -> Vec<u8> {
     let mut page = vec![0u8; PAGE];
     page[..8].copy_from_slice(&seed.to_le_bytes());
     let mut at = PAGE / 6;
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     let mut row = seed * 100;
     while at + 96 < PAGE {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let line = format!(
             "{row:08}|2013-{:02}-{:02}|{}|N{:05}|{}|{}|{:4}|{:+4}|",
             1 + x % 12,

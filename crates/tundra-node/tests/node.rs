@@ -1,5 +1,6 @@
 //! The node end to end in one process: volumes, page and byte I/O, restart, fsck.
 
+use tundra_env::{Rng, seed_from_env};
 use tundra_node::{Config, Device, Error, Node, WriteMode};
 use tundra_store::volume::VolumeMode;
 
@@ -22,12 +23,9 @@ fn page(seed: u64, len: usize) -> Vec<u8> {
     // Text-like content that compresses about threefold.
     let words = ["tundra ", "page ", "store ", "volume ", "drive ", "12345 ", "flights ", "\0\0\0\0"];
     let mut out = Vec::with_capacity(len);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(words[(x % 8) as usize].as_bytes());
+        out.extend_from_slice(rng.pick(&words).as_bytes());
     }
     out.truncate(len);
     out
@@ -134,6 +132,7 @@ fn the_write_back_cache_agrees_with_a_model_under_concurrency() {
     config.cache.write_back = "256KiB".into(); // small, so writers also pass the limit
     const PAGES: u64 = 64;
     const PAGE: usize = 8192;
+    let seed = seed_from_env(1);
     let expected: Vec<Vec<u8>>;
     {
         let node = Node::open(&config, &mut |_| {}).unwrap();
@@ -146,25 +145,19 @@ fn the_write_back_cache_agrees_with_a_model_under_concurrency() {
                     let (node, db) = (&node, &db);
                     scope.spawn(move || {
                         let mut model = vec![vec![0u8; PAGE]; PAGES as usize];
-                        let mut rng = t * 7919 + 1;
-                        let mut next = move || {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            rng
-                        };
+                        let mut rng = Rng::new(seed.wrapping_add(t));
                         for step in 0..400u64 {
-                            let p = (next() % (PAGES / 4)) * 4 + t;
+                            let p = rng.below(PAGES / 4) * 4 + t;
                             let base = p * PAGE as u64;
-                            match next() % 8 {
+                            match rng.below(8) {
                                 0 | 1 => {
                                     let content = page(step * 10 + t, PAGE);
                                     node.write_bytes(db, base, &content).unwrap();
                                     model[p as usize] = content;
                                 }
                                 2 | 3 => {
-                                    let at = (next() % PAGE as u64) as usize;
-                                    let len = 1 + (next() % (PAGE - at) as u64) as usize;
+                                    let at = rng.below(PAGE as u64) as usize;
+                                    let len = 1 + rng.below((PAGE - at) as u64) as usize;
                                     let piece = page(step * 10 + t + 5, len);
                                     node.write_bytes(db, base + at as u64, &piece).unwrap();
                                     model[p as usize][at..at + len].copy_from_slice(&piece);
@@ -175,7 +168,7 @@ fn the_write_back_cache_agrees_with_a_model_under_concurrency() {
                                     model[p as usize] = content;
                                 }
                                 5 => {
-                                    if next() % 2 == 0 {
+                                    if rng.below(2) == 0 {
                                         node.zero_bytes(db, base, PAGE as u64).unwrap();
                                     } else {
                                         node.trim_pages(db, p, 1).unwrap();
@@ -183,7 +176,7 @@ fn the_write_back_cache_agrees_with_a_model_under_concurrency() {
                                     model[p as usize] = vec![0u8; PAGE];
                                 }
                                 6 => {
-                                    if next() % 3 == 0 {
+                                    if rng.below(3) == 0 {
                                         node.background().unwrap();
                                     } else {
                                         node.flush(Some(db)).unwrap();

@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tundra_env::{Rng, seed_from_env};
 use tundra_proto::frame::{
     ClientHello, FLAG_CLOSE, FrameHeader, HEADER_BYTES, MAGIC, NOTICE_ID, SERVER_HELLO_BYTES, ServerHello, write_frame,
 };
@@ -461,18 +462,12 @@ fn shutdown_is_bounded_when_a_service_call_never_returns() {
 #[test]
 fn random_bytes_after_the_hello_never_stop_the_server() {
     let (server, _) = start(ServerConfig { hello_timeout: Duration::from_millis(200), ..ServerConfig::default() });
-    let mut seed = 0x1234_5678_9ABC_DEF0u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng::new(seed_from_env(0x1234_5678_9ABC_DEF0));
     for round in 0..40 {
         let mut stream = if round % 4 == 0 { connect_raw(&server) } else { open(&server) };
         stream.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-        let len = (next() % 4096) as usize;
-        let mut garbage: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let len = rng.below(4096) as usize;
+        let mut garbage = rng.bytes(len);
         if round % 3 == 0 && garbage.len() >= HEADER_BYTES {
             // A plausible header: small length, a real opcode, so the body parser is reached.
             let header = FrameHeader::new(Opcode::ALL[round % 12].code(), 0, 1, &[&garbage[HEADER_BYTES..]]);

@@ -8,6 +8,7 @@ mod common;
 use common::{fails, succeeds, tundra};
 
 use serde_json::Value;
+use tundra_env::Rng;
 
 fn ok(args: &[&str]) -> String {
     let out = succeeds(args);
@@ -16,20 +17,13 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 /// CSV-like rows of flights: text that compresses several times over.
 fn text(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
+    let mut rng = Rng::new(seed);
     let mut data = Vec::with_capacity(len + 64);
     let mut row = 0;
     while data.len() < len {
-        let r = xorshift(&mut state);
+        let r = rng.next_u64();
         let line =
             format!("{row:07},2013-01-{:02},UA,N{:05},EWR,IAH,{}\n", 1 + r % 28, (r >> 8) % 99_991, (r >> 32) % 1440);
         data.extend_from_slice(line.as_bytes());
@@ -40,8 +34,7 @@ fn text(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len).map(|_| xorshift(&mut state) as u8).collect()
+    Rng::new(seed).bytes(len)
 }
 
 /// 2 MiB of text with a 64 KiB stretch of random bytes every 256 KiB, and a partial last page.

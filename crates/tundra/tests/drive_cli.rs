@@ -4,6 +4,7 @@ use std::path::Path;
 mod common;
 
 use common::{fails, succeeds};
+use tundra_env::Rng;
 
 fn ok(args: &[&str]) -> String {
     let out = succeeds(args);
@@ -82,15 +83,7 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
     fails(&["drive", "dump", img, dir.path().join("x").to_str().unwrap(), "--length", "8MiB"], "past");
     // Incompressible data beyond the physical capacity: drive full, and what was written stays.
     let random = dir.path().join("random.bin");
-    let mut state = 0x1234_5678_u64;
-    let bytes: Vec<u8> = (0..(2 << 20))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
+    let bytes = Rng::new(0x1234_5678).bytes(2 << 20);
     std::fs::write(&random, bytes).unwrap();
     fails(&["drive", "load", img, random.to_str().unwrap()], "drive full");
     let after = stats(&image);

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{fails, fails_once, succeeds, tundra};
 use common_serve::*;
+use tundra_env::Rng;
 use tundra_proto::{Status, VolumeMode, VolumeSpec, WriteMode};
 
 /// Runs qemu-io on a volume with one `-c` per command; every command must succeed (a pattern
@@ -218,7 +219,7 @@ fn qemu_io_patterns_unaligned_discard_and_zeroes_on_every_kind_of_volume() {
     assert_eq!(info["virtual-size"], 32 * MIB, "{info}");
     let image = site.scratch().join("image.raw");
     let mut bytes = vec![0u8; 4 * MIB as usize];
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     for (i, chunk) in bytes.chunks_mut(96 * 1024).enumerate() {
         match i % 3 {
             0 => chunk[..50_000].copy_from_slice(&rng.bytes(50_000)),
@@ -887,7 +888,7 @@ fn nbdfuse_file_on_a_volume_reads_and_writes_through_the_kernel() {
     }
     let file = mountpoint.join("nbd");
     assert_eq!(std::fs::metadata(&file).expect("stat").len(), 8 * MIB);
-    let data = Rng(9).bytes(3 * MIB as usize + 123);
+    let data = Rng::new(9).bytes(3 * MIB as usize + 123);
     {
         use std::io::{Seek, SeekFrom};
         let mut handle = std::fs::OpenOptions::new().write(true).open(&file).expect("open");

@@ -5,10 +5,14 @@
 
 use std::sync::Arc;
 
+use tundra_env::Rng;
+
 use super::layout::Superblock;
 use super::state::{HeadKind, SegmentState};
 use super::*;
-use crate::conformance::{Rng, block_content};
+
+use crate::Lba;
+use crate::conformance::block_content;
 use crate::mem::MemDevice;
 
 const SEGMENT: u64 = 64 * 1024;

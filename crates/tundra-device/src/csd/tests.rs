@@ -5,9 +5,12 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use tundra_env::Rng;
 
 use super::*;
-use crate::conformance::{self, Crashable, Model, Rng, block_content};
+
+use crate::Lba;
+use crate::conformance::{self, Crashable, Model, block_content};
 use crate::fault::{Fault, FaultyDevice};
 use crate::mem::MemDevice;
 

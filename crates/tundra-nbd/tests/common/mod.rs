@@ -315,26 +315,6 @@ impl Client {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), so a failure replays exactly.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// Compares byte images, reporting the first difference instead of printing megabytes.
 #[track_caller]
 pub fn assert_same(actual: &[u8], expected: &[u8], what: &str) {

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use tundra_device::conformance::Rng;
+use tundra_env::Rng;
 use tundra_node::{Config, Layout, Node, WriteMode};
 use tundra_store::volume::VolumeMode;
 
@@ -20,10 +20,7 @@ const DEFAULT_FLIPS: usize = 3;
 
 /// The seed of this run: `TUNDRA_SEED` or a fixed default.
 pub fn seed() -> u64 {
-    match std::env::var("TUNDRA_SEED") {
-        Ok(text) => text.trim().parse().unwrap_or_else(|_| panic!("TUNDRA_SEED={text:?} is not a number")),
-        Err(_) => DEFAULT_SEED,
-    }
+    tundra_env::seed_from_env(DEFAULT_SEED)
 }
 
 fn flips_per_region() -> usize {
@@ -142,7 +139,7 @@ impl Workload<'_> {
     fn fill(&mut self) {
         for v in 0..self.model.volumes.len() {
             for page in 0..self.model.volumes[v].pages.len() {
-                if !self.rng.chance(8) {
+                if !self.rng.chance(0.08) {
                     self.write(v, page);
                 }
             }
@@ -284,13 +281,13 @@ impl Pristine {
             for (name, page_size, bytes) in [("pg", 8192, 2 << 20), ("wal", 8192, 1 << 20), ("big", 16384, 1 << 20)] {
                 model.volumes.push(VolumeModel { name: name.into(), page_size, pages: vec![None; bytes / page_size] });
             }
-            let mut w = Workload { node: &node, model: &mut model, rng: Rng::new(rng.next_u64()) };
+            let mut w = Workload { node: &node, model: &mut model, rng: rng.fork() };
             w.fill();
             node.close().expect("close");
         }
         let node = Node::open(&config, &mut |_| {}).expect("reopen");
         let layout = node.layout().clone();
-        Workload { node: &node, model: &mut model, rng: Rng::new(rng.next_u64()) }.churn();
+        Workload { node: &node, model: &mut model, rng: rng.fork() }.churn();
         // Every write above returned after its journal commit was flushed: the files now hold
         // what a kill would leave.
         let killed = Image::capture(&dir);

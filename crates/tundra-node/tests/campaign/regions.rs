@@ -6,8 +6,8 @@
 //! store's journal"); the journals' places on the fast device come from the node's public
 //! `Layout::fast_slices` and `JournalGeometry`.
 
-use tundra_device::conformance::Rng;
 use tundra_device::csd::layout::{CheckpointHeader, Geometry, RecordHeader, SegmentHeader, Superblock};
+use tundra_env::Rng;
 use tundra_node::Layout;
 use tundra_store::journal::JournalGeometry;
 
