@@ -215,13 +215,8 @@ impl Workload {
 /// Pages that compress about as well as table pages do (two to three times): rows of a counter,
 /// a few random bytes from a small alphabet and zero padding. Deterministic.
 pub fn sample_pages(page_size: usize, count: usize) -> Vec<Vec<u8>> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = tundra_env::Rng::new(0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next_u64();
     (0..count)
         .map(|page| {
             let mut bytes = vec![0u8; page_size];

@@ -7,38 +7,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use tundra_env::Rng;
 
 use crate::{BLOCK_SIZE, BlockDevice, ErrorKind, Lba};
-
-/// The suites' generator: the project's one seeded generator ([`tundra_env::Rng`], so a failing
-/// seed replays exactly), with chances stated in percent as the crash suites of the layers above
-/// this one state them.
-#[derive(Clone, Debug)]
-pub struct Rng(tundra_env::Rng);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(tundra_env::Rng::new(seed))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-
-    /// A number in `0..bound`.
-    pub fn below(&mut self, bound: u64) -> u64 {
-        self.0.below(bound)
-    }
-
-    /// True with probability `percent` / 100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.0.below(100) < percent
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        self.0.fill(buf);
-    }
-}
 
 /// One block of test content. `tag` makes every write distinct; the kind varies the
 /// compressibility: all zeros, highly compressible text, half random, fully random.
@@ -192,7 +163,7 @@ pub fn random_ops_match_model(dev: &dyn BlockDevice, seed: u64, ops: usize) {
     let mut rng = Rng::new(seed);
     for op in 0..ops {
         random_op(dev, &mut model, &mut rng, op as u64);
-        if rng.chance(10) {
+        if rng.chance(0.10) {
             let lba = rng.below(dev.block_count());
             let count = 1 + rng.below((dev.block_count() - lba).min(8));
             let got = read_blocks(dev, lba, count as usize);

@@ -3,10 +3,10 @@
 //! recovered exactly or refused naming the block, never a silent rollback.
 use std::collections::BTreeMap;
 
-use tundra_device::conformance::Rng;
 use tundra_device::fault::FaultyDevice;
 use tundra_device::mem::MemDevice;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
+use tundra_env::Rng;
 
 use super::frame::{LogBlock, SuperblockRead, classify_log_block};
 use super::ids::{CheckpointSlot, Epoch, Generation};
@@ -181,7 +181,7 @@ fn journal_crash_rounds(rounds: u64) -> u64 {
                     break;
                 }
                 apply(&mut acknowledged, std::slice::from_ref(&record));
-                if rng.chance(20) || journal.wants_checkpoint() {
+                if rng.chance(0.20) || journal.wants_checkpoint() {
                     let snapshot: Vec<Record> = acknowledged.values().cloned().collect();
                     if journal.checkpoint(&snapshot, journal.position()).is_err() {
                         break;

@@ -478,17 +478,7 @@ mod model {
 
     /// Table rows, zeros, incompressible bytes, or half rows and half noise.
     fn content(kind: u8, seed: u16) -> Vec<u8> {
-        let noise = |n: usize| {
-            let mut x = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect::<Vec<u8>>()
-        };
+        let noise = |n: usize| tundra_env::Rng::new(u64::from(seed)).bytes(n);
         match kind {
             0 => table_page(u64::from(seed), PAGE),
             1 => vec![0u8; PAGE],
@@ -676,8 +666,8 @@ fn the_two_layer_crash_oracle_fails_when_recovery_drops_the_newest_commit() {
 fn two_layer_crash_rounds(rounds: u64) -> u64 {
     use std::collections::BTreeMap;
 
-    use tundra_device::conformance::Rng;
     use tundra_device::fault::FaultyDevice;
+    use tundra_env::Rng;
 
     let options = FormatOptions { segment_bytes: 64 * 1024, ..FormatOptions::new(16 << 20, 4 << 20) };
     let quiet = CsdConfig { background: false, ..CsdConfig::default() };
@@ -714,7 +704,7 @@ fn two_layer_crash_rounds(rounds: u64) -> u64 {
                 acknowledged.insert(page, got);
             }
             in_flight.clear();
-            if rng.chance(50) {
+            if rng.chance(0.50) {
                 media.crash_after(rng.below(40))
             } else {
                 fast.crash_after(rng.below(20))

@@ -2,9 +2,9 @@
 //! through the store.
 use std::collections::BTreeMap;
 
-use tundra_device::conformance::Rng;
 use tundra_device::fault::FaultyDevice;
 use tundra_device::mem::MemDevice;
+use tundra_env::Rng;
 
 use super::*;
 use crate::ErrorKind;
@@ -189,7 +189,7 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                 };
             }
             in_flight.clear();
-            if rng.chance(50) {
+            if rng.chance(0.50) {
                 data.crash_after(rng.below(30))
             } else {
                 fast.crash_after(rng.below(30))
@@ -198,10 +198,10 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                 let page = rng.below(12) as u32;
                 let tag = round * 10_000 + crash * 100 + step;
                 in_flight.clear();
-                let result = if rng.chance(15) {
+                let result = if rng.chance(0.15) {
                     in_flight.entry(page).or_default().push(0);
                     store.trim_page(chunk, PageNo(page)).map(|()| vec![(page, None)])
-                } else if rng.chance(30) {
+                } else if rng.chance(0.30) {
                     // A group of distinct pages with one commit, written in few I/Os.
                     let mut group: Vec<u32> = (0..1 + rng.below(4)).map(|i| (page + i as u32 * 5) % 12).collect();
                     group.dedup();
@@ -225,7 +225,7 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                 };
                 let result = result.and_then(|r| store.maybe_checkpoint().map(|()| r));
                 let result =
-                    if rng.chance(20) { result.and_then(|r| store.release_freed().map(|()| r)) } else { result };
+                    if rng.chance(0.20) { result.and_then(|r| store.release_freed().map(|()| r)) } else { result };
                 match result {
                     Ok(done) => {
                         for (page, tag) in done {
