@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use crate::node::{Node, VolumeRef, WriteMode};
 use crate::spans::{ByteRange, PageSpan};
@@ -34,7 +33,7 @@ impl Node {
         check_bytes(volume, offset, data.len() as u64)?;
         for span in ByteRange::new(offset, data.len() as u64, volume.page_size()).pages() {
             let piece = &data[span.buffer()];
-            let started = Instant::now();
+            let started = self.clock.now();
             if self.writeback_enabled {
                 self.cache_piece(volume, &span, piece)?;
             } else if span.is_whole() {
@@ -44,7 +43,7 @@ impl Node {
                 let (chunk, page) = volume.volume.locate(span.index)?;
                 volume.pages.write_partial(chunk, page, span.within, piece, self.next_lsn())?;
             }
-            volume.latency.page_write.observe(started.elapsed());
+            volume.latency.page_write.observe(self.clock.now().saturating_sub(started));
         }
         if self.writeback.over_limit() {
             self.flush_dirty()?;

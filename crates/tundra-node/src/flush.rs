@@ -3,7 +3,6 @@
 //! commit), and the final flush and checkpoints of [`Node::close`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use tundra_device::BlockDevice;
@@ -13,8 +12,6 @@ use crate::node::{Node, VolumeRef, WriteMode};
 use crate::writeback::{Content, Snapshot};
 use crate::{Error, Result};
 
-/// Pages a flush writes to the store at once: their journal records share group commits.
-const FLUSH_WORKERS: usize = 4;
 /// Pages of one chunk a flush stores with one journal commit.
 const FLUSH_BATCH_PAGES: usize = 64;
 
@@ -30,12 +27,12 @@ impl Node {
     /// left to flush on the devices, and a flush of a volume with nothing cached does no I/O.
     /// A flush of every volume (`None`) flushes both devices as well.
     pub fn flush(&self, volume: Option<&VolumeRef>) -> Result<()> {
-        let started = Instant::now();
+        let started = self.clock.now();
         match volume {
             Some(volume) => {
                 volume.check_live()?;
                 self.flush_dirty_of(Some(volume.volume.id))?;
-                volume.latency.flush.observe(started.elapsed());
+                volume.latency.flush.observe(self.clock.now().saturating_sub(started));
             }
             None => {
                 self.flush_dirty()?;
@@ -106,7 +103,7 @@ impl Node {
         // The calling thread is one of the writers: a flush of one batch (a redo volume's
         // commit) starts no thread.
         std::thread::scope(|scope| {
-            for _ in 1..FLUSH_WORKERS.min(batches.len()) {
+            for _ in 1..self.flush_writers.min(batches.len()) {
                 scope.spawn(work);
             }
             work();

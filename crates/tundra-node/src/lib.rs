@@ -59,7 +59,7 @@ pub use config::{Config, DriveCompression};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use node::{Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};
-pub use open::{CpuSource, Devices, Environment};
+pub use open::{Devices, Environment, HOST_FLUSH_WRITERS};
 pub use stats::{DriveStats, NodeStats, SpaceStats, VolumeStats};
 pub use tundra_store::pages::SoftwareCompression;
 

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -105,7 +104,12 @@ pub struct Node {
     pub(crate) writeback: WriteBack,
     pub(crate) writeback_enabled: bool,
     pub(crate) configuration: Configuration,
-    pub started: Instant,
+    /// When the node started, by its clock.
+    pub started: std::time::Duration,
+    /// The environment's clock: latencies and uptime are measured on it.
+    pub clock: std::sync::Arc<dyn tundra_env::Clock>,
+    /// Threads a flush of the write-back cache writes with (see `Environment::flush_writers`).
+    pub flush_writers: usize,
 }
 
 /// A volume's latency histograms and liveness flag.

@@ -3,20 +3,22 @@
 //! [`Node::from_devices`] is everything after: both stores recovered from already-opened
 //! devices, a page path per device and page size, the volume table. What would make two
 //! starts on the same devices differ (decompression costs timed on this machine, the host's
-//! CPU load) comes in as an [`Environment`], so that a node can also be built over devices and
-//! inputs a test chooses.
+//! CPU load, the clock, random numbers, how many threads a flush runs on) comes in as an
+//! [`Environment`], so that a node can also be built over devices and inputs a test chooses:
+//! [`Environment::simulated`] makes a node whose every byte on its devices is a function of a
+//! seed and of what it is asked to do.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
-use tundra_codec::{DecompressCost, PageCodec, PageSize, Selector, calibration_pages};
+use tundra_codec::{CpuSampler, DecompressCost, PageCodec, PageSize, Selector, calibration_pages};
 use tundra_device::csd::{CsdConfig, CsdDevice};
 use tundra_device::file::FileDevice;
 use tundra_device::slice::SliceDevice;
 use tundra_device::{BlockDevice, Lba};
+use tundra_env::{CpuGauge, Env, FixedCpu, Rng, SystemClock};
 use tundra_store::journal::Journal;
 use tundra_store::pages::{CpuLoad, Pages};
 use tundra_store::store::TrimPolicy;
@@ -65,40 +67,28 @@ impl Devices {
     }
 }
 
-/// Where the CPU utilisation that Algorithm 1 looks at comes from, for every page path.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum CpuSource {
-    /// The host's, sampled from /proc/stat at each write (each page path its own sampler);
-    /// an idle host where it cannot be read.
-    Host,
-    /// A fixed busy fraction in [0, 1].
-    Fixed(f64),
-}
-
-impl CpuSource {
-    fn load(self) -> CpuLoad {
-        match self {
-            CpuSource::Host => match tundra_codec::CpuSampler::new() {
-                Ok(sampler) => CpuLoad::Sampled(Mutex::new(sampler)),
-                Err(_) => CpuLoad::Fixed(0.0),
-            },
-            CpuSource::Fixed(fraction) => CpuLoad::Fixed(fraction),
-        }
-    }
-}
-
 /// The inputs besides devices and configuration that make two starts of a node differ.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Environment {
     /// The decompression cost model Algorithm 1 weighs, one per page size (each names its
     /// own).
     pub decompress_costs: Vec<DecompressCost>,
-    pub cpu: CpuSource,
+    /// The clock (latencies, uptime), the random stream (heavy segment nonces) and the CPU load
+    /// Algorithm 1 looks at.
+    pub env: Env,
+    /// Threads a flush of the write-back cache writes with at once. Several overlap their
+    /// journal commits on a host; more than one makes the order of allocations, and so the
+    /// placement of blocks, depend on thread scheduling.
+    pub flush_writers: usize,
 }
+
+/// Threads a flush writes with on a host.
+pub const HOST_FLUSH_WRITERS: usize = 4;
 
 impl Environment {
     /// This machine's: the decompression costs timed here (tens of milliseconds per page
-    /// size) and the host's CPU load.
+    /// size), the system clock, a random stream seeded from the clock, the host's CPU load
+    /// (an idle host where /proc/stat cannot be read).
     pub fn host() -> Result<Environment> {
         let codec = PageCodec::default();
         let mut decompress_costs = Vec::new();
@@ -108,7 +98,33 @@ impl Environment {
             let cost = DecompressCost::calibrate(&codec, &refs).map_err(|e| Error::Io(e.to_string()))?;
             decompress_costs.push(cost);
         }
-        Ok(Environment { decompress_costs, cpu: CpuSource::Host })
+        let cpu: Arc<dyn CpuGauge> = match CpuSampler::new() {
+            Ok(sampler) => Arc::new(sampler),
+            Err(_) => Arc::new(FixedCpu(0.0)),
+        };
+        let clock = SystemClock::new();
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let env = Env::new(Arc::new(clock), Rng::new(seed ^ u64::from(std::process::id()).rotate_left(32)), cpu);
+        Ok(Environment { decompress_costs, env, flush_writers: HOST_FLUSH_WRITERS })
+    }
+
+    /// A simulated environment: the nominal decompression costs
+    /// ([`DecompressCost::nominal`]), a manual clock, randomness from `seed`, an idle CPU and
+    /// one flush writer. A node built on it over memory devices (with the drive's background
+    /// thread off) writes the same bytes for the same seed and the same requests.
+    pub fn simulated(seed: u64) -> Environment {
+        Environment {
+            decompress_costs: PAGE_SIZES.iter().map(|&p| DecompressCost::nominal(p)).collect(),
+            env: Env::simulated(seed),
+            flush_writers: 1,
+        }
+    }
+
+    /// This environment with another CPU load: a fixed busy fraction in [0, 1].
+    pub fn with_fixed_cpu(mut self, busy_fraction: f64) -> Environment {
+        self.env = Env::new(self.env.clock.clone(), self.env.fork_rng(), Arc::new(FixedCpu(busy_fraction)));
+        self
     }
 
     fn decompress_cost(&self, page_size: PageSize) -> Result<DecompressCost> {
@@ -185,8 +201,10 @@ impl Node {
             for (device, store) in [(Device::Drive, &data), (Device::Fast, &fast)] {
                 let selector = Selector::new(config.compression.selector(), codec, cost)
                     .map_err(|e| Error::Invalid(e.to_string()))?;
-                let pages = Pages::new(store.clone(), page_size, selector, codec, environment.cpu.load())?
-                    .with_software_compression(config.compression.software);
+                let cpu = CpuLoad::Gauge(environment.env.cpu.clone());
+                let pages = Pages::new(store.clone(), page_size, selector, codec, cpu)?
+                    .with_software_compression(config.compression.software)
+                    .with_nonce_seed(environment.env.next_u64());
                 pages.set_cache_pages(config.cache.pages);
                 paths.insert((device, page_size.bytes() as u32), Arc::new(pages));
             }
@@ -214,7 +232,9 @@ impl Node {
                 software_compression: config.compression.software.name(),
                 drive_compression: config.drive.compression.name(),
             },
-            started: Instant::now(),
+            started: environment.env.clock.now(),
+            clock: environment.env.clock.clone(),
+            flush_writers: environment.flush_writers.max(1),
         };
         node.refresh_volumes();
         Ok(node)

@@ -3,8 +3,6 @@
 //! compress a range heavily. Byte I/O (bytes.rs) reads through the same path and stores whole
 //! pages through [`Node::store_page`].
 
-use std::time::Instant;
-
 use tundra_codec::Algorithm;
 use tundra_store::pages::HeavyReport;
 use tundra_store::volume::VolumeMode;
@@ -26,7 +24,7 @@ impl Node {
     /// Reads `out.len()` bytes from byte `within` of page `index`: only those bytes are copied,
     /// from the write-back cache or from the page cache's copy.
     pub(crate) fn read_within(&self, volume: &VolumeRef, index: u64, within: usize, out: &mut [u8]) -> Result<()> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let (chunk, page) = volume.volume.locate(index)?;
         let range = within..within + out.len();
         match self.writeback.get((volume.volume.id, index)) {
@@ -37,13 +35,13 @@ impl Node {
                 None => out.fill(0),
             },
         }
-        volume.latency.page_read.observe(started.elapsed());
+        volume.latency.page_read.observe(self.clock.now().saturating_sub(started));
         Ok(())
     }
 
     /// Writes page `index` of a volume, durably (the page protocol: the engine chose the mode).
     pub fn write_page(&self, volume: &VolumeRef, index: u64, mode: WriteMode, content: &[u8]) -> Result<()> {
-        let started = Instant::now();
+        let started = self.clock.now();
         check_len(volume, content.len())?;
         volume.volume.locate(index)?;
         let _no_flush = self.writeback.direct();
@@ -53,7 +51,7 @@ impl Node {
         shard.remove();
         self.store_page(volume, index, mode, content)?;
         drop(shard);
-        volume.latency.page_write.observe(started.elapsed());
+        volume.latency.page_write.observe(self.clock.now().saturating_sub(started));
         Ok(())
     }
 

@@ -65,7 +65,7 @@ impl Node {
         let cache = self.paths.values().map(|p| p.cache_stats()).fold((0, 0), |(h, m), s| (h + s.hits, m + s.misses));
         let store = self.data.stats();
         NodeStats {
-            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            uptime_seconds: self.clock.now().saturating_sub(self.started).as_secs_f64(),
             data_dir: self.data_dir.display().to_string(),
             configuration: self.configuration,
             software_ratio: ratio(node.logical_bytes, node.software_bytes),

@@ -2,37 +2,12 @@
 //! devices, a layout written out by hand, fixed decompression costs and a fixed CPU load. It
 //! serves I/O, survives a rebuild on the same devices, and touches no file.
 
-use std::sync::Arc;
-
 use tundra_codec::{DecompressCost, LinearCost, PageSize};
-use tundra_device::csd::{CsdConfig, CsdDevice};
-use tundra_device::mem::MemDevice;
-use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice};
-use tundra_node::{Config, CpuSource, Devices, Environment, Error, Layout, Node, WriteMode};
-use tundra_store::journal::PAGE_RECORD_BYTES;
+use tundra_node::{Environment, Error, Node, WriteMode};
 use tundra_store::volume::VolumeMode;
 
-const MIB: u64 = 1 << 20;
-
-/// Checkpoint blocks for `pages` page records, with room for the volume records.
-fn checkpoint_blocks(pages: u64) -> u64 {
-    16 + (pages * PAGE_RECORD_BYTES as u64).div_ceil(BLOCK_SIZE_BYTES)
-}
-
-fn layout() -> Layout {
-    let logical = 128 * MIB;
-    let fast_volume_bytes = 32 * MIB;
-    Layout {
-        format: 1,
-        drive_logical_bytes: logical,
-        drive_physical_bytes: 64 * MIB,
-        data_journal_checkpoint_blocks: checkpoint_blocks(logical / BLOCK_SIZE_BYTES),
-        data_journal_log_blocks: 1024,
-        fast_journal_checkpoint_blocks: checkpoint_blocks(fast_volume_bytes / BLOCK_SIZE_BYTES / 2),
-        fast_journal_log_blocks: 256,
-        fast_volume_bytes,
-    }
-}
+mod memory_node;
+use memory_node::{MIB, Media, config, layout};
 
 fn environment() -> Environment {
     let cost = |page_size| DecompressCost {
@@ -40,43 +15,7 @@ fn environment() -> Environment {
         lz4: LinearCost { fixed_us: 1.0, us_per_byte: 0.001 },
         zstd: LinearCost { fixed_us: 4.0, us_per_byte: 0.004 },
     };
-    Environment { decompress_costs: vec![cost(PageSize::Kib8), cost(PageSize::Kib16)], cpu: CpuSource::Fixed(0.0) }
-}
-
-/// The media of both devices, kept across rebuilds as a disk would be.
-struct Media {
-    drive: Arc<MemDevice>,
-    fast: Arc<MemDevice>,
-}
-
-impl Media {
-    fn new(layout: &Layout) -> Media {
-        let drive_bytes = layout.drive_format().geometry().unwrap().total_bytes();
-        let slices = layout.fast_slices();
-        let fast_blocks = slices.fast_data.0 + slices.fast_data.1;
-        Media {
-            drive: Arc::new(MemDevice::new(drive_bytes / BLOCK_SIZE_BYTES)),
-            fast: Arc::new(MemDevice::new(fast_blocks)),
-        }
-    }
-
-    fn format(&self, layout: &Layout) -> Devices {
-        let drive = CsdDevice::format(self.drive.clone(), &layout.drive_format(), CsdConfig::default()).unwrap();
-        let devices = Devices { drive: Arc::new(drive), fast: self.fast.clone() as Arc<dyn BlockDevice> };
-        devices.format_journals(layout).unwrap();
-        devices
-    }
-
-    fn open(&self) -> Devices {
-        let drive = CsdDevice::open(self.drive.clone(), CsdConfig::default()).unwrap();
-        Devices { drive: Arc::new(drive), fast: self.fast.clone() as Arc<dyn BlockDevice> }
-    }
-}
-
-fn config(dir: &std::path::Path) -> Config {
-    let mut config = Config::parse("").unwrap();
-    config.data_dir = dir.join("never-made");
-    config
+    Environment { decompress_costs: vec![cost(PageSize::Kib8), cost(PageSize::Kib16)], ..Environment::simulated(7) }
 }
 
 #[test]
