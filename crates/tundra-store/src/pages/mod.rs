@@ -17,9 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tundra_codec::{
-    Algorithm, CpuSampler, EncodedPage, HeavyConfig, PageCodec, PageHistory, PageSize, SegmentCache, Selector,
-};
+use tundra_codec::{Algorithm, EncodedPage, HeavyConfig, PageCodec, PageHistory, PageSize, SegmentCache, Selector};
 
 use crate::cache::{CacheStats, PageCache};
 use crate::command::{HeavyPage, PagePut, StoreCommand};
@@ -30,8 +28,6 @@ use crate::{Error, Result};
 
 /// Where the CPU utilisation that Algorithm 1 looks at comes from.
 pub enum CpuLoad {
-    /// Sampled from /proc/stat at each write.
-    Sampled(Mutex<CpuSampler>),
     /// A fixed value, for tests and for tools that assume an idle or a busy host.
     Fixed(f64),
     /// Whatever the environment's gauge says: the real host's, or a simulated one.
@@ -351,7 +347,6 @@ impl Pages {
     /// The host's CPU utilisation for Algorithm 1, in [0, 1].
     fn cpu_load(&self) -> Result<f64> {
         let fraction = match &self.cpu {
-            CpuLoad::Sampled(sampler) => sampler.lock().sample().map_err(|e| Error::invalid(e.to_string()))?,
             CpuLoad::Fixed(fraction) => *fraction,
             CpuLoad::Gauge(gauge) => gauge.busy_fraction().map_err(Error::invalid)?,
         };
