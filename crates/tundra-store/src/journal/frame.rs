@@ -51,6 +51,10 @@ const SUPERBLOCK_MAGIC_V1: &[u8; 8] = b"TNDRJNL1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"TNDRJCKP";
 const LOG_MAGIC: u32 = 0x544a_4c42; // "TJLB"
 pub(super) const LOG_HEADER_BYTES: usize = 40;
+/// The largest log position, epoch or generation a verified structure may hold. Counters grow
+/// by one per block, session or checkpoint and never come near it; a checksummed value above it
+/// is damage, refused before any arithmetic on it could overflow.
+pub(super) const MAX_COUNTER: u64 = 1 << 62;
 /// Records packed per log block.
 pub(super) const LOG_PAYLOAD_BYTES: usize = BLOCK_SIZE - LOG_HEADER_BYTES;
 
@@ -141,7 +145,8 @@ impl Superblock {
         };
         let sane = superblock.geometry.log_blocks >= 2
             && superblock.geometry.checkpoint_blocks >= 1
-            && superblock.geometry.total_blocks() < u64::MAX;
+            && superblock.geometry.total_blocks() < u64::MAX
+            && [field(2), field(3), field(5), field(6)].iter().all(|&counter| counter <= MAX_COUNTER);
         if sane { SuperblockRead::Valid(superblock) } else { SuperblockRead::Invalid }
     }
 }
@@ -177,6 +182,9 @@ impl CheckpointHeader {
         let version = u32_at(body, 8);
         if !readable(version) {
             return Err(format!("its header is of journal format version {version}; this build reads {READABLE}"));
+        }
+        if u64_at(body, 16) > MAX_COUNTER {
+            return Err(format!("its header names log position {}, beyond any real log", u64_at(body, 16)));
         }
         Ok(CheckpointHeader {
             position: LogPosition(u64_at(body, 16)),
@@ -226,7 +234,9 @@ pub(super) fn classify_log_block(block: &[u8], position: LogPosition, min_epoch:
         && u32_at(block, 0) == LOG_MAGIC
         && readable(u32_at(block, 4))
         && u32_at(block, 32) == 0
-        && u32_at(block, 24) as usize <= LOG_PAYLOAD_BYTES;
+        && u32_at(block, 24) as usize <= LOG_PAYLOAD_BYTES
+        && u64_at(block, 8) <= MAX_COUNTER
+        && u64_at(block, 16) <= MAX_COUNTER;
     if !header_ok {
         return if block.iter().all(|&b| b == 0) { LogBlock::End } else { LogBlock::HeaderDamaged };
     }

@@ -591,3 +591,30 @@ fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_version_3() {
     let error = Journal::open(newer).err().unwrap();
     assert!(error.message().contains("journal format version 4; this build reads versions 2 and 3"), "{error}");
 }
+
+/// Counters with valid checksums but beyond any real log (a superblock's positions, epoch or
+/// generation, a checkpoint header's position, a log block's epoch) are damage, refused or
+/// recovered around, never arithmetic that overflows.
+#[test]
+fn counters_beyond_any_real_log_are_damage_not_overflow() {
+    for field in 0..4 {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
+        Journal::format(device.as_ref(), GEOMETRY).unwrap();
+        let mut superblock = newest_superblock(device.as_ref());
+        match field {
+            0 => superblock.positions[0] = LogPosition(u64::MAX - 1),
+            1 => superblock.positions[1] = LogPosition(u64::MAX),
+            2 => superblock.epoch = Epoch(u64::MAX),
+            _ => superblock.generation = Generation(u64::MAX),
+        }
+        let block = superblock.encode();
+        device.write(Lba(0), &block).unwrap();
+        device.write(Lba(1), &block).unwrap();
+        assert!(Journal::open(device).is_err(), "field {field}");
+    }
+    let (device, _, blocks) = two_sessions();
+    let (position, lba) = *blocks.last().unwrap();
+    let next = LogPosition(position.0 + 1);
+    device.write(MID.log_lba(next), &encode_log_block(next, Epoch(u64::MAX), &[])).unwrap();
+    assert!(Journal::open(device.clone()).is_err(), "a log block of an impossible epoch after {lba:?}");
+}
