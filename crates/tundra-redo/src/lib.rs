@@ -6,12 +6,22 @@
 //!
 //! - `record.rs`: the records and batches a writer sends ([`RedoRecord`], [`Payload`],
 //!   [`RedoBatch`]) and what an append answers ([`AppendOutcome`]).
+//! - `versions/`: [`PageVersions`], a volume's records not yet folded into the store's
+//!   images with its watermarks and fold decisions; [`reconstruct`], a page as of an LSN; and
+//!   the GetPage@LSN decision ([`decide`]: serve, `TooOld`, `NotYet`, `BadRequest`).
+//! - `lease.rs`: [`Leases`], readers' leases on LSNs, which give LSN_min.
 //!
 //! This crate knows volumes' pages by index and LSNs. It knows nothing of networks or of how
 //! the store compresses pages.
 
 mod error;
+pub mod lease;
 pub mod record;
+pub mod versions;
 
 pub use error::{Error, ErrorKind, Result};
+pub use lease::{Lease, LeaseConfig, LeaseId, LeaseRefusal, Leases, ReaderId, Renewed};
 pub use record::{AppendOutcome, Payload, RedoBatch, RedoRecord, WriterEpoch};
+pub use versions::{
+    Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, decide, decide_many, reconstruct,
+};

@@ -1,0 +1,164 @@
+//! PageVersions' events one at a time: what a batch may hold, what folding may take, what
+//! materializing drops.
+
+use std::sync::Arc;
+
+use tundra_store::ids::Lsn;
+use tundra_store::store::Watermarks;
+
+use super::*;
+use crate::ErrorKind;
+use crate::versions::GetPage;
+
+const PAGE: usize = 16;
+
+fn delta(lsn: u64, page: u64) -> Arc<RedoRecord> {
+    Arc::new(RedoRecord { lsn: Lsn(lsn), page, payload: Payload::Ranges(vec![(0, vec![lsn as u8; 4])]) })
+}
+
+fn fresh() -> PageVersions {
+    PageVersions::new(PAGE, 10, Watermarks::default())
+}
+
+fn fold_all(versions: &mut PageVersions) {
+    for task in versions.fold_candidates(usize::MAX) {
+        versions.materialized(task.page, task.through_lsn);
+    }
+}
+
+#[test]
+fn a_batch_moves_complete_and_durable_also_without_records() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(2, 1), delta(5, 3)], Lsn(6)).unwrap();
+    assert_eq!((versions.complete_lsn(), versions.durable_lsn()), (Lsn(6), Lsn(6)));
+    // A heartbeat: nothing for any page, the stream still moves (D5).
+    versions.records_durable(vec![], Lsn(9)).unwrap();
+    assert_eq!((versions.complete_lsn(), versions.durable_lsn()), (Lsn(9), Lsn(9)));
+    // A read of an idle page at 9 is served at once.
+    let request = GetPage { request_lsn: Lsn(9), not_modified_since: Lsn(9) };
+    assert!(matches!(versions.get_page(7, None, request), Decision::Serve { at_lsn: Lsn(9), .. }));
+    assert_eq!(versions.cached_records(), 2);
+    assert_eq!(versions.pages_with_records(), 2);
+    assert_eq!(versions.records(3).len(), 1);
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+fn a_bad_batch_is_refused_whole_and_changes_nothing() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(3, 1)], Lsn(4)).unwrap();
+    let long =
+        Arc::new(RedoRecord { lsn: Lsn(6), page: 2, payload: Payload::Ranges(vec![(PAGE as u32 - 1, vec![0; 2])]) });
+    let short_image = Arc::new(RedoRecord { lsn: Lsn(6), page: 2, payload: Payload::Image(vec![0; PAGE - 1]) });
+    for (what, records, end) in [
+        ("an LSN at the complete LSN", vec![delta(5, 1), delta(4, 2)], 8),
+        ("LSNs out of order", vec![delta(7, 1), delta(6, 2)], 8),
+        ("a repeated LSN", vec![delta(6, 1), delta(6, 2)], 8),
+        ("a record past the batch's end", vec![delta(6, 1), delta(9, 2)], 8),
+        ("an end below the complete LSN", vec![], 3),
+        ("a page outside the volume", vec![delta(5, 1), delta(6, 10)], 8),
+        ("a range past the page", vec![delta(5, 1), long], 8),
+        ("an image of the wrong size", vec![delta(5, 1), short_image], 8),
+    ] {
+        let error = versions.records_durable(records, Lsn(end)).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{what}: {error}");
+        assert_eq!(versions.complete_lsn(), Lsn(4), "{what}");
+        assert_eq!(versions.cached_records(), 1, "{what}");
+        assert_eq!(versions.invariant_problem(), None, "{what}");
+    }
+    // A heartbeat at the complete LSN itself changes nothing and is fine.
+    versions.records_durable(vec![], Lsn(4)).unwrap();
+    // The volume grows: its new pages take records.
+    versions.grow(12);
+    versions.records_durable(vec![delta(5, 11)], Lsn(5)).unwrap();
+}
+
+#[test]
+fn folding_never_passes_lsn_min_and_takes_the_oldest_pages_first() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 3), delta(3, 5), delta(4, 7), delta(6, 3)], Lsn(8)).unwrap();
+    // LSN_min 0: no reader may lose a version, nothing folds.
+    assert!(versions.fold_candidates(10).is_empty());
+    versions.set_lsn_min(Lsn(3));
+    let tasks = versions.fold_candidates(10);
+    let got: Vec<(u64, u64, usize)> = tasks.iter().map(|t| (t.page, t.through_lsn.0, t.records.len())).collect();
+    assert_eq!(got, [(5, 3, 2), (3, 2, 1)], "oldest record first, records up to LSN_min only");
+    assert_eq!(versions.fold_candidates(1).len(), 1);
+    // The bound is also the durable LSN: LSN_min past it does not let folding pass it.
+    versions.set_lsn_min(Lsn(50));
+    assert_eq!(versions.fold_bound(), Lsn(8));
+    versions.durable(Lsn(20));
+    assert_eq!(versions.fold_bound(), Lsn(20));
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+fn materializing_drops_the_records_the_image_holds() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 3), delta(3, 5), delta(4, 5)], Lsn(4)).unwrap();
+    let full = versions.cached_bytes();
+    assert!(full > 0);
+    assert_eq!(versions.materialized_through(), Lsn(0));
+    versions.set_lsn_min(Lsn(3));
+    versions.materialized(5, Lsn(3));
+    assert_eq!(versions.records(5).iter().map(|r| r.lsn.0).collect::<Vec<_>>(), [4]);
+    assert_eq!(versions.materialized_through(), Lsn(1), "page 3's record at 2 is not folded");
+    // An older report, arriving late, changes nothing.
+    versions.materialized(5, Lsn(1));
+    assert_eq!(versions.records(5).len(), 1);
+    versions.materialized(3, Lsn(2));
+    assert_eq!(versions.materialized_through(), Lsn(3));
+    versions.set_lsn_min(Lsn(4));
+    fold_all(&mut versions);
+    assert_eq!((versions.cached_bytes(), versions.cached_records(), versions.pages_with_records()), (0, 0, 0));
+    assert_eq!(versions.materialized_through(), Lsn(4));
+    // A report for a page with no records is harmless.
+    versions.materialized(9, Lsn(4));
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+#[should_panic(expected = "above the fold bound")]
+fn materializing_above_the_fold_bound_is_a_bug() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 5)], Lsn(2)).unwrap();
+    versions.set_lsn_min(Lsn(1));
+    versions.materialized(5, Lsn(2));
+}
+
+#[test]
+#[should_panic(expected = "older than the one materialized")]
+fn reading_with_a_stale_store_entry_is_a_bug() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 5)], Lsn(2)).unwrap();
+    versions.set_lsn_min(Lsn(1));
+    versions.materialized(5, Lsn(1));
+    let _ = versions.page_state(5, None);
+}
+
+#[test]
+fn lsn_min_only_moves_forward() {
+    let mut versions = PageVersions::new(PAGE, 10, Watermarks { durable_lsn: Lsn(9), min_reader_lsn: Lsn(4) });
+    assert_eq!((versions.complete_lsn(), versions.lsn_min()), (Lsn(9), Lsn(4)));
+    versions.set_lsn_min(Lsn(2));
+    assert_eq!(versions.lsn_min(), Lsn(4));
+    versions.set_lsn_min(Lsn(7));
+    assert_eq!(versions.lsn_min(), Lsn(7));
+    assert_eq!(versions.horizon(), Horizon { complete_lsn: Lsn(9), lsn_min: Lsn(7) });
+}
+
+#[test]
+fn reads_outside_the_volume_are_bad_requests() {
+    let versions = fresh();
+    let request = GetPage { request_lsn: Lsn(1), not_modified_since: Lsn(0) };
+    assert!(matches!(versions.get_page(10, None, request), Decision::BadRequest { .. }));
+    assert!(matches!(versions.get_pages(&[(0, None), (10, None)], request), Err(Decision::BadRequest { .. })));
+}
+
+#[test]
+fn record_cost_counts_payload_bytes() {
+    let small = delta(1, 0);
+    let image = RedoRecord { lsn: Lsn(1), page: 0, payload: Payload::Image(vec![0; 8192]) };
+    assert!(record_cost_bytes(&image) >= 8192);
+    assert!(record_cost_bytes(&image) > record_cost_bytes(&small));
+}

@@ -1,0 +1,71 @@
+//! A volume's page versions: which records each page has that the store's image does not, how
+//! a page is rebuilt as of an LSN, and how a read at an LSN is answered (seed 000 §2.1, §3.3.3;
+//! Neon's GetPage@LSN). Everything here is I/O-free: the owner hands in events (records made
+//! durable, pages materialized, LSN_min moved) and asks for decisions (which pages to fold,
+//! how to serve a read); it reads and writes the devices itself.
+//!
+//! - `apply.rs`: a record's payload applied to a page buffer, every range checked against the
+//!   page size, and [`reconstruct`], a page as of an LSN from an image and records.
+//! - `index.rs`: [`PageVersions`], per page the records not yet folded into the store's image,
+//!   the watermarks (durable, complete, LSN_min) and the fold decisions (rule D6).
+//! - `serve.rs`: the GetPage@LSN decision ([`decide`], [`decide_many`]): serve at an LSN with a
+//!   read plan, or `TooOld`, `NotYet`, `BadRequest`.
+
+mod apply;
+mod index;
+mod serve;
+
+#[cfg(test)]
+mod model_tests;
+
+pub use apply::{apply, check_payload, reconstruct};
+pub use index::{FoldTask, PageVersions, record_cost_bytes};
+pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, decide, decide_many};
+
+/// Bugs the tests inject on purpose, to show that their oracles catch what they guard against:
+/// each test that injects one expects its model check to fail. Never injected outside tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bug {
+    /// Records above the LSN asked for are applied too.
+    ApplyPastLsn,
+    /// Pages are folded up to the durable LSN, ignoring LSN_min.
+    FoldAboveLsnMin,
+    /// A read is served from the stored image whatever its LSN, with no horizon check.
+    ServeAnyImage,
+    /// LSN_min follows the durable LSN, passing the readers' leases.
+    LsnMinPassesReaders,
+}
+
+/// True when a test injected `bug` on this thread; always false outside tests.
+#[inline]
+pub(crate) fn injected(bug: Bug) -> bool {
+    #[cfg(test)]
+    return INJECTED.with(|b| b.get() == Some(bug));
+    #[cfg(not(test))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static INJECTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Injects `bug` on this thread until the returned guard drops.
+#[cfg(test)]
+pub(crate) fn inject(bug: Bug) -> InjectedBug {
+    INJECTED.with(|b| b.set(Some(bug)));
+    InjectedBug
+}
+
+#[cfg(test)]
+pub(crate) struct InjectedBug;
+
+#[cfg(test)]
+impl Drop for InjectedBug {
+    fn drop(&mut self) {
+        INJECTED.with(|b| b.set(None));
+    }
+}
