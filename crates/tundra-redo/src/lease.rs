@@ -37,6 +37,12 @@ pub struct ReaderId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LeaseId(pub u64);
 
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// How leases behave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -85,11 +91,11 @@ pub enum LeaseRefusal {
     )]
     Lagging { lsn: Lsn, durable_lsn: Lsn, max_lag: u64 },
     #[error(
-        "lease {0:?} expired without a renewal: versions it held may be gone; resync the reader \
+        "lease {0} expired without a renewal: versions it held may be gone; resync the reader \
          from a recent LSN and register again"
     )]
     Expired(LeaseId),
-    #[error("lease {0:?} is not held (released, replaced or never granted here): register again")]
+    #[error("lease {0} is not held (released, replaced or never granted here): register again")]
     Unknown(LeaseId),
     #[error("apply LSN {apply_lsn} is below the lease's {held_lsn}: a reader's apply LSN never goes back")]
     Backwards { apply_lsn: Lsn, held_lsn: Lsn },
@@ -218,7 +224,8 @@ impl Leases {
 
     /// Ends the leases whose time ran out and those too far behind the durable LSN, and
     /// returns their ids. Every other method does this first, so LSN_min never counts a lease
-    /// the clock says has ended.
+    /// the clock says has ended. A volume has a handful of readers, so a scan costs less than
+    /// keeping the leases in a second order by expiry.
     pub fn expire(&mut self) -> Vec<LeaseId> {
         let now = self.clock.now();
         let mut ended = Vec::new();

@@ -24,6 +24,7 @@ pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, decide, decide_
 
 /// Bugs the tests inject on purpose, to show that their oracles catch what they guard against:
 /// each test that injects one expects its model check to fail. Never injected outside tests.
+/// The lease table (lease.rs) shares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bug {
     /// Records above the LSN asked for are applied too.
