@@ -1,5 +1,7 @@
 //! The two numbered vocabularies of the wire: request opcodes and response status codes. Their
-//! numbers are a contract (docs/protocol.md): a number, once given, is never reused.
+//! numbers are a contract (docs/protocol.md): a number, once given, is never reused. Each one
+//! belongs to the protocol version that introduced it, and a connection uses only those of the
+//! version its hello chose.
 
 use std::fmt;
 
@@ -19,11 +21,23 @@ pub enum Opcode {
     Flush = 19,
     HeavyCompress = 20,
     Stats = 32,
+    /// Version 2: a batch of redo records from a volume's writer.
+    AppendRedo = 48,
+    /// Version 2: a volume's redo watermarks.
+    RedoStatus = 49,
+    /// Version 2: one page as of an LSN.
+    GetPageAtLsn = 64,
+    /// Version 2: many pages of one volume as of one LSN (prefetch).
+    GetPagesAtLsn = 65,
+    /// Version 2: a read-only node takes a lease on a volume's history.
+    RegisterReader = 80,
+    RenewReader = 81,
+    ReleaseReader = 82,
 }
 
 impl Opcode {
-    /// Every opcode of protocol version 1, in number order.
-    pub const ALL: [Opcode; 12] = [
+    /// Every opcode this build knows, in number order.
+    pub const ALL: [Opcode; 19] = [
         Opcode::Ping,
         Opcode::VolumeLookup,
         Opcode::VolumeCreate,
@@ -36,15 +50,48 @@ impl Opcode {
         Opcode::Flush,
         Opcode::HeavyCompress,
         Opcode::Stats,
+        Opcode::AppendRedo,
+        Opcode::RedoStatus,
+        Opcode::GetPageAtLsn,
+        Opcode::GetPagesAtLsn,
+        Opcode::RegisterReader,
+        Opcode::RenewReader,
+        Opcode::ReleaseReader,
     ];
 
     pub fn code(self) -> u16 {
         self as u16
     }
 
-    /// The opcode numbered `code`, or `None` for a number version 1 does not define.
+    /// The opcode numbered `code`, or `None` for a number no version defines.
     pub fn from_code(code: u16) -> Option<Opcode> {
         Opcode::ALL.into_iter().find(|opcode| opcode.code() == code)
+    }
+
+    /// The protocol version that introduced this opcode: a connection whose hello chose an
+    /// older version refuses it as unknown.
+    pub fn since(self) -> u16 {
+        match self {
+            Opcode::Ping
+            | Opcode::VolumeLookup
+            | Opcode::VolumeCreate
+            | Opcode::VolumeList
+            | Opcode::VolumeResize
+            | Opcode::VolumeDelete
+            | Opcode::ReadPage
+            | Opcode::WritePage
+            | Opcode::Trim
+            | Opcode::Flush
+            | Opcode::HeavyCompress
+            | Opcode::Stats => 1,
+            Opcode::AppendRedo
+            | Opcode::RedoStatus
+            | Opcode::GetPageAtLsn
+            | Opcode::GetPagesAtLsn
+            | Opcode::RegisterReader
+            | Opcode::RenewReader
+            | Opcode::ReleaseReader => 2,
+        }
     }
 
     /// The name docs/protocol.md uses.
@@ -62,6 +109,13 @@ impl Opcode {
             Opcode::Flush => "FLUSH",
             Opcode::HeavyCompress => "HEAVY_COMPRESS",
             Opcode::Stats => "STATS",
+            Opcode::AppendRedo => "APPEND_REDO",
+            Opcode::RedoStatus => "REDO_STATUS",
+            Opcode::GetPageAtLsn => "GET_PAGE_AT_LSN",
+            Opcode::GetPagesAtLsn => "GET_PAGES_AT_LSN",
+            Opcode::RegisterReader => "REGISTER_READER",
+            Opcode::RenewReader => "RENEW_READER",
+            Opcode::ReleaseReader => "RELEASE_READER",
         }
     }
 }
@@ -73,7 +127,8 @@ impl fmt::Display for Opcode {
 }
 
 /// How a request ended: the `code` field of a response frame's header. Every status but `Ok`
-/// carries a UTF-8 message as its body.
+/// carries a UTF-8 message as its body, preceded by an LSN for the statuses whose
+/// [`Status::carries_lsn`] is true.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Status {
@@ -102,11 +157,23 @@ pub enum Status {
     Internal = 11,
     /// The server has as many connections as it accepts; try again later.
     Busy = 12,
+    /// Version 2: the server speaks the opcode's version but does not implement the operation
+    /// (a node without redo streams). Nothing changed.
+    NotSupported = 13,
+    /// Version 2: the LSN asked for is below the volume's minimum reader LSN, which the body
+    /// carries; history that old is gone. The reader resyncs at or above that LSN.
+    TooOld = 14,
+    /// Version 2: the server has not applied redo far enough yet, even after waiting; the body
+    /// carries the applied LSN. The client retries later or elsewhere.
+    NotYet = 15,
+    /// Version 2: the reader's lease is gone (expired, released, or revoked for lagging too
+    /// far); the body carries the minimum reader LSN. The reader registers again and resyncs.
+    LeaseLost = 16,
 }
 
 impl Status {
-    /// Every status of protocol version 1, in number order.
-    pub const ALL: [Status; 13] = [
+    /// Every status this build knows, in number order.
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::Invalid,
         Status::NotFound,
@@ -120,15 +187,33 @@ impl Status {
         Status::ShuttingDown,
         Status::Internal,
         Status::Busy,
+        Status::NotSupported,
+        Status::TooOld,
+        Status::NotYet,
+        Status::LeaseLost,
     ];
 
     pub fn code(self) -> u16 {
         self as u16
     }
 
-    /// The status numbered `code`, or `None` for a number version 1 does not define.
+    /// The status numbered `code`, or `None` for a number no version defines.
     pub fn from_code(code: u16) -> Option<Status> {
         Status::ALL.into_iter().find(|status| status.code() == code)
+    }
+
+    /// The protocol version that introduced this status. A server never sends a newer status
+    /// on a connection of an older version, and a client treats one as a broken peer.
+    pub fn since(self) -> u16 {
+        match self {
+            Status::NotSupported | Status::TooOld | Status::NotYet | Status::LeaseLost => 2,
+            _ => 1,
+        }
+    }
+
+    /// True for the statuses whose body starts with a u64 LSN before the message.
+    pub fn carries_lsn(self) -> bool {
+        matches!(self, Status::TooOld | Status::NotYet | Status::LeaseLost)
     }
 
     /// The name docs/protocol.md uses.
@@ -147,6 +232,10 @@ impl Status {
             Status::ShuttingDown => "SHUTTING_DOWN",
             Status::Internal => "INTERNAL",
             Status::Busy => "BUSY",
+            Status::NotSupported => "NOT_SUPPORTED",
+            Status::TooOld => "TOO_OLD",
+            Status::NotYet => "NOT_YET",
+            Status::LeaseLost => "LEASE_LOST",
         }
     }
 }
@@ -171,7 +260,17 @@ mod tests {
         }
         assert_eq!(Opcode::from_code(0), None);
         assert_eq!(Opcode::from_code(0xFFFF), None);
-        assert_eq!(Status::from_code(13), None);
+        assert_eq!(Status::from_code(17), None);
+    }
+
+    #[test]
+    fn version_2_adds_the_redo_opcodes_and_statuses() {
+        let new: Vec<Opcode> = Opcode::ALL.into_iter().filter(|opcode| opcode.since() == 2).collect();
+        assert_eq!(new.len(), 7);
+        assert!(new.iter().all(|opcode| opcode.code() >= 48));
+        assert!(Opcode::ALL.into_iter().all(|opcode| (1..=2).contains(&opcode.since())));
+        assert_eq!(Status::ALL.into_iter().filter(|status| status.since() == 2).count(), 4);
+        assert!(Status::ALL.into_iter().filter(|status| status.carries_lsn()).all(|status| status.since() == 2));
     }
 
     #[test]
@@ -183,5 +282,16 @@ mod tests {
         assert_eq!(Status::NotFound.code(), 2);
         assert_eq!(Status::ShuttingDown.code(), 10);
         assert_eq!(Status::Busy.code(), 12);
+        assert_eq!(Opcode::AppendRedo.code(), 48);
+        assert_eq!(Opcode::RedoStatus.code(), 49);
+        assert_eq!(Opcode::GetPageAtLsn.code(), 64);
+        assert_eq!(Opcode::GetPagesAtLsn.code(), 65);
+        assert_eq!(Opcode::RegisterReader.code(), 80);
+        assert_eq!(Opcode::RenewReader.code(), 81);
+        assert_eq!(Opcode::ReleaseReader.code(), 82);
+        assert_eq!(Status::NotSupported.code(), 13);
+        assert_eq!(Status::TooOld.code(), 14);
+        assert_eq!(Status::NotYet.code(), 15);
+        assert_eq!(Status::LeaseLost.code(), 16);
     }
 }

@@ -1,4 +1,5 @@
-//! One connection: the hello, then requests executed one at a time in arrival order.
+//! One connection: the hello, then requests executed one at a time in arrival order (each by
+//! `dispatch.rs`).
 //!
 //! Replies go into a buffered writer that is flushed only when no complete request is waiting
 //! in the input buffer, just before the thread would block reading. A client at queue depth 1
@@ -7,19 +8,17 @@
 
 use std::io::{self, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::codes::{Opcode, Status};
+use crate::codes::Status;
+use crate::dispatch::{Reply, answer};
 use crate::frame::{
-    self, CLIENT_HELLO_BYTES, ClientHello, FLAG_CLOSE, FrameError, HEADER_BYTES, MAX_BODY_BYTES, NOTICE_ID,
-    ServerHello, VERSION_MAX, VERSION_MIN,
+    self, CLIENT_HELLO_BYTES, ClientHello, FLAG_CLOSE, FrameError, HEADER_BYTES, MAX_BODY_BYTES, NOTICE_ID, ServerHello,
 };
-use crate::message::{Request, put_heavy_result, put_volume_info, put_volume_list};
+use crate::message::put_refusal_head;
 use crate::server::{Activity, Shared};
-use crate::service::{Service, ServiceError};
-use crate::types::VolumeSpec;
+use crate::service::ServiceError;
 
 /// The input buffer's size between large frames; also the least a read asks for.
 const INPUT_BYTES: usize = 256 << 10;
@@ -28,7 +27,7 @@ const OUTPUT_BYTES: usize = 256 << 10;
 /// Error messages are for people; a longer one is cut.
 const MAX_MESSAGE_BYTES: usize = 4096;
 /// Buffers grown past this by a large frame are given back once it is done.
-const KEEP_BYTES: usize = 1 << 20;
+pub(crate) const KEEP_BYTES: usize = 1 << 20;
 
 pub(crate) fn serve(shared: &Arc<Shared>, id: u64, stream: TcpStream, busy: bool, activity: &Activity) {
     // Errors here are the connection's end, not the server's: the client sees the socket close.
@@ -40,16 +39,16 @@ pub(crate) fn serve(shared: &Arc<Shared>, id: u64, stream: TcpStream, busy: bool
 fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool, activity: &Activity) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(shared.config.write_timeout)?;
-    if !hello(shared, stream, busy, activity)? {
+    let Some(version) = hello(shared, stream, busy, activity)? else {
         return Ok(());
-    }
+    };
     // Every read is bounded: inside a request by the request timeout (a stalled client is
     // cut off), between requests by the idle timeout, counted in request-timeout steps.
     stream.set_read_timeout(Some(shared.config.request_timeout))?;
     let mut idle_since = Instant::now();
     let mut input = Input::new();
     let mut output = BufWriter::with_capacity(OUTPUT_BYTES, stream);
-    let mut reply = Vec::new();
+    let mut reply = Reply::default();
     loop {
         if shared.is_stopping() {
             return say_shutting_down(&mut output, stream);
@@ -57,12 +56,17 @@ fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool, activity: &
         match frame::decode_frame(input.data(), MAX_BODY_BYTES) {
             Ok(Some((frame, used))) => {
                 let id = frame.header.request_id;
-                match answer(&*shared.service, frame.header, frame.body, &mut reply) {
-                    Ok(()) => frame::write_frame(&mut output, Status::Ok.code(), 0, id, &[&reply])?,
-                    Err(error) => frame::write_frame(&mut output, error.code.code(), 0, id, &[message_bytes(&error)])?,
+                match answer(&*shared.service, version, frame.header, frame.body, &mut reply) {
+                    Ok(()) => frame::write_frame(&mut output, Status::Ok.code(), 0, id, &[&reply.head, &reply.data])?,
+                    Err(error) => {
+                        reply.head.clear();
+                        put_refusal_head(&mut reply.head, error.code, error.lsn);
+                        let parts = [reply.head.as_slice(), message_bytes(&error)];
+                        frame::write_frame(&mut output, error.code.code(), 0, id, &parts)?;
+                    }
                 }
                 input.consume(used);
-                shrink(&mut reply);
+                reply.shrink();
                 activity.touch(shared);
                 idle_since = Instant::now();
             }
@@ -91,42 +95,47 @@ fn serve_connection(shared: &Shared, stream: &TcpStream, busy: bool, activity: &
     }
 }
 
-/// Reads the client's hello and answers it; `Ok(false)` when the connection is refused.
-fn hello(shared: &Shared, stream: &TcpStream, busy: bool, activity: &Activity) -> io::Result<bool> {
+/// Reads the client's hello and answers it; returns the version chosen, `None` when the
+/// connection is refused.
+fn hello(shared: &Shared, stream: &TcpStream, busy: bool, activity: &Activity) -> io::Result<Option<u16>> {
     stream.set_read_timeout(Some(shared.config.hello_timeout))?;
     let mut bytes = [0u8; CLIENT_HELLO_BYTES];
     if read_exact_or_eof(stream, &mut bytes)? {
-        return Ok(false);
+        return Ok(None);
     }
+    let (server_min, server_max) = (shared.config.min_version, shared.config.max_version);
     let Some(client) = ClientHello::decode(&bytes) else {
-        return refuse_hello(stream, Status::Invalid, "not a Tundra client: the hello's magic is wrong");
+        return refuse_hello(shared, stream, Status::Invalid, "not a Tundra client: the hello's magic is wrong");
     };
     if busy {
-        return refuse_hello(stream, Status::Busy, "the server has as many connections as it accepts");
+        return refuse_hello(shared, stream, Status::Busy, "the server has as many connections as it accepts");
     }
-    let Some(version) = client.negotiate(VERSION_MIN, VERSION_MAX) else {
+    let Some(version) = client.negotiate(server_min, server_max) else {
         let message = format!(
-            "the client speaks protocol versions {}..={}, this server {VERSION_MIN}..={VERSION_MAX}",
+            "the client speaks protocol versions {}..={}, this server {server_min}..={server_max}",
             client.min_version, client.max_version
         );
-        return refuse_hello(stream, Status::UnsupportedVersion, &message);
+        return refuse_hello(shared, stream, Status::UnsupportedVersion, &message);
     };
     // Counted as active before the client can know it is in: a connection the client sees
     // as open is never taken for one still silent in its hello.
     activity.touch(shared);
     let mut writer = stream;
-    writer.write_all(&ServerHello { version, server_min: VERSION_MIN, server_max: VERSION_MAX }.encode())?;
-    Ok(true)
+    writer.write_all(&ServerHello { version, server_min, server_max }.encode())?;
+    Ok(Some(version))
 }
 
-/// Answers a hello with version 0 and the reason as an error frame, then closes.
-fn refuse_hello(stream: &TcpStream, status: Status, message: &str) -> io::Result<bool> {
+/// Answers a hello with version 0 and the reason as an error frame, then closes. The statuses
+/// used here are all version 1's, which every client knows.
+fn refuse_hello(shared: &Shared, stream: &TcpStream, status: Status, message: &str) -> io::Result<Option<u16>> {
+    debug_assert_eq!(status.since(), 1);
+    let (server_min, server_max) = (shared.config.min_version, shared.config.max_version);
     let mut output = BufWriter::new(stream);
-    output.write_all(&ServerHello { version: 0, server_min: VERSION_MIN, server_max: VERSION_MAX }.encode())?;
+    output.write_all(&ServerHello { version: 0, server_min, server_max }.encode())?;
     frame::write_frame(&mut output, status.code(), FLAG_CLOSE, NOTICE_ID, &[message.as_bytes()])?;
     output.flush()?;
     linger(stream)?;
-    Ok(false)
+    Ok(None)
 }
 
 /// Fills `bytes`; `Ok(true)` if the peer closed (or went silent past the timeout) first.
@@ -143,62 +152,6 @@ fn read_exact_or_eof(mut stream: &TcpStream, bytes: &mut [u8]) -> io::Result<boo
         }
         Err(error) => Err(error),
     }
-}
-
-/// Executes one request whose frame verified; the reply body goes to `reply`.
-fn answer(
-    service: &dyn Service,
-    header: frame::FrameHeader,
-    body: &[u8],
-    reply: &mut Vec<u8>,
-) -> Result<(), ServiceError> {
-    reply.clear();
-    if header.flags != 0 {
-        return Err(ServiceError::invalid(format!("request flags {:#06x}: version 1 defines none", header.flags)));
-    }
-    if header.request_id == NOTICE_ID {
-        return Err(ServiceError::invalid("request id 0 is reserved for the server's notices"));
-    }
-    let Some(opcode) = Opcode::from_code(header.code) else {
-        return Err(ServiceError::new(Status::UnknownOpcode, format!("opcode {} is not defined", header.code)));
-    };
-    let request = Request::decode(opcode, body).map_err(|error| ServiceError::invalid(error.to_string()))?;
-    // A panicking service must not take the connection's thread (and the client's other
-    // requests) with it; the panic message has gone to standard error already.
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| execute(service, request, reply)));
-    let result = outcome.unwrap_or_else(|_| Err(ServiceError::internal(format!("the service panicked in {opcode}"))));
-    match result {
-        Ok(()) if reply.len() > MAX_BODY_BYTES as usize => {
-            Err(ServiceError::internal(format!("the {opcode} reply of {} bytes is too large to send", reply.len())))
-        }
-        Err(error) if error.code == Status::Ok => {
-            Err(ServiceError::internal(format!("the service refused {opcode} with status OK: {}", error.message)))
-        }
-        other => other,
-    }
-}
-
-fn execute(service: &dyn Service, request: Request<'_>, reply: &mut Vec<u8>) -> Result<(), ServiceError> {
-    match request {
-        Request::Ping { payload } => reply.extend_from_slice(payload),
-        Request::VolumeLookup { name } => put_volume_info(reply, &service.volume_lookup(name)?),
-        Request::VolumeCreate { name, size_bytes, page_size, mode } => {
-            let spec = VolumeSpec { name: name.to_string(), size_bytes, page_size, mode };
-            put_volume_info(reply, &service.volume_create(spec)?);
-        }
-        Request::VolumeList => put_volume_list(reply, &service.volume_list()?),
-        Request::VolumeResize { name, size_bytes } => put_volume_info(reply, &service.volume_resize(name, size_bytes)?),
-        Request::VolumeDelete { name } => service.volume_delete(name)?,
-        Request::ReadPage { volume, page } => service.read_page(volume, page, reply)?,
-        Request::WritePage { volume, page, mode, data } => service.write_page(volume, page, mode, data)?,
-        Request::Trim { volume, first, count } => service.trim(volume, first, count)?,
-        Request::Flush { volume } => service.flush(volume)?,
-        Request::HeavyCompress { volume, first, count } => {
-            put_heavy_result(reply, &service.heavy_compress(volume, first, count)?);
-        }
-        Request::Stats { volume } => reply.extend_from_slice(service.stats(volume)?.as_bytes()),
-    }
-    Ok(())
 }
 
 /// Answers a frame that cannot be trusted, then closes: framing is lost.
@@ -244,12 +197,6 @@ fn message_bytes(error: &ServiceError) -> &[u8] {
         end -= 1;
     }
     &message.as_bytes()[..end]
-}
-
-fn shrink(buffer: &mut Vec<u8>) {
-    if buffer.capacity() > KEEP_BYTES {
-        *buffer = Vec::new();
-    }
 }
 
 /// Request bytes read from the socket and not yet executed.

@@ -12,9 +12,10 @@ use crate::codes::Status;
 /// protocol version; a peer that sees another magic is not speaking this protocol.
 pub const MAGIC: [u8; 8] = *b"TUNDRA\0\x01";
 
-/// The protocol versions this build speaks.
+/// The protocol versions this build speaks: 1, pages and volumes; 2, which adds redo streams,
+/// reads at an LSN and reader leases (docs/protocol.md, "Versioning").
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MAX: u16 = 2;
 
 /// Bytes of a frame header: body length u32, code u16, flags u16, request id u64, crc u32.
 pub const HEADER_BYTES: usize = 20;
@@ -23,10 +24,10 @@ pub const HEADER_BYTES: usize = 20;
 /// volume list, and small enough that a lying length cannot make a peer allocate much.
 pub const MAX_BODY_BYTES: u32 = 64 << 20;
 
-/// Response flag: the server closes the connection after this frame. Requests defined in
-/// version 1 carry no flags.
+/// Response flag: the server closes the connection after this frame. Requests carry no flags
+/// in versions 1 and 2.
 pub const FLAG_CLOSE: u16 = 1;
-/// The flag bits version 1 defines, for responses. Requests must carry 0.
+/// The flag bits versions 1 and 2 define, for responses. Requests must carry 0.
 pub const RESPONSE_FLAGS: u16 = FLAG_CLOSE;
 
 /// The request id of the server's connection notices (a refused hello, shutting down, a frame

@@ -1,12 +1,19 @@
 //! Bodies: what each opcode's request and reply carry, encoded and decoded. Decoding takes any
 //! bytes and returns an error, never panics: the bytes come from the network.
 //!
-//! Strings are a u16 length and that many UTF-8 bytes; an optional volume is a u8 (0 absent,
-//! 1 present) and a u32. A body must be consumed exactly: trailing bytes are an error, so that a
-//! field added in a later version can never be silently ignored by an older peer.
+//! Strings are a u16 length and that many UTF-8 bytes; an optional value is a u8 (0 absent,
+//! 1 present) and the value (`wire.rs`). A body must be consumed exactly: trailing bytes are an
+//! error, so that a field added in a later version can never be silently ignored by an older
+//! peer. The redo opcodes' values and layouts are in `redo.rs`.
 
-use crate::codes::Opcode;
+use crate::codes::{Opcode, Status};
+use crate::redo::{
+    AppendOutcome, LeaseRenewal, PageRead, PagesRead, ReaderLease, RedoAppend, RedoStatus, ServedPage, ServedPages,
+};
 use crate::types::{HeavyResult, VolumeInfo, VolumeMode, VolumeSpec, WriteMode};
+use crate::wire::{Cursor, put_optional_u32, put_str, put_u32, put_u64};
+
+pub use crate::wire::MAX_STRING_BYTES;
 
 /// A body that does not parse. The server answers `INVALID` and keeps the connection.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -14,129 +21,6 @@ use crate::types::{HeavyResult, VolumeInfo, VolumeMode, VolumeSpec, WriteMode};
 pub struct DecodeError {
     pub opcode: Opcode,
     pub message: String,
-}
-
-/// Reads fields off a body, front to back.
-struct Cursor<'a> {
-    opcode: Opcode,
-    bytes: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn new(opcode: Opcode, bytes: &'a [u8]) -> Cursor<'a> {
-        Cursor { opcode, bytes }
-    }
-
-    fn error(&self, message: impl Into<String>) -> DecodeError {
-        DecodeError { opcode: self.opcode, message: message.into() }
-    }
-
-    fn take<const N: usize>(&mut self, field: &str) -> Result<[u8; N], DecodeError> {
-        let Some((head, rest)) = self.bytes.split_first_chunk::<N>() else {
-            return Err(self.error(format!("the body ends inside {field}")));
-        };
-        self.bytes = rest;
-        Ok(*head)
-    }
-
-    fn u8(&mut self, field: &str) -> Result<u8, DecodeError> {
-        Ok(self.take::<1>(field)?[0])
-    }
-
-    fn u16(&mut self, field: &str) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(field)?))
-    }
-
-    fn u32(&mut self, field: &str) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(field)?))
-    }
-
-    fn u64(&mut self, field: &str) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(field)?))
-    }
-
-    fn str(&mut self, field: &str) -> Result<&'a str, DecodeError> {
-        let len = usize::from(self.u16(field)?);
-        if self.bytes.len() < len {
-            return Err(self.error(format!("{field} is {len} bytes but the body has {} left", self.bytes.len())));
-        }
-        let (text, rest) = self.bytes.split_at(len);
-        self.bytes = rest;
-        std::str::from_utf8(text).map_err(|_| self.error(format!("{field} is not UTF-8")))
-    }
-
-    fn optional_volume(&mut self) -> Result<Option<u32>, DecodeError> {
-        let present = self.u8("the volume flag")?;
-        let volume = self.u32("the volume id")?;
-        match present {
-            0 if volume == 0 => Ok(None),
-            0 => Err(self.error("an absent volume must be sent as id 0")),
-            1 => Ok(Some(volume)),
-            other => Err(self.error(format!("volume flag {other} is neither 0 nor 1"))),
-        }
-    }
-
-    fn volume_mode(&mut self) -> Result<VolumeMode, DecodeError> {
-        let code = self.u8("the volume mode")?;
-        VolumeMode::from_code(code).ok_or_else(|| self.error(format!("unknown volume mode {code}")))
-    }
-
-    fn volume_info(&mut self) -> Result<VolumeInfo, DecodeError> {
-        let id = self.u32("the volume id")?;
-        let size_bytes = self.u64("the volume size")?;
-        let page_size = self.u32("the page size")?;
-        let mode = self.volume_mode()?;
-        let name = self.str("the volume name")?.to_string();
-        Ok(VolumeInfo { id, name, size_bytes, page_size, mode })
-    }
-
-    fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.bytes)
-    }
-
-    fn finish(self) -> Result<(), DecodeError> {
-        if !self.bytes.is_empty() {
-            return Err(self.error(format!("{} unexpected bytes after the last field", self.bytes.len())));
-        }
-        Ok(())
-    }
-}
-
-fn put_u16(out: &mut Vec<u8>, value: u16) {
-    out.extend_from_slice(&value.to_le_bytes());
-}
-
-fn put_u32(out: &mut Vec<u8>, value: u32) {
-    out.extend_from_slice(&value.to_le_bytes());
-}
-
-fn put_u64(out: &mut Vec<u8>, value: u64) {
-    out.extend_from_slice(&value.to_le_bytes());
-}
-
-/// Longest string a body can carry: its length is a u16.
-pub const MAX_STRING_BYTES: usize = u16::MAX as usize;
-
-/// Writes a length-prefixed string. Longer strings are the caller's bug: names are checked
-/// before they are sent (the client refuses them as invalid).
-fn put_str(out: &mut Vec<u8>, text: &str) {
-    let len = u16::try_from(text.len()).expect("strings on the wire are at most 65535 bytes");
-    put_u16(out, len);
-    out.extend_from_slice(text.as_bytes());
-}
-
-fn put_optional_volume(out: &mut Vec<u8>, volume: Option<u32>) {
-    out.push(u8::from(volume.is_some()));
-    put_u32(out, volume.unwrap_or(0));
-}
-
-/// Writes a volume as replies carry it: id u32, size u64, page size u32, mode u8, name.
-pub fn put_volume_info(out: &mut Vec<u8>, info: &VolumeInfo) {
-    put_u32(out, info.id);
-    put_u64(out, info.size_bytes);
-    put_u32(out, info.page_size);
-    out.push(info.mode.code());
-    put_str(out, &info.name);
 }
 
 /// A request, borrowing its strings and page bytes from the frame it was read from.
@@ -190,6 +74,32 @@ pub enum Request<'a> {
     Stats {
         volume: Option<u32>,
     },
+    /// Version 2. The records are sent straight from the caller's buffer.
+    AppendRedo(RedoAppend<'a>),
+    /// Version 2.
+    RedoStatus {
+        volume: u32,
+    },
+    /// Version 2.
+    GetPageAtLsn(PageRead),
+    /// Version 2.
+    GetPagesAtLsn(PagesRead<'a>),
+    /// Version 2. Registering again with the same `reader_id` replaces that reader's lease (a
+    /// restarted reader).
+    RegisterReader {
+        volume: u32,
+        reader_id: u64,
+        start_lsn: u64,
+    },
+    /// Version 2. `apply_lsn` is how far the reader has applied redo; it never goes back.
+    RenewReader {
+        lease_id: u64,
+        apply_lsn: u64,
+    },
+    /// Version 2. Releasing a lease that is gone already is not an error.
+    ReleaseReader {
+        lease_id: u64,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -207,6 +117,25 @@ impl<'a> Request<'a> {
             Request::Flush { .. } => Opcode::Flush,
             Request::HeavyCompress { .. } => Opcode::HeavyCompress,
             Request::Stats { .. } => Opcode::Stats,
+            Request::AppendRedo(_) => Opcode::AppendRedo,
+            Request::RedoStatus { .. } => Opcode::RedoStatus,
+            Request::GetPageAtLsn(_) => Opcode::GetPageAtLsn,
+            Request::GetPagesAtLsn(_) => Opcode::GetPagesAtLsn,
+            Request::RegisterReader { .. } => Opcode::RegisterReader,
+            Request::RenewReader { .. } => Opcode::RenewReader,
+            Request::ReleaseReader { .. } => Opcode::ReleaseReader,
+        }
+    }
+
+    /// Why the request breaks the protocol's rules for its arguments, if it does: rules that
+    /// need no knowledge of the node's volumes, so every server refuses the same requests
+    /// (`INVALID`) before its service sees them.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            Request::AppendRedo(append) => append.problem(),
+            Request::GetPageAtLsn(read) => read.at.problem(),
+            Request::GetPagesAtLsn(read) => read.problem(),
+            _ => None,
         }
     }
 
@@ -231,8 +160,8 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Appends the body, except the trailing bytes [`Request::trailing_data`] returns (page data
-    /// and ping payloads), which a writer sends straight from the caller's buffer.
+    /// Appends the body, except the trailing bytes [`Request::trailing_data`] returns (page data,
+    /// redo records and ping payloads), which a writer sends straight from the caller's buffer.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
         assert!(self.longest_string() <= MAX_STRING_BYTES, "a name longer than the wire allows");
         match *self {
@@ -262,7 +191,21 @@ impl<'a> Request<'a> {
                 put_u64(out, first);
                 put_u64(out, count);
             }
-            Request::Flush { volume } | Request::Stats { volume } => put_optional_volume(out, volume),
+            Request::Flush { volume } | Request::Stats { volume } => put_optional_u32(out, volume),
+            Request::AppendRedo(append) => append.encode_head(out),
+            Request::RedoStatus { volume } => put_u32(out, volume),
+            Request::GetPageAtLsn(read) => read.encode(out),
+            Request::GetPagesAtLsn(read) => read.encode(out),
+            Request::RegisterReader { volume, reader_id, start_lsn } => {
+                put_u32(out, volume);
+                put_u64(out, reader_id);
+                put_u64(out, start_lsn);
+            }
+            Request::RenewReader { lease_id, apply_lsn } => {
+                put_u64(out, lease_id);
+                put_u64(out, apply_lsn);
+            }
+            Request::ReleaseReader { lease_id } => put_u64(out, lease_id),
         }
     }
 
@@ -271,6 +214,7 @@ impl<'a> Request<'a> {
         match *self {
             Request::Ping { payload } => payload,
             Request::WritePage { data, .. } => data,
+            Request::AppendRedo(append) => append.records,
             _ => &[],
         }
     }
@@ -323,8 +267,21 @@ impl<'a> Request<'a> {
                     Request::HeavyCompress { volume, first, count }
                 }
             }
-            Opcode::Flush => Request::Flush { volume: cursor.optional_volume()? },
-            Opcode::Stats => Request::Stats { volume: cursor.optional_volume()? },
+            Opcode::Flush => Request::Flush { volume: cursor.optional_u32("the volume")? },
+            Opcode::Stats => Request::Stats { volume: cursor.optional_u32("the volume")? },
+            Opcode::AppendRedo => Request::AppendRedo(RedoAppend::decode(&mut cursor)?),
+            Opcode::RedoStatus => Request::RedoStatus { volume: cursor.u32("the volume id")? },
+            Opcode::GetPageAtLsn => Request::GetPageAtLsn(PageRead::decode(&mut cursor)?),
+            Opcode::GetPagesAtLsn => Request::GetPagesAtLsn(PagesRead::decode(&mut cursor)?),
+            Opcode::RegisterReader => Request::RegisterReader {
+                volume: cursor.u32("the volume id")?,
+                reader_id: cursor.u64("the reader id")?,
+                start_lsn: cursor.u64("the start LSN")?,
+            },
+            Opcode::RenewReader => {
+                Request::RenewReader { lease_id: cursor.u64("the lease id")?, apply_lsn: cursor.u64("the apply LSN")? }
+            }
+            Opcode::ReleaseReader => Request::ReleaseReader { lease_id: cursor.u64("the lease id")? },
         };
         cursor.finish()?;
         Ok(request)
@@ -342,12 +299,24 @@ pub enum Reply {
     Volumes(Vec<VolumeInfo>),
     /// READ_PAGE: the page, exactly the volume's page size.
     Page(Vec<u8>),
-    /// VOLUME_DELETE, WRITE_PAGE, TRIM, FLUSH: an empty body.
+    /// VOLUME_DELETE, WRITE_PAGE, TRIM, FLUSH, RELEASE_READER: an empty body.
     Done,
     /// HEAVY_COMPRESS: pages, segments, bytes before, bytes after, each u64.
     Heavy(HeavyResult),
     /// STATS: UTF-8 text (JSON by convention; the node chooses its content).
     Stats(String),
+    /// APPEND_REDO: the outcome, u8, and its LSN or epoch, u64.
+    Appended(AppendOutcome),
+    /// REDO_STATUS: writer epoch, durable, applied and minimum reader LSNs, each u64.
+    RedoStatus(RedoStatus),
+    /// GET_PAGE_AT_LSN: served LSN u64, page LSN u64, the page.
+    PageAtLsn(ServedPage),
+    /// GET_PAGES_AT_LSN: served LSN u64, page size u32, count u32, the page LSNs, the pages.
+    PagesAtLsn(ServedPages),
+    /// REGISTER_READER: lease id, granted LSN, duration in milliseconds, each u64.
+    Lease(ReaderLease),
+    /// RENEW_READER: duration in milliseconds, minimum reader LSN, each u64.
+    Renewed(LeaseRenewal),
 }
 
 impl Reply {
@@ -360,6 +329,18 @@ impl Reply {
             Reply::Done => {}
             Reply::Heavy(result) => put_heavy_result(out, result),
             Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+            Reply::Appended(outcome) => outcome.encode(out),
+            Reply::RedoStatus(status) => status.encode(out),
+            Reply::PageAtLsn(page) => {
+                ServedPage::encode_head(out, page.lsns());
+                out.extend_from_slice(&page.data);
+            }
+            Reply::PagesAtLsn(pages) => {
+                ServedPages::encode_head(out, pages.served_lsn, pages.page_size, &pages.page_lsns);
+                out.extend_from_slice(&pages.data);
+            }
+            Reply::Lease(lease) => lease.encode(out),
+            Reply::Renewed(renewal) => renewal.encode(out),
         }
     }
 
@@ -369,6 +350,8 @@ impl Reply {
         match opcode {
             Opcode::Ping => return Ok(Reply::Pong(body)),
             Opcode::ReadPage => return Ok(Reply::Page(body)),
+            Opcode::GetPageAtLsn => return ServedPage::decode(opcode, body).map(Reply::PageAtLsn),
+            Opcode::GetPagesAtLsn => return ServedPages::decode(opcode, body).map(Reply::PagesAtLsn),
             Opcode::Stats => {
                 return String::from_utf8(body)
                     .map(Reply::Stats)
@@ -388,17 +371,50 @@ impl Reply {
                 }
                 Reply::Volumes(infos)
             }
-            Opcode::VolumeDelete | Opcode::WritePage | Opcode::Trim | Opcode::Flush => Reply::Done,
+            Opcode::VolumeDelete | Opcode::WritePage | Opcode::Trim | Opcode::Flush | Opcode::ReleaseReader => {
+                Reply::Done
+            }
             Opcode::HeavyCompress => Reply::Heavy(HeavyResult {
                 pages: cursor.u64("the page count")?,
                 segments: cursor.u64("the segment count")?,
                 bytes_before: cursor.u64("the bytes before")?,
                 bytes_after: cursor.u64("the bytes after")?,
             }),
-            Opcode::Ping | Opcode::ReadPage | Opcode::Stats => unreachable!("handled above"),
+            Opcode::AppendRedo => Reply::Appended(AppendOutcome::decode(&mut cursor)?),
+            Opcode::RedoStatus => Reply::RedoStatus(RedoStatus::decode(&mut cursor)?),
+            Opcode::RegisterReader => Reply::Lease(ReaderLease::decode(&mut cursor)?),
+            Opcode::RenewReader => Reply::Renewed(LeaseRenewal::decode(&mut cursor)?),
+            Opcode::Ping | Opcode::ReadPage | Opcode::Stats | Opcode::GetPageAtLsn | Opcode::GetPagesAtLsn => {
+                unreachable!("handled above")
+            }
         };
         cursor.finish()?;
         Ok(reply)
+    }
+}
+
+/// Writes a volume as replies carry it: id u32, size u64, page size u32, mode u8, name.
+pub fn put_volume_info(out: &mut Vec<u8>, info: &VolumeInfo) {
+    put_u32(out, info.id);
+    put_u64(out, info.size_bytes);
+    put_u32(out, info.page_size);
+    out.push(info.mode.code());
+    put_str(out, &info.name);
+}
+
+/// Parses the body of a refusal with `status` of a request with `opcode`: the LSN first for a
+/// status that [carries one](Status::carries_lsn), then a message for a person. A message that
+/// is not UTF-8 is still shown, with replacement characters: it is only read by people.
+pub fn decode_refusal(opcode: Opcode, status: Status, body: &[u8]) -> Result<(Option<u64>, String), DecodeError> {
+    let mut cursor = Cursor::new(opcode, body);
+    let lsn = if status.carries_lsn() { Some(cursor.u64(&format!("the LSN of {status}"))?) } else { None };
+    Ok((lsn, String::from_utf8_lossy(cursor.rest()).into_owned()))
+}
+
+/// Appends the head of a refusal's body: the LSN, for a status that carries one.
+pub fn put_refusal_head(out: &mut Vec<u8>, status: Status, lsn: Option<u64>) {
+    if status.carries_lsn() {
+        put_u64(out, lsn.unwrap_or(0));
     }
 }
 
@@ -421,12 +437,15 @@ pub fn put_volume_list(out: &mut Vec<u8>, infos: &[VolumeInfo]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redo::{LATEST_LSN, MAX_PAGES_PER_READ, PageList, ReadAt};
 
     fn volume(id: u32, name: &str) -> VolumeInfo {
         VolumeInfo { id, name: name.into(), size_bytes: 1 << 30, page_size: 16384, mode: VolumeMode::Normal }
     }
 
-    fn sample_requests(page: &[u8]) -> Vec<Request<'_>> {
+    const AT: ReadAt = ReadAt { request_lsn: 90, not_modified_since: 80, lease: Some(3) };
+
+    fn sample_requests<'a>(page: &'a [u8], pages: &'a [u64]) -> Vec<Request<'a>> {
         vec![
             Request::Ping { payload: b"" },
             Request::Ping { payload: b"echo" },
@@ -444,13 +463,37 @@ mod tests {
             Request::HeavyCompress { volume: 1, first: 0, count: 1 << 20 },
             Request::Stats { volume: Some(u32::MAX) },
             Request::Stats { volume: None },
+            Request::AppendRedo(RedoAppend {
+                volume: 7,
+                writer_epoch: 2,
+                prev_lsn: 100,
+                end_lsn: 200,
+                record_count: 3,
+                records: page,
+            }),
+            Request::AppendRedo(RedoAppend {
+                volume: 7,
+                writer_epoch: 2,
+                prev_lsn: 200,
+                end_lsn: 210,
+                record_count: 0,
+                records: b"",
+            }),
+            Request::RedoStatus { volume: 7 },
+            Request::GetPageAtLsn(PageRead { volume: 7, page: 5, at: AT }),
+            Request::GetPageAtLsn(PageRead { volume: 7, page: 5, at: ReadAt { lease: None, ..AT } }),
+            Request::GetPagesAtLsn(PagesRead { volume: 7, pages: PageList::Numbers(pages), at: AT }),
+            Request::RegisterReader { volume: 7, reader_id: 11, start_lsn: 90 },
+            Request::RenewReader { lease_id: 3, apply_lsn: 95 },
+            Request::ReleaseReader { lease_id: 3 },
         ]
     }
 
     #[test]
     fn every_request_round_trips() {
         let page: Vec<u8> = (0..16384u32).map(|i| (i % 251) as u8).collect();
-        for request in sample_requests(&page) {
+        let pages: Vec<u64> = (0..MAX_PAGES_PER_READ as u64).map(|n| n * 3).collect();
+        for request in sample_requests(&page, &pages) {
             let body = request.encode_body();
             assert_eq!(Request::decode(request.opcode(), &body), Ok(request));
         }
@@ -466,6 +509,141 @@ mod tests {
         assert_eq!(lookup, [2, 0, b'a', b'b']);
         assert_eq!(Request::Flush { volume: None }.encode_body(), [0, 0, 0, 0, 0]);
         assert_eq!(Request::Flush { volume: Some(1) }.encode_body(), [1, 1, 0, 0, 0]);
+    }
+
+    /// The little-endian bytes of `values`, each `width` bytes wide, as docs/protocol.md lays
+    /// the fields out.
+    fn fields(values: &[(u64, usize)]) -> Vec<u8> {
+        values.iter().flat_map(|&(value, width)| value.to_le_bytes()[..width].to_vec()).collect()
+    }
+
+    #[test]
+    fn redo_request_layouts_are_the_documented_ones() {
+        let append =
+            RedoAppend { volume: 2, writer_epoch: 3, prev_lsn: 4, end_lsn: 6, record_count: 2, records: b"ab" };
+        let mut expected = fields(&[(2, 4), (3, 8), (4, 8), (6, 8), (2, 4), (2, 4)]);
+        expected.extend_from_slice(b"ab");
+        assert_eq!(Request::AppendRedo(append).encode_body(), expected);
+        assert_eq!(Request::AppendRedo(append).trailing_data(), b"ab");
+        assert_eq!(Request::RedoStatus { volume: 9 }.encode_body(), fields(&[(9, 4)]));
+        let read = PageRead { volume: 2, page: 5, at: AT };
+        let expected = fields(&[(2, 4), (5, 8), (90, 8), (80, 8), (1, 1), (3, 8)]);
+        assert_eq!(Request::GetPageAtLsn(read).encode_body(), expected);
+        let unleased = PageRead { at: ReadAt { lease: None, ..AT }, ..read };
+        let expected = fields(&[(2, 4), (5, 8), (90, 8), (80, 8), (0, 1), (0, 8)]);
+        assert_eq!(Request::GetPageAtLsn(unleased).encode_body(), expected);
+        let read = PagesRead { volume: 2, pages: PageList::Numbers(&[7, 8]), at: AT };
+        let expected = fields(&[(2, 4), (90, 8), (80, 8), (1, 1), (3, 8), (2, 4), (7, 8), (8, 8)]);
+        assert_eq!(Request::GetPagesAtLsn(read).encode_body(), expected);
+        let register = Request::RegisterReader { volume: 2, reader_id: 5, start_lsn: 6 };
+        assert_eq!(register.encode_body(), fields(&[(2, 4), (5, 8), (6, 8)]));
+        let renew = Request::RenewReader { lease_id: 5, apply_lsn: 6 };
+        assert_eq!(renew.encode_body(), fields(&[(5, 8), (6, 8)]));
+        assert_eq!(Request::ReleaseReader { lease_id: 5 }.encode_body(), fields(&[(5, 8)]));
+    }
+
+    #[test]
+    fn redo_reply_layouts_are_the_documented_ones() {
+        let body = |reply: Reply| {
+            let mut out = Vec::new();
+            reply.encode_body(&mut out);
+            out
+        };
+        assert_eq!(body(Reply::Appended(AppendOutcome::Ok { durable_lsn: 7 })), fields(&[(0, 1), (7, 8)]));
+        assert_eq!(body(Reply::Appended(AppendOutcome::Gap { expected_prev_lsn: 7 })), fields(&[(1, 1), (7, 8)]));
+        assert_eq!(body(Reply::Appended(AppendOutcome::Fenced { epoch: 7 })), fields(&[(2, 1), (7, 8)]));
+        let status = RedoStatus { writer_epoch: 1, durable_lsn: 2, applied_lsn: 3, lsn_min: 4 };
+        assert_eq!(body(Reply::RedoStatus(status)), fields(&[(1, 8), (2, 8), (3, 8), (4, 8)]));
+        let mut expected = fields(&[(9, 8), (8, 8)]);
+        expected.extend_from_slice(b"page");
+        let page = ServedPage { served_lsn: 9, page_lsn: 8, data: b"page".to_vec() };
+        assert_eq!(body(Reply::PageAtLsn(page)), expected);
+        let pages = ServedPages { served_lsn: 9, page_size: 2, page_lsns: vec![5, 6], data: b"abcd".to_vec() };
+        let mut expected = fields(&[(9, 8), (2, 4), (2, 4), (5, 8), (6, 8)]);
+        expected.extend_from_slice(b"abcd");
+        assert_eq!(body(Reply::PagesAtLsn(pages.clone())), expected);
+        assert_eq!(pages.page(1), Some((6, &b"cd"[..])));
+        assert_eq!(pages.page(2), None);
+        let lease = ReaderLease { lease_id: 1, granted_lsn: 2, valid_for_ms: 3 };
+        assert_eq!(body(Reply::Lease(lease)), fields(&[(1, 8), (2, 8), (3, 8)]));
+        assert_eq!(body(Reply::Renewed(LeaseRenewal { valid_for_ms: 1, lsn_min: 2 })), fields(&[(1, 8), (2, 8)]));
+    }
+
+    #[test]
+    fn refusals_carry_their_lsn_first() {
+        let mut body = Vec::new();
+        put_refusal_head(&mut body, Status::TooOld, Some(42));
+        body.extend_from_slice(b"gone");
+        assert_eq!(decode_refusal(Opcode::GetPageAtLsn, Status::TooOld, &body), Ok((Some(42), "gone".into())));
+        assert!(decode_refusal(Opcode::GetPageAtLsn, Status::NotYet, &[1, 2, 3]).is_err());
+        assert_eq!(decode_refusal(Opcode::ReadPage, Status::Invalid, b"bad"), Ok((None, "bad".into())));
+        let mut plain = Vec::new();
+        put_refusal_head(&mut plain, Status::Invalid, Some(42));
+        assert!(plain.is_empty(), "only the statuses that carry an LSN have one");
+    }
+
+    #[test]
+    fn protocol_rules_for_redo_arguments() {
+        let append =
+            RedoAppend { volume: 1, writer_epoch: 1, prev_lsn: 10, end_lsn: 12, record_count: 2, records: b"xy" };
+        assert_eq!(Request::AppendRedo(append).problem(), None);
+        let heartbeat = RedoAppend { record_count: 0, records: b"", ..append };
+        assert_eq!(Request::AppendRedo(heartbeat).problem(), None);
+        let broken = [
+            RedoAppend { end_lsn: 9, record_count: 0, records: b"", ..append },
+            RedoAppend { record_count: 3, records: b"xyz", ..append },
+            RedoAppend { record_count: 0, ..append },
+            RedoAppend { records: b"", ..append },
+            RedoAppend { records: b"x", ..append },
+        ];
+        for append in broken {
+            assert!(Request::AppendRedo(append).problem().is_some(), "{append:?}");
+        }
+        let read = |request_lsn, not_modified_since| {
+            Request::GetPageAtLsn(PageRead {
+                volume: 1,
+                page: 0,
+                at: ReadAt { request_lsn, not_modified_since, lease: None },
+            })
+        };
+        assert_eq!(read(5, 5).problem(), None);
+        assert_eq!(read(LATEST_LSN, 0).problem(), None);
+        assert!(read(0, 0).problem().is_some(), "LSN 0 is before every record");
+        assert!(read(5, 6).problem().is_some());
+        let none = Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&[]), at: AT });
+        assert!(none.problem().is_some());
+        let too_many = vec![0; MAX_PAGES_PER_READ + 1];
+        let many = Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&too_many), at: AT });
+        assert!(many.problem().is_some());
+    }
+
+    #[test]
+    fn a_vectored_read_is_bounded_before_anything_is_allocated() {
+        let mut body = fields(&[(1, 4), (9, 8), (0, 8), (0, 1), (0, 8)]);
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        let error = Request::decode(Opcode::GetPagesAtLsn, &body).unwrap_err();
+        assert!(error.message.contains("at most"), "{error}");
+        let mut reply = fields(&[(9, 8), (16, 4)]);
+        reply.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Reply::decode(Opcode::GetPagesAtLsn, reply).is_err());
+        // Counts that fit the bound still need their bytes.
+        let mut short = fields(&[(1, 4), (9, 8), (0, 8), (0, 1), (0, 8), (2, 4)]);
+        short.extend_from_slice(&[0; 15]);
+        assert!(Request::decode(Opcode::GetPagesAtLsn, &short).is_err());
+    }
+
+    #[test]
+    fn append_records_are_length_checked() {
+        let append =
+            RedoAppend { volume: 1, writer_epoch: 1, prev_lsn: 0, end_lsn: 9, record_count: 1, records: b"abc" };
+        let body = Request::AppendRedo(append).encode_body();
+        assert!(Request::decode(Opcode::AppendRedo, &body[..body.len() - 1]).is_err(), "records cut short");
+        let mut longer = body.clone();
+        longer.push(0);
+        assert!(Request::decode(Opcode::AppendRedo, &longer).is_err(), "a byte after the records");
+        let mut lying = body.clone();
+        lying[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Request::decode(Opcode::AppendRedo, &lying).is_err(), "a length past the body");
     }
 
     #[test]
@@ -518,5 +696,8 @@ mod tests {
         assert!(Reply::decode(Opcode::VolumeList, vec![0xFF, 0xFF, 0xFF, 0xFF]).is_err());
         assert!(Reply::decode(Opcode::Stats, vec![0xC0]).is_err());
         assert!(Reply::decode(Opcode::WritePage, vec![0]).is_err());
+        assert!(Reply::decode(Opcode::AppendRedo, vec![3, 0, 0, 0, 0, 0, 0, 0, 0]).is_err(), "an unknown outcome");
+        assert!(Reply::decode(Opcode::GetPageAtLsn, vec![0; 15]).is_err());
+        assert!(Reply::decode(Opcode::ReleaseReader, vec![0]).is_err());
     }
 }

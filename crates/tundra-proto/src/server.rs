@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::conn;
+use crate::frame::{VERSION_MAX, VERSION_MIN};
 use crate::service::Service;
 
 /// How the server treats its connections. `Default` gives the documented values.
@@ -41,6 +42,11 @@ pub struct ServerConfig {
     pub write_timeout: Option<Duration>,
     /// How long shutdown waits for connections to finish the request they are executing.
     pub shutdown_grace: Duration,
+    /// The protocol versions the server offers in its hello, inside this build's
+    /// [`VERSION_MIN`]..=[`VERSION_MAX`]. Raising `min_version` turns away clients too old
+    /// to speak a newer version, with `UNSUPPORTED_VERSION` naming both ranges.
+    pub min_version: u16,
+    pub max_version: u16,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +59,8 @@ impl Default for ServerConfig {
             evict_idle_after: Duration::from_secs(60),
             write_timeout: Some(Duration::from_secs(60)),
             shutdown_grace: Duration::from_secs(5),
+            min_version: VERSION_MIN,
+            max_version: VERSION_MAX,
         }
     }
 }
@@ -62,6 +70,16 @@ impl ServerConfig {
     pub fn problem(&self) -> Option<String> {
         if self.max_connections == 0 {
             return Some("max_connections must be at least 1".into());
+        }
+        let built = VERSION_MIN..=VERSION_MAX;
+        if !built.contains(&self.min_version)
+            || !built.contains(&self.max_version)
+            || self.min_version > self.max_version
+        {
+            return Some(format!(
+                "protocol versions {}..={} are not a range inside this build's {VERSION_MIN}..={VERSION_MAX}",
+                self.min_version, self.max_version
+            ));
         }
         let durations = [
             ("hello_timeout", self.hello_timeout),

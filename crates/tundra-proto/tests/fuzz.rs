@@ -1,9 +1,14 @@
 //! Property tests: any bytes fed to the frame, hello, request and reply parsers give a value or
-//! an error, never a panic; whatever is encoded decodes to itself.
+//! an error, never a panic; whatever is encoded decodes to itself, version 2's redo requests
+//! and replies included.
 
 use proptest::prelude::*;
 use tundra_proto::frame::{self, ClientHello, FrameHeader, HEADER_BYTES, ServerHello};
-use tundra_proto::{MAX_BODY_BYTES, Opcode, Reply, Request, VolumeMode, WriteMode};
+use tundra_proto::message::decode_refusal;
+use tundra_proto::{
+    AppendOutcome, LeaseRenewal, MAX_BODY_BYTES, MAX_PAGES_PER_READ, Opcode, PageList, PageRead, PagesRead, ReadAt,
+    ReaderLease, RedoAppend, RedoStatus, Reply, Request, ServedPage, ServedPages, Status, VolumeMode, WriteMode,
+};
 
 fn opcode() -> impl Strategy<Value = Opcode> {
     prop::sample::select(Opcode::ALL.to_vec())
@@ -28,6 +33,9 @@ struct Fields {
     volume_mode: VolumeMode,
     write_mode: WriteMode,
     present: bool,
+    /// The redo requests' further numbers: a third LSN, a record count, a lease.
+    redo: (u64, u32, Option<u64>),
+    pages: Vec<u64>,
 }
 
 impl Fields {
@@ -51,7 +59,29 @@ impl Fields {
             Opcode::Flush => Request::Flush { volume: optional },
             Opcode::HeavyCompress => Request::HeavyCompress { volume: self.volume, first: a, count: b },
             Opcode::Stats => Request::Stats { volume: optional },
+            Opcode::AppendRedo => Request::AppendRedo(RedoAppend {
+                volume: self.volume,
+                writer_epoch: a,
+                prev_lsn: b,
+                end_lsn: self.redo.0,
+                record_count: self.redo.1,
+                records: &self.data,
+            }),
+            Opcode::RedoStatus => Request::RedoStatus { volume: self.volume },
+            Opcode::GetPageAtLsn => Request::GetPageAtLsn(PageRead { volume: self.volume, page: a, at: self.at() }),
+            Opcode::GetPagesAtLsn => Request::GetPagesAtLsn(PagesRead {
+                volume: self.volume,
+                pages: PageList::Numbers(&self.pages),
+                at: self.at(),
+            }),
+            Opcode::RegisterReader => Request::RegisterReader { volume: self.volume, reader_id: a, start_lsn: b },
+            Opcode::RenewReader => Request::RenewReader { lease_id: a, apply_lsn: b },
+            Opcode::ReleaseReader => Request::ReleaseReader { lease_id: a },
         }
+    }
+
+    fn at(&self) -> ReadAt {
+        ReadAt { request_lsn: self.numbers.1, not_modified_since: self.redo.0, lease: self.redo.2 }
     }
 }
 
@@ -65,8 +95,10 @@ fn fields() -> impl Strategy<Value = Fields> {
         volume_mode(),
         write_mode(),
         any::<bool>(),
+        (any::<u64>(), any::<u32>(), any::<Option<u64>>()),
+        prop::collection::vec(any::<u64>(), 0..=MAX_PAGES_PER_READ),
     )
-        .prop_map(|(opcode, name, data, volume, numbers, volume_mode, write_mode, present)| Fields {
+        .prop_map(|(opcode, name, data, volume, numbers, volume_mode, write_mode, present, redo, pages)| Fields {
             opcode,
             name,
             data,
@@ -75,7 +107,38 @@ fn fields() -> impl Strategy<Value = Fields> {
             volume_mode,
             write_mode,
             present,
+            redo,
+            pages,
         })
+}
+
+/// A successful reply of every redo opcode, from arbitrary numbers.
+fn redo_reply(opcode: Opcode, numbers: (u64, u64, u64, u64), kind: u8, page_size: u32, count: usize) -> Option<Reply> {
+    let (a, b, c, d) = numbers;
+    let reply = match opcode {
+        Opcode::AppendRedo => Reply::Appended(match kind % 3 {
+            0 => AppendOutcome::Ok { durable_lsn: a },
+            1 => AppendOutcome::Gap { expected_prev_lsn: a },
+            _ => AppendOutcome::Fenced { epoch: a },
+        }),
+        Opcode::RedoStatus => {
+            Reply::RedoStatus(RedoStatus { writer_epoch: a, durable_lsn: b, applied_lsn: c, lsn_min: d })
+        }
+        Opcode::GetPageAtLsn => {
+            Reply::PageAtLsn(ServedPage { served_lsn: a, page_lsn: b, data: vec![kind; page_size as usize] })
+        }
+        Opcode::GetPagesAtLsn => Reply::PagesAtLsn(ServedPages {
+            served_lsn: a,
+            page_size,
+            page_lsns: (0..count as u64).map(|i| b.wrapping_add(i)).collect(),
+            data: vec![kind; page_size as usize * count],
+        }),
+        Opcode::RegisterReader => Reply::Lease(ReaderLease { lease_id: a, granted_lsn: b, valid_for_ms: c }),
+        Opcode::RenewReader => Reply::Renewed(LeaseRenewal { valid_for_ms: a, lsn_min: b }),
+        Opcode::ReleaseReader => Reply::Done,
+        _ => return None,
+    };
+    Some(reply)
 }
 
 proptest! {
@@ -125,6 +188,40 @@ proptest! {
         if !matches!(request, Request::Ping { .. } | Request::VolumeList | Request::WritePage { .. }) && !body.is_empty() {
             prop_assert!(Request::decode(request.opcode(), &body[..body.len() - 1]).is_err());
         }
+        // A body with a byte more never decodes either: nothing is silently ignored.
+        if !matches!(request, Request::Ping { .. } | Request::WritePage { .. }) {
+            let mut longer = body.clone();
+            longer.push(0);
+            prop_assert!(Request::decode(request.opcode(), &longer).is_err());
+        }
+    }
+
+    #[test]
+    fn redo_replies_round_trip_and_refuse_cut_bodies(
+        opcode in prop::sample::select(Opcode::ALL.iter().copied().filter(|o| o.since() == 2).collect::<Vec<_>>()),
+        numbers in (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+        kind in any::<u8>(),
+        page_size in 0u32..300,
+        count in 0..=MAX_PAGES_PER_READ,
+    ) {
+        let reply = redo_reply(opcode, numbers, kind, page_size, count).expect("a redo opcode");
+        let mut body = Vec::new();
+        reply.encode_body(&mut body);
+        prop_assert_eq!(Reply::decode(opcode, body.clone()), Ok(reply));
+        if !body.is_empty() {
+            let cut = body[..body.len() - 1].to_vec();
+            // A page reply's page has no length of its own: a cut one is a shorter page, which
+            // the client checks against the volume. Every other cut is an error.
+            if opcode != Opcode::GetPageAtLsn || body.len() <= 16 {
+                prop_assert!(Reply::decode(opcode, cut).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn refusal_bodies_never_panic(status in prop::sample::select(Status::ALL.to_vec()), body in prop::collection::vec(any::<u8>(), 0..40)) {
+        let decoded = decode_refusal(Opcode::GetPageAtLsn, status, &body);
+        prop_assert_eq!(decoded.is_ok(), !status.carries_lsn() || body.len() >= 8);
     }
 
     #[test]

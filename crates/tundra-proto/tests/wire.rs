@@ -16,7 +16,7 @@ use tundra_proto::frame::{
 use tundra_proto::mem::MemService;
 use tundra_proto::{
     HeavyResult, MAX_BODY_BYTES, Opcode, Reply, Request, Server, ServerConfig, Service, ServiceError, Status,
-    VolumeInfo, VolumeMode, VolumeSpec, WriteMode,
+    VERSION_MAX, VolumeInfo, VolumeMode, VolumeSpec, WriteMode,
 };
 
 fn start(config: ServerConfig) -> (Server, Arc<MemService>) {
@@ -41,7 +41,7 @@ fn read_hello(stream: &mut TcpStream) -> ServerHello {
 fn open(server: &Server) -> TcpStream {
     let mut stream = connect_raw(server);
     stream.write_all(&ClientHello::CURRENT.encode()).unwrap();
-    assert_eq!(read_hello(&mut stream).version, 1);
+    assert_eq!(read_hello(&mut stream).version, VERSION_MAX);
     stream
 }
 
@@ -83,27 +83,32 @@ fn ping_works(stream: &mut TcpStream, id: u64) {
 }
 
 #[test]
-fn hello_negotiates_version_1() {
+fn hello_negotiates_the_highest_common_version() {
     let (server, _) = start(ServerConfig::default());
     let mut stream = connect_raw(&server);
     stream.write_all(&ClientHello { min_version: 1, max_version: 9 }.encode()).unwrap();
     let hello = read_hello(&mut stream);
-    assert_eq!(hello, ServerHello { version: 1, server_min: 1, server_max: 1 });
+    assert_eq!(hello, ServerHello { version: 2, server_min: 1, server_max: 2 });
     ping_works(&mut stream, 1);
+    // A client that speaks only version 1 still gets version 1.
+    let mut old = connect_raw(&server);
+    old.write_all(&ClientHello { min_version: 1, max_version: 1 }.encode()).unwrap();
+    assert_eq!(read_hello(&mut old), ServerHello { version: 1, server_min: 1, server_max: 2 });
+    ping_works(&mut old, 1);
 }
 
 #[test]
 fn an_unsupported_version_is_refused_with_both_ranges() {
     let (server, _) = start(ServerConfig::default());
     let mut stream = connect_raw(&server);
-    stream.write_all(&ClientHello { min_version: 2, max_version: 3 }.encode()).unwrap();
+    stream.write_all(&ClientHello { min_version: 3, max_version: 4 }.encode()).unwrap();
     let hello = read_hello(&mut stream);
-    assert_eq!(hello, ServerHello { version: 0, server_min: 1, server_max: 1 });
+    assert_eq!(hello, ServerHello { version: 0, server_min: 1, server_max: 2 });
     let (header, body) = receive(&mut stream);
     assert_eq!(status_of(&header), Status::UnsupportedVersion);
     assert_eq!((header.request_id, header.flags), (NOTICE_ID, FLAG_CLOSE));
     let message = String::from_utf8(body).unwrap();
-    assert!(message.contains("2..=3") && message.contains("1..=1"), "{message}");
+    assert!(message.contains("3..=4") && message.contains("1..=2"), "{message}");
     assert!(is_closed(&mut stream));
 }
 
@@ -153,7 +158,7 @@ fn every_opcode_answers_on_the_wire() {
     let mut replies = Vec::new();
     for (i, request) in requests.iter().enumerate() {
         let (header, body) = receive(&mut stream);
-        assert_eq!(header.request_id, i as u64 + 1, "answers come in order from a version 1 server");
+        assert_eq!(header.request_id, i as u64 + 1, "answers come in order from a version 1 or 2 server");
         assert_eq!(status_of(&header), Status::Ok, "{:?}: {}", request.opcode(), String::from_utf8_lossy(&body));
         replies.push(Reply::decode(request.opcode(), body).unwrap());
     }

@@ -4,14 +4,20 @@
 //! writes), so that error paths can be tested without a node.
 //!
 //! It compresses nothing. Heavy compression only counts: every stored page in the range moves
-//! into segments of 16 pages and is said to shrink to a quarter.
+//! into segments of 16 pages and is said to shrink to a quarter. Its redo streams are a toy
+//! (`redo.rs`): batches are kept undecoded and the page versions reads serve are put in by tests.
+
+mod redo;
 
 use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 
+use crate::redo::{AppendOutcome, BatchLsns, LeaseRenewal, PageLsns, ReadAt, ReaderLease, RedoAppend, RedoStatus};
 use crate::service::{Service, ServiceError};
 use crate::types::{HeavyResult, VolumeInfo, VolumeSpec, WriteMode};
+
+pub use redo::{AppendedBatch, LEASE_MS};
 
 /// Longest volume name, as in the store.
 pub const MAX_NAME_BYTES: usize = 64;
@@ -35,6 +41,7 @@ struct State {
     /// Returned by the next call, whatever it is.
     injected: Option<ServiceError>,
     flushes: u64,
+    redo: redo::Redo,
 }
 
 struct StoredPage {
@@ -72,6 +79,43 @@ impl MemService {
     /// How many flushes were answered.
     pub fn flush_count(&self) -> u64 {
         self.state.lock().flushes
+    }
+
+    /// The batches the volume's redo stream accepted, in order.
+    pub fn appended_batches(&self, volume: u32) -> Vec<AppendedBatch> {
+        self.state.lock().redo.batches(volume)
+    }
+
+    /// Makes `data` the page's content from `lsn` on, for reads at an LSN: the toy stream does
+    /// not decode records, so tests say what applying them gives.
+    pub fn put_page_version(&self, volume: u32, page: u64, lsn: u64, data: Vec<u8>) {
+        self.state.lock().redo.put_version(volume, page, lsn, data);
+    }
+
+    /// Holds the volume's applied LSN at `cap` (`None`: applied follows durable at once).
+    pub fn hold_applied(&self, volume: u32, cap: Option<u64>) {
+        self.state.lock().redo.hold_applied(volume, cap);
+    }
+
+    /// Lets the volume's minimum reader LSN advance to `lsn`, as far as leases and the durable
+    /// LSN allow: history below it is gone, as if folded into images.
+    pub fn fold_history(&self, volume: u32, lsn: u64) {
+        self.state.lock().redo.fold_history(volume, lsn);
+    }
+
+    /// Ends a lease as if it had timed out.
+    pub fn expire_lease(&self, lease_id: u64) {
+        self.state.lock().redo.expire(lease_id);
+    }
+
+    /// A reader further than `lag` behind the durable LSN loses its lease.
+    pub fn set_max_reader_lag(&self, lag: Option<u64>) {
+        self.state.lock().redo.max_lag = lag;
+    }
+
+    /// Live leases on the volume.
+    pub fn lease_count(&self, volume: u32) -> usize {
+        self.state.lock().redo.lease_count(volume)
     }
 
     /// Takes the lock, and fails if an error was injected.
@@ -174,6 +218,7 @@ impl Service for MemService {
         let id = state.by_name(name)?.id;
         state.volumes.remove(name);
         state.drop_pages(id, |_| false);
+        state.redo.drop_volume(id);
         Ok(())
     }
 
@@ -251,6 +296,54 @@ impl Service for MemService {
             }),
         };
         Ok(value.to_string())
+    }
+
+    fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
+        let mut state = self.enter()?;
+        state.by_id(append.volume)?;
+        Ok(state.redo.append(append))
+    }
+
+    fn redo_status(&self, volume: u32) -> Result<RedoStatus, ServiceError> {
+        let mut state = self.enter()?;
+        state.by_id(volume)?;
+        Ok(state.redo.status(volume))
+    }
+
+    fn get_page_at_lsn(&self, volume: u32, page: u64, at: ReadAt, out: &mut Vec<u8>) -> Result<PageLsns, ServiceError> {
+        let mut state = self.enter()?;
+        let info = state.check_range(volume, page, 1)?.clone();
+        state.redo.read(&info, page, at, out)
+    }
+
+    fn get_pages_at_lsn(
+        &self,
+        volume: u32,
+        pages: &[u64],
+        at: ReadAt,
+        out: &mut Vec<u8>,
+    ) -> Result<BatchLsns, ServiceError> {
+        let mut state = self.enter()?;
+        let info = state.by_id(volume)?.clone();
+        for &page in pages {
+            state.check_range(volume, page, 1)?;
+        }
+        state.redo.read_many(&info, pages, at, out)
+    }
+
+    fn register_reader(&self, volume: u32, reader_id: u64, start_lsn: u64) -> Result<ReaderLease, ServiceError> {
+        let mut state = self.enter()?;
+        state.by_id(volume)?;
+        state.redo.register(volume, reader_id, start_lsn)
+    }
+
+    fn renew_reader(&self, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        self.enter()?.redo.renew(lease_id, apply_lsn)
+    }
+
+    fn release_reader(&self, lease_id: u64) -> Result<(), ServiceError> {
+        self.enter()?.redo.release(lease_id);
+        Ok(())
     }
 }
 
