@@ -1,6 +1,8 @@
 //! Fuzzing the native protocol's server over a socket: arbitrary bytes, and mutations (bit
 //! flips, cuts, inserted junk) of a valid session (hello, volume create, page writes and reads,
-//! trim, flush, stats), sent to a running server. The server must never panic, must close or
+//! trim, flush, stats, and version 2's redo appends, reads at an LSN and leases), sent to a
+//! running server; and sound frames of the redo opcodes around arbitrary bodies, each of which
+//! must be answered. The server must never panic, must close or
 //! answer every connection within a bound, and must still serve a clean session afterwards.
 //! The frame, hello and message decoders alone are fuzzed in fuzz.rs; this reaches the
 //! connection loop that drives them. `TUNDRA_FUZZ_CASES` sets the cases (default 256).
@@ -12,9 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tundra_proto::frame::{ClientHello, HEADER_BYTES, SERVER_HELLO_BYTES, write_frame};
+use tundra_proto::frame::{ClientHello, FrameHeader, HEADER_BYTES, SERVER_HELLO_BYTES, decode_frame, write_frame};
 use tundra_proto::mem::MemService;
-use tundra_proto::{Request, Server, VolumeMode, WriteMode};
+use tundra_proto::{
+    MAX_BODY_BYTES, Opcode, PageList, PageRead, PagesRead, ReadAt, RedoAppend, Request, Server, VolumeMode, WriteMode,
+};
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 
@@ -41,6 +45,8 @@ fn server() -> &'static Server {
 /// A valid session's bytes: the hello, then requests with ids 1, 2, ...
 fn valid_session(page: u64, fill: u8) -> Vec<u8> {
     let data = vec![fill; 8192];
+    let at = ReadAt { request_lsn: 40, not_modified_since: 10, lease: Some(1) };
+    let pages = [page, page + 1, 0];
     let requests = [
         Request::Ping { payload: b"hello" },
         Request::VolumeCreate { name: "fuzz", size_bytes: 1 << 20, page_size: 8192, mode: VolumeMode::Normal },
@@ -52,6 +58,20 @@ fn valid_session(page: u64, fill: u8) -> Vec<u8> {
         Request::Stats { volume: Some(1) },
         Request::VolumeList,
         Request::HeavyCompress { volume: 1, first: 0, count: 16 },
+        Request::AppendRedo(RedoAppend {
+            volume: 1,
+            writer_epoch: 1,
+            prev_lsn: 0,
+            end_lsn: 50,
+            record_count: 3,
+            records: &data[..300],
+        }),
+        Request::RegisterReader { volume: 1, reader_id: 9, start_lsn: 20 },
+        Request::GetPageAtLsn(PageRead { volume: 1, page, at }),
+        Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&pages), at }),
+        Request::RenewReader { lease_id: 1, apply_lsn: 45 },
+        Request::RedoStatus { volume: 1 },
+        Request::ReleaseReader { lease_id: 1 },
     ];
     let mut bytes = ClientHello::CURRENT.encode().to_vec();
     for (id, request) in requests.iter().enumerate() {
@@ -104,7 +124,7 @@ fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
 
 /// Sends `bytes` on a fresh connection (from another thread, so that replies never block it),
 /// then reads until the server closes. Returns the bytes the server sent.
-fn exchange(bytes: Vec<u8>) -> Result<usize, TestCaseError> {
+fn exchange(bytes: Vec<u8>) -> Result<Vec<u8>, TestCaseError> {
     let stream = TcpStream::connect(server().local_addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut writer = stream.try_clone().expect("clone");
@@ -114,12 +134,12 @@ fn exchange(bytes: Vec<u8>) -> Result<usize, TestCaseError> {
         let _ = writer.shutdown(Shutdown::Write);
     });
     let mut reader = stream;
-    let mut received = 0usize;
+    let mut received = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
         match reader.read(&mut buf) {
             Ok(0) => break,
-            Ok(n) => received += n,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
             Err(e) => return Err(TestCaseError::fail(format!("the server neither answered nor closed: {e}"))),
         }
@@ -147,8 +167,24 @@ fn still_serves() {
 #[test]
 fn a_valid_session_is_answered() {
     let received = exchange(valid_session(3, 1)).expect("exchange");
-    assert!(received > SERVER_HELLO_BYTES + 10 * HEADER_BYTES, "{received} bytes back");
+    assert!(received.len() > SERVER_HELLO_BYTES + 17 * HEADER_BYTES, "{} bytes back", received.len());
     still_serves();
+}
+
+/// The frames in a server's answer after its hello.
+fn answers(received: &[u8]) -> Vec<FrameHeader> {
+    let mut rest = received.get(SERVER_HELLO_BYTES..).unwrap_or_default();
+    let mut headers = Vec::new();
+    while let Ok(Some((frame, used))) = decode_frame(rest, MAX_BODY_BYTES) {
+        headers.push(frame.header);
+        rest = &rest[used..];
+    }
+    assert!(rest.is_empty(), "{} bytes after the last whole answer", rest.len());
+    headers
+}
+
+fn redo_opcode() -> impl Strategy<Value = Opcode> {
+    prop::sample::select(Opcode::ALL.iter().copied().filter(|opcode| opcode.since() == 2).collect::<Vec<_>>())
 }
 
 proptest! {
@@ -173,6 +209,26 @@ proptest! {
             apply(&mut session, m);
         }
         exchange(session)?;
+        prop_assert_eq!(PANICS.load(Ordering::SeqCst), 0, "the server panicked");
+    }
+
+    #[test]
+    fn sound_frames_of_redo_opcodes_with_arbitrary_bodies_are_each_answered(
+        frames in prop::collection::vec((redo_opcode(), prop::collection::vec(any::<u8>(), 0..120)), 1..12),
+        prefix in any::<bool>(),
+    ) {
+        // Half the cases start with a valid session's volume and stream, so that some bodies
+        // reach the service; the others meet an empty server.
+        let mut session = if prefix { valid_session(1, 7) } else { ClientHello::CURRENT.encode().to_vec() };
+        let first_id = if prefix { 100 } else { 1 };
+        for (n, (opcode, body)) in frames.iter().enumerate() {
+            write_frame(&mut session, opcode.code(), 0, first_id + n as u64, &[body]).expect("frame");
+        }
+        let received = exchange(session)?;
+        let answered = answers(&received);
+        let expected = frames.len() + if prefix { 17 } else { 0 };
+        prop_assert_eq!(answered.len(), expected, "every sound frame gets one answer");
+        prop_assert!(answered.iter().all(|header| header.flags == 0), "no answer closes the connection");
         prop_assert_eq!(PANICS.load(Ordering::SeqCst), 0, "the server panicked");
     }
 }
