@@ -1,6 +1,7 @@
 //! The client's one error. Its variants tell the caller what to do: a `Status` refused one
-//! request and the connection goes on; every other variant but `NotPending` and
-//! `NothingInFlight` means the connection is gone and a new one is needed.
+//! request and the connection goes on; so did `TooOld`, `NotYet` and `LeaseLost`, the refusals
+//! of reads at an LSN and of leases, each with the LSN the reader acts on; every other variant
+//! but `NotPending` and `NothingInFlight` means the connection is gone and a new one is needed.
 
 use std::io;
 
@@ -15,6 +16,19 @@ pub enum Error {
     /// refused this request. The connection stays usable.
     #[error("{status}: {message}")]
     Status { status: Status, message: String },
+    /// The LSN asked for is below the volume's minimum reader LSN, `lsn_min`: that history is
+    /// gone. The reader resyncs at or above `lsn_min`. The connection stays usable.
+    #[error("TOO_OLD (the minimum reader LSN is {lsn_min}): {message}")]
+    TooOld { lsn_min: u64, message: String },
+    /// The server has applied redo only up to `applied_lsn`, short of what the read needs,
+    /// even after waiting. Retry later or on another server. The connection stays usable.
+    #[error("NOT_YET (applied up to LSN {applied_lsn}): {message}")]
+    NotYet { applied_lsn: u64, message: String },
+    /// The reader's lease is gone: register again at or above `lsn_min` (0 when the server no
+    /// longer knows the lease's volume: ask REDO_STATUS) and resync. The connection stays
+    /// usable.
+    #[error("LEASE_LOST (the minimum reader LSN is {lsn_min}): {message}")]
+    LeaseLost { lsn_min: u64, message: String },
     /// The connection failed: connect, read, write or timeout. It is unusable now. (Not marked
     /// as the source: the message already says it, and a chain printed in full would say it
     /// twice.)
@@ -40,6 +54,9 @@ impl Error {
     pub fn status(&self) -> Option<Status> {
         match self {
             Error::Status { status, .. } => Some(*status),
+            Error::TooOld { .. } => Some(Status::TooOld),
+            Error::NotYet { .. } => Some(Status::NotYet),
+            Error::LeaseLost { .. } => Some(Status::LeaseLost),
             Error::Closed { status, .. } => *status,
             _ => None,
         }
@@ -62,6 +79,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A service's refusal, for code that calls a `Service` in process and a `Client` alike.
 impl From<ServiceError> for Error {
     fn from(error: ServiceError) -> Error {
-        Error::Status { status: error.code, message: error.message }
+        Error::refusal(error.code, error.lsn, error.message)
+    }
+}
+
+impl Error {
+    /// A refusal with `status`, typed by what the caller does about it. A status that carries
+    /// an LSN comes with one (`lsn` is `None` only for the others).
+    pub(crate) fn refusal(status: Status, lsn: Option<u64>, message: String) -> Error {
+        let lsn_or_zero = lsn.unwrap_or(0);
+        match status {
+            Status::TooOld => Error::TooOld { lsn_min: lsn_or_zero, message },
+            Status::NotYet => Error::NotYet { applied_lsn: lsn_or_zero, message },
+            Status::LeaseLost => Error::LeaseLost { lsn_min: lsn_or_zero, message },
+            status => Error::Status { status, message },
+        }
     }
 }

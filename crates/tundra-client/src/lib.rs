@@ -9,10 +9,14 @@
 //! Submitted requests are buffered and sent together by the next `wait`, `wait_any` or `send`
 //! (or when the buffer fills), so that a burst of submissions costs one write.
 //!
+//! Version 2's redo calls (appends, reads at an LSN, reader leases) are in `redo.rs`; on a
+//! connection whose hello chose version 1 they are refused before anything is sent.
+//!
 //! What the protocol costs per request against in-process calls is measured apart, by
 //! `tundra-bench protocol` (crates/tundra-bench).
 
 mod error;
+mod redo;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -25,9 +29,10 @@ use tundra_proto::frame::{
     ServerHello,
 };
 use tundra_proto::message::MAX_STRING_BYTES;
+use tundra_proto::message::decode_refusal;
 use tundra_proto::{
-    HeavyResult, MAX_BODY_BYTES, Opcode, Reply, Request, Status, VERSION_MAX, VERSION_MIN, VolumeInfo, VolumeSpec,
-    WriteMode,
+    HeavyResult, MAX_BODY_BYTES, MAX_PAGES_PER_READ, Opcode, Reply, Request, Status, VERSION_MAX, VERSION_MIN,
+    VolumeInfo, VolumeSpec, WriteMode,
 };
 
 pub use error::{Error, Result};
@@ -274,6 +279,15 @@ impl Client {
     pub fn submit(&mut self, request: Request<'_>) -> Result<RequestId> {
         self.check_open()?;
         check_fits(&request)?;
+        let opcode = request.opcode();
+        if opcode.since() > self.version {
+            let message = format!(
+                "{opcode} needs protocol version {}; the server chose version {}",
+                opcode.since(),
+                self.version
+            );
+            return Err(Error::Status { status: Status::UnknownOpcode, message });
+        }
         while self.in_flight.len() >= self.max_in_flight {
             self.receive_one()?;
         }
@@ -361,8 +375,8 @@ impl Client {
     }
 
     fn file_answer(&mut self, header: FrameHeader, body: Vec<u8>) -> Result<()> {
-        let Some(status) = Status::from_code(header.code) else {
-            return Err(Error::Protocol(format!("unknown status {}", header.code)));
+        let Some(status) = Status::from_code(header.code).filter(|status| status.since() <= self.version) else {
+            return Err(Error::Protocol(format!("status {} on a version {} connection", header.code, self.version)));
         };
         if header.flags & !RESPONSE_FLAGS != 0 {
             return Err(Error::Protocol(format!("unknown response flags {:#06x}", header.flags)));
@@ -377,7 +391,9 @@ impl Client {
         let result = if status == Status::Ok {
             Ok(Reply::decode(opcode, body).map_err(|error| Error::Protocol(error.to_string()))?)
         } else {
-            Err(Error::Status { status, message: String::from_utf8_lossy(&body).into_owned() })
+            let (lsn, message) =
+                decode_refusal(opcode, status, &body).map_err(|error| Error::Protocol(error.to_string()))?;
+            Err(Error::refusal(status, lsn, message))
         };
         let ended = (header.flags & FLAG_CLOSE != 0).then(|| Ended {
             status: result.as_ref().err().and_then(Error::status),
@@ -395,7 +411,7 @@ impl Client {
     }
 
     /// Ends the connection after `error` and returns `error` for the call that hit it.
-    fn lose(&mut self, error: Error) -> Error {
+    pub(crate) fn lose(&mut self, error: Error) -> Error {
         let ended = match &error {
             Error::Closed { status, message } => Ended { status: *status, message: message.clone() },
             other => Ended { status: other.status(), message: other.to_string() },
@@ -435,7 +451,13 @@ fn check_fits(request: &Request<'_>) -> Result<()> {
             format!("a name of {} bytes; the wire carries at most {MAX_STRING_BYTES}", request.longest_string());
         return Err(Error::Status { status: Status::Invalid, message });
     }
-    // Heads are at most 20 bytes plus a string.
+    if let Request::GetPagesAtLsn(read) = request
+        && read.pages.len() > MAX_PAGES_PER_READ
+    {
+        let message = format!("{} pages; a vectored read names at most {MAX_PAGES_PER_READ}", read.pages.len());
+        return Err(Error::Status { status: Status::Invalid, message });
+    }
+    // The heads in front of trailing data (pages, records, payloads) are at most 36 bytes.
     if request.trailing_data().len() > MAX_BODY_BYTES as usize - 64 {
         let message =
             format!("{} bytes of data; a frame carries at most {MAX_BODY_BYTES}", request.trailing_data().len());

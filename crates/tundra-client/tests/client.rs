@@ -41,7 +41,7 @@ fn status(error: Error) -> Status {
 fn every_opcode_round_trips() {
     let (server, service) = start();
     let mut client = Client::connect(server.local_addr()).unwrap();
-    assert_eq!(client.version(), 1);
+    assert_eq!(client.version(), 2);
     assert_eq!(client.ping(b"hello").unwrap(), b"hello");
 
     let info = client.volume_create(&spec("db", 64)).unwrap();
@@ -109,11 +109,11 @@ fn a_name_too_long_for_the_wire_is_refused_before_sending() {
 #[test]
 fn an_unsupported_version_is_refused_at_connect() {
     let (server, _) = start();
-    let config = ClientConfig { min_version: 2, max_version: 3, ..ClientConfig::default() };
+    let config = ClientConfig { min_version: 3, max_version: 4, ..ClientConfig::default() };
     let error = Client::connect_with(server.local_addr(), &config).unwrap_err();
     let message = error.to_string();
     assert_eq!(error.status(), Some(Status::UnsupportedVersion), "{message}");
-    assert!(message.contains("1..=1"), "{message}");
+    assert!(message.contains("1..=2"), "{message}");
 }
 
 #[test]
