@@ -20,13 +20,12 @@ pub enum Error {
     /// gone. The reader resyncs at or above `lsn_min`. The connection stays usable.
     #[error("TOO_OLD (the minimum reader LSN is {lsn_min}): {message}")]
     TooOld { lsn_min: u64, message: String },
-    /// The server has applied redo only up to `applied_lsn`, short of what the read needs,
+    /// The server's redo is complete only up to `complete_lsn`, short of what the read needs,
     /// even after waiting. Retry later or on another server. The connection stays usable.
-    #[error("NOT_YET (applied up to LSN {applied_lsn}): {message}")]
-    NotYet { applied_lsn: u64, message: String },
-    /// The reader's lease is gone: register again at or above `lsn_min` (0 when the server no
-    /// longer knows the lease's volume: ask REDO_STATUS) and resync. The connection stays
-    /// usable.
+    #[error("NOT_YET (complete up to LSN {complete_lsn}): {message}")]
+    NotYet { complete_lsn: u64, message: String },
+    /// The reader's lease is gone: register again at or above `lsn_min`, the volume's minimum
+    /// reader LSN, and resync. The connection stays usable.
     #[error("LEASE_LOST (the minimum reader LSN is {lsn_min}): {message}")]
     LeaseLost { lsn_min: u64, message: String },
     /// The connection failed: connect, read, write or timeout. It is unusable now. (Not marked
@@ -90,7 +89,7 @@ impl Error {
         let lsn_or_zero = lsn.unwrap_or(0);
         match status {
             Status::TooOld => Error::TooOld { lsn_min: lsn_or_zero, message },
-            Status::NotYet => Error::NotYet { applied_lsn: lsn_or_zero, message },
+            Status::NotYet => Error::NotYet { complete_lsn: lsn_or_zero, message },
             Status::LeaseLost => Error::LeaseLost { lsn_min: lsn_or_zero, message },
             status => Error::Status { status, message },
         }

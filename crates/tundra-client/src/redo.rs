@@ -41,7 +41,7 @@ impl Client {
         }
     }
 
-    /// The volume's writer epoch and its durable, applied and minimum reader LSNs.
+    /// The volume's writer epoch and its durable, complete and minimum reader LSNs.
     pub fn redo_status(&mut self, volume: u32) -> Result<RedoStatus> {
         match self.call(Request::RedoStatus { volume })? {
             Reply::RedoStatus(status) => Ok(status),
@@ -104,16 +104,16 @@ impl Client {
     }
 
     /// Extends the lease, telling the node how far the reader has applied redo.
-    pub fn renew_reader(&mut self, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal> {
-        match self.call(Request::RenewReader { lease_id, apply_lsn })? {
+    pub fn renew_reader(&mut self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal> {
+        match self.call(Request::RenewReader { volume, lease_id, apply_lsn })? {
             Reply::Renewed(renewal) => Ok(renewal),
             other => Err(unexpected(Opcode::RenewReader, &other)),
         }
     }
 
     /// Ends the lease; one that is gone already is not an error.
-    pub fn release_reader(&mut self, lease_id: u64) -> Result<()> {
-        match self.call(Request::ReleaseReader { lease_id })? {
+    pub fn release_reader(&mut self, volume: u32, lease_id: u64) -> Result<()> {
+        match self.call(Request::ReleaseReader { volume, lease_id })? {
             Reply::Done => Ok(()),
             other => Err(unexpected(Opcode::ReleaseReader, &other)),
         }

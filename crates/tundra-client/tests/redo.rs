@@ -67,7 +67,7 @@ fn a_writer_appends_and_sees_gaps_and_fencing_as_outcomes() {
     assert_eq!(client.append_redo(&batch(volume, 2, 15, 30, b"two")).unwrap(), AppendOutcome::Ok { durable_lsn: 30 });
     assert_eq!(client.append_redo(&batch(volume, 1, 30, 40, b"old")).unwrap(), AppendOutcome::Fenced { epoch: 2 });
     let status = client.redo_status(volume).unwrap();
-    assert_eq!(status, RedoStatus { writer_epoch: 2, durable_lsn: 30, applied_lsn: 30, lsn_min: 0 });
+    assert_eq!(status, RedoStatus { writer_epoch: 2, durable_lsn: 30, complete_lsn: 30, lsn_min: 0 });
     let records: Vec<Vec<u8>> = service.appended_batches(volume).into_iter().map(|b| b.records).collect();
     assert_eq!(records, vec![b"one".to_vec(), Vec::new(), b"two".to_vec()]);
 
@@ -112,12 +112,13 @@ fn pages_are_read_as_of_the_lsn_asked_for() {
 fn refusals_a_reader_acts_on_are_typed_and_keep_the_connection() {
     let (_server, service, mut client, volume) = setup();
     client.append_redo(&batch(volume, 1, 0, 100, b"r")).unwrap();
-    service.hold_applied(volume, Some(70));
+    service.hold_complete(volume, Some(70));
     let waiting = ReadAt { request_lsn: 100, not_modified_since: 90, lease: None };
     let error = client.get_page_at_lsn(volume, 1, waiting).unwrap_err();
-    assert!(matches!(error, Error::NotYet { applied_lsn: 70, .. }), "{error}");
+    assert!(matches!(error, Error::NotYet { complete_lsn: 70, .. }), "{error}");
     assert!(!error.is_connection_lost());
     assert_eq!(error.status(), Some(Status::NotYet));
+    service.put_page_version(volume, 2, 45, page(4));
     service.fold_history(volume, 40);
     let error = client.get_pages_at_lsn(volume, &[1, 2], at(39)).unwrap_err();
     assert!(matches!(error, Error::TooOld { lsn_min: 40, .. }), "{error}");
@@ -140,19 +141,19 @@ fn a_reader_holds_history_with_its_lease_until_it_lags_too_far() {
     assert_eq!(client.redo_status(volume).unwrap().lsn_min, 80, "the lease holds history at the reader's LSN");
     let leased = ReadAt { lease: Some(lease.lease_id), ..at(85) };
     assert_eq!(client.get_page_at_lsn(volume, 3, leased).unwrap().served_lsn, 85);
-    let renewal = client.renew_reader(lease.lease_id, 90).unwrap();
+    let renewal = client.renew_reader(volume, lease.lease_id, 90).unwrap();
     assert_eq!(renewal.lsn_min, 90);
 
     // The writer runs ahead; past the maximum lag the reader loses its lease and resyncs.
     service.set_max_reader_lag(Some(50));
     writer.append_redo(&batch(volume, 1, 100, 200, b"r")).unwrap();
-    let error = client.renew_reader(lease.lease_id, 120).unwrap_err();
+    let error = client.renew_reader(volume, lease.lease_id, 120).unwrap_err();
     let Error::LeaseLost { lsn_min, .. } = error else { panic!("{error}") };
     assert_eq!(lsn_min, 100);
     let again = client.register_reader(volume, 42, lsn_min).unwrap();
     assert_eq!(again.granted_lsn, 100);
-    client.release_reader(again.lease_id).unwrap();
-    client.release_reader(again.lease_id).unwrap();
+    client.release_reader(volume, again.lease_id).unwrap();
+    client.release_reader(volume, again.lease_id).unwrap();
     assert_eq!(service.lease_count(volume), 0);
 }
 

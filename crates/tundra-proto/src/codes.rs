@@ -163,8 +163,8 @@ pub enum Status {
     /// Version 2: the LSN asked for is below the volume's minimum reader LSN, which the body
     /// carries; history that old is gone. The reader resyncs at or above that LSN.
     TooOld = 14,
-    /// Version 2: the server has not applied redo far enough yet, even after waiting; the body
-    /// carries the applied LSN. The client retries later or elsewhere.
+    /// Version 2: the server's complete LSN is short of the read, even after waiting; the body
+    /// carries the complete LSN. The client retries later or elsewhere.
     NotYet = 15,
     /// Version 2: the reader's lease is gone (expired, released, or revoked for lagging too
     /// far); the body carries the minimum reader LSN. The reader registers again and resyncs.

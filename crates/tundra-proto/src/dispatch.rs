@@ -146,8 +146,10 @@ fn execute(service: &dyn Service, request: Request<'_>, reply: &mut Reply) -> Re
         Request::RegisterReader { volume, reader_id, start_lsn } => {
             service.register_reader(volume, reader_id, start_lsn)?.encode(head);
         }
-        Request::RenewReader { lease_id, apply_lsn } => service.renew_reader(lease_id, apply_lsn)?.encode(head),
-        Request::ReleaseReader { lease_id } => service.release_reader(lease_id)?,
+        Request::RenewReader { volume, lease_id, apply_lsn } => {
+            service.renew_reader(volume, lease_id, apply_lsn)?.encode(head);
+        }
+        Request::ReleaseReader { volume, lease_id } => service.release_reader(volume, lease_id)?,
     }
     Ok(())
 }

@@ -93,11 +93,13 @@ pub enum Request<'a> {
     },
     /// Version 2. `apply_lsn` is how far the reader has applied redo; it never goes back.
     RenewReader {
+        volume: u32,
         lease_id: u64,
         apply_lsn: u64,
     },
     /// Version 2. Releasing a lease that is gone already is not an error.
     ReleaseReader {
+        volume: u32,
         lease_id: u64,
     },
 }
@@ -201,11 +203,15 @@ impl<'a> Request<'a> {
                 put_u64(out, reader_id);
                 put_u64(out, start_lsn);
             }
-            Request::RenewReader { lease_id, apply_lsn } => {
+            Request::RenewReader { volume, lease_id, apply_lsn } => {
+                put_u32(out, volume);
                 put_u64(out, lease_id);
                 put_u64(out, apply_lsn);
             }
-            Request::ReleaseReader { lease_id } => put_u64(out, lease_id),
+            Request::ReleaseReader { volume, lease_id } => {
+                put_u32(out, volume);
+                put_u64(out, lease_id);
+            }
         }
     }
 
@@ -278,10 +284,14 @@ impl<'a> Request<'a> {
                 reader_id: cursor.u64("the reader id")?,
                 start_lsn: cursor.u64("the start LSN")?,
             },
-            Opcode::RenewReader => {
-                Request::RenewReader { lease_id: cursor.u64("the lease id")?, apply_lsn: cursor.u64("the apply LSN")? }
+            Opcode::RenewReader => Request::RenewReader {
+                volume: cursor.u32("the volume id")?,
+                lease_id: cursor.u64("the lease id")?,
+                apply_lsn: cursor.u64("the apply LSN")?,
+            },
+            Opcode::ReleaseReader => {
+                Request::ReleaseReader { volume: cursor.u32("the volume id")?, lease_id: cursor.u64("the lease id")? }
             }
-            Opcode::ReleaseReader => Request::ReleaseReader { lease_id: cursor.u64("the lease id")? },
         };
         cursor.finish()?;
         Ok(request)
@@ -307,7 +317,7 @@ pub enum Reply {
     Stats(String),
     /// APPEND_REDO: the outcome, u8, and its LSN or epoch, u64.
     Appended(AppendOutcome),
-    /// REDO_STATUS: writer epoch, durable, applied and minimum reader LSNs, each u64.
+    /// REDO_STATUS: writer epoch, durable, complete and minimum reader LSNs, each u64.
     RedoStatus(RedoStatus),
     /// GET_PAGE_AT_LSN: served LSN u64, page LSN u64, the page.
     PageAtLsn(ServedPage),
@@ -484,8 +494,8 @@ mod tests {
             Request::GetPageAtLsn(PageRead { volume: 7, page: 5, at: ReadAt { lease: None, ..AT } }),
             Request::GetPagesAtLsn(PagesRead { volume: 7, pages: PageList::Numbers(pages), at: AT }),
             Request::RegisterReader { volume: 7, reader_id: 11, start_lsn: 90 },
-            Request::RenewReader { lease_id: 3, apply_lsn: 95 },
-            Request::ReleaseReader { lease_id: 3 },
+            Request::RenewReader { volume: 7, lease_id: 3, apply_lsn: 95 },
+            Request::ReleaseReader { volume: 7, lease_id: 3 },
         ]
     }
 

@@ -125,7 +125,7 @@ pub struct ReadAt {
     /// The LSN the reader wants the page as of; [`LATEST_LSN`] for the newest.
     pub request_lsn: u64,
     /// The reader promises the page did not change in `(not_modified_since, request_lsn]`, so
-    /// the server may answer as soon as it has applied up to `not_modified_since`.
+    /// the server may answer as soon as its complete LSN reaches `not_modified_since`.
     pub not_modified_since: u64,
     /// The reader's lease, if it holds one: a read under a lease that is gone fails with
     /// `LEASE_LOST` instead of reading history that may be folded away meanwhile.
@@ -399,7 +399,7 @@ impl ServedPages {
 /// REGISTER_READER's reply: a lease on a volume's history from `granted_lsn` on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReaderLease {
-    /// Names the lease in renewals, releases and reads; never 0.
+    /// Names the lease in renewals, releases and reads, with its volume; chosen by the server.
     pub lease_id: u64,
     /// The LSN the reader may read at from now on: at least the `start_lsn` it asked for.
     pub granted_lsn: u64,
@@ -457,7 +457,7 @@ pub struct RedoStatus {
     /// with this as its `prev_lsn`.
     pub durable_lsn: u64,
     /// The highest LSN pages can be served as of now, at most `durable_lsn`.
-    pub applied_lsn: u64,
+    pub complete_lsn: u64,
     /// The lowest LSN a reader may still ask for (LSN_min).
     pub lsn_min: u64,
 }
@@ -466,7 +466,7 @@ impl RedoStatus {
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         put_u64(out, self.writer_epoch);
         put_u64(out, self.durable_lsn);
-        put_u64(out, self.applied_lsn);
+        put_u64(out, self.complete_lsn);
         put_u64(out, self.lsn_min);
     }
 
@@ -474,7 +474,7 @@ impl RedoStatus {
         Ok(RedoStatus {
             writer_epoch: cursor.u64("the writer epoch")?,
             durable_lsn: cursor.u64("the durable LSN")?,
-            applied_lsn: cursor.u64("the applied LSN")?,
+            complete_lsn: cursor.u64("the complete LSN")?,
             lsn_min: cursor.u64("the minimum reader LSN")?,
         })
     }

@@ -79,14 +79,14 @@ pub trait Service: Send + Sync {
 
     /// Extends the lease and records how far the reader has applied redo;
     /// [`ServiceError::lease_lost`] when the lease is gone or the reader lags too far.
-    fn renew_reader(&self, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
-        let _ = (lease_id, apply_lsn);
+    fn renew_reader(&self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        let _ = (volume, lease_id, apply_lsn);
         Err(ServiceError::unsupported(Opcode::RenewReader))
     }
 
     /// Ends the lease; a lease that is gone already is not an error.
-    fn release_reader(&self, lease_id: u64) -> Result<(), ServiceError> {
-        let _ = lease_id;
+    fn release_reader(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
+        let _ = (volume, lease_id);
         Err(ServiceError::unsupported(Opcode::ReleaseReader))
     }
 }
@@ -113,9 +113,9 @@ impl ServiceError {
     pub fn too_old(lsn_min: u64, message: impl Into<String>) -> ServiceError {
         ServiceError::with_lsn(Status::TooOld, lsn_min, message)
     }
-    /// Redo is applied only up to `applied_lsn`, below what the request needs.
-    pub fn not_yet(applied_lsn: u64, message: impl Into<String>) -> ServiceError {
-        ServiceError::with_lsn(Status::NotYet, applied_lsn, message)
+    /// Redo is complete only up to `complete_lsn`, below what the request needs.
+    pub fn not_yet(complete_lsn: u64, message: impl Into<String>) -> ServiceError {
+        ServiceError::with_lsn(Status::NotYet, complete_lsn, message)
     }
     /// The reader's lease is gone; it resyncs at or above `lsn_min`.
     pub fn lease_lost(lsn_min: u64, message: impl Into<String>) -> ServiceError {

@@ -75,8 +75,8 @@ impl Fields {
                 at: self.at(),
             }),
             Opcode::RegisterReader => Request::RegisterReader { volume: self.volume, reader_id: a, start_lsn: b },
-            Opcode::RenewReader => Request::RenewReader { lease_id: a, apply_lsn: b },
-            Opcode::ReleaseReader => Request::ReleaseReader { lease_id: a },
+            Opcode::RenewReader => Request::RenewReader { volume: self.volume, lease_id: a, apply_lsn: b },
+            Opcode::ReleaseReader => Request::ReleaseReader { volume: self.volume, lease_id: a },
         }
     }
 
@@ -122,7 +122,7 @@ fn redo_reply(opcode: Opcode, numbers: (u64, u64, u64, u64), kind: u8, page_size
             _ => AppendOutcome::Fenced { epoch: a },
         }),
         Opcode::RedoStatus => {
-            Reply::RedoStatus(RedoStatus { writer_epoch: a, durable_lsn: b, applied_lsn: c, lsn_min: d })
+            Reply::RedoStatus(RedoStatus { writer_epoch: a, durable_lsn: b, complete_lsn: c, lsn_min: d })
         }
         Opcode::GetPageAtLsn => {
             Reply::PageAtLsn(ServedPage { served_lsn: a, page_lsn: b, data: vec![kind; page_size as usize] })

@@ -69,9 +69,9 @@ fn valid_session(page: u64, fill: u8) -> Vec<u8> {
         Request::RegisterReader { volume: 1, reader_id: 9, start_lsn: 20 },
         Request::GetPageAtLsn(PageRead { volume: 1, page, at }),
         Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&pages), at }),
-        Request::RenewReader { lease_id: 1, apply_lsn: 45 },
+        Request::RenewReader { volume: 1, lease_id: 1, apply_lsn: 45 },
         Request::RedoStatus { volume: 1 },
-        Request::ReleaseReader { lease_id: 1 },
+        Request::ReleaseReader { volume: 1, lease_id: 1 },
     ];
     let mut bytes = ClientHello::CURRENT.encode().to_vec();
     for (id, request) in requests.iter().enumerate() {

@@ -36,9 +36,9 @@ fn redo_request_layouts_are_the_documented_ones() {
     assert_eq!(Request::GetPagesAtLsn(read).encode_body(), expected);
     let register = Request::RegisterReader { volume: 2, reader_id: 5, start_lsn: 6 };
     assert_eq!(register.encode_body(), fields(&[(2, 4), (5, 8), (6, 8)]));
-    let renew = Request::RenewReader { lease_id: 5, apply_lsn: 6 };
-    assert_eq!(renew.encode_body(), fields(&[(5, 8), (6, 8)]));
-    assert_eq!(Request::ReleaseReader { lease_id: 5 }.encode_body(), fields(&[(5, 8)]));
+    let renew = Request::RenewReader { volume: 2, lease_id: 5, apply_lsn: 6 };
+    assert_eq!(renew.encode_body(), fields(&[(2, 4), (5, 8), (6, 8)]));
+    assert_eq!(Request::ReleaseReader { volume: 2, lease_id: 5 }.encode_body(), fields(&[(2, 4), (5, 8)]));
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn redo_reply_layouts_are_the_documented_ones() {
     assert_eq!(body(Reply::Appended(AppendOutcome::Ok { durable_lsn: 7 })), fields(&[(0, 1), (7, 8)]));
     assert_eq!(body(Reply::Appended(AppendOutcome::Gap { expected_prev_lsn: 7 })), fields(&[(1, 1), (7, 8)]));
     assert_eq!(body(Reply::Appended(AppendOutcome::Fenced { epoch: 7 })), fields(&[(2, 1), (7, 8)]));
-    let status = RedoStatus { writer_epoch: 1, durable_lsn: 2, applied_lsn: 3, lsn_min: 4 };
+    let status = RedoStatus { writer_epoch: 1, durable_lsn: 2, complete_lsn: 3, lsn_min: 4 };
     assert_eq!(body(Reply::RedoStatus(status)), fields(&[(1, 8), (2, 8), (3, 8), (4, 8)]));
     let mut expected = fields(&[(9, 8), (8, 8)]);
     expected.extend_from_slice(b"page");

@@ -120,7 +120,7 @@ fn every_redo_opcode_answers_on_the_wire() {
         records: b"",
     });
     assert_eq!(ok(&mut stream, 3, stale), Reply::Appended(AppendOutcome::Fenced { epoch: 1 }));
-    let status = RedoStatus { writer_epoch: 1, durable_lsn: 10, applied_lsn: 10, lsn_min: 0 };
+    let status = RedoStatus { writer_epoch: 1, durable_lsn: 10, complete_lsn: 10, lsn_min: 0 };
     assert_eq!(ok(&mut stream, 4, Request::RedoStatus { volume: 1 }), Reply::RedoStatus(status));
 
     service.put_page_version(1, 2, 7, vec![7; PAGE]);
@@ -138,10 +138,10 @@ fn every_redo_opcode_answers_on_the_wire() {
     let register = Request::RegisterReader { volume: 1, reader_id: 5, start_lsn: 4 };
     let Reply::Lease(lease) = ok(&mut stream, 7, register) else { panic!("a lease") };
     assert_eq!(lease.granted_lsn, 4);
-    let renew = Request::RenewReader { lease_id: lease.lease_id, apply_lsn: 6 };
+    let renew = Request::RenewReader { volume: 1, lease_id: lease.lease_id, apply_lsn: 6 };
     let Reply::Renewed(renewal) = ok(&mut stream, 8, renew) else { panic!("a renewal") };
     assert_eq!(renewal.lsn_min, 0);
-    assert_eq!(ok(&mut stream, 9, Request::ReleaseReader { lease_id: lease.lease_id }), Reply::Done);
+    assert_eq!(ok(&mut stream, 9, Request::ReleaseReader { volume: 1, lease_id: lease.lease_id }), Reply::Done);
     assert_eq!(service.lease_count(1), 0);
 }
 
@@ -149,18 +149,19 @@ fn every_redo_opcode_answers_on_the_wire() {
 fn refusals_a_reader_acts_on_carry_their_lsn() {
     let (_server, service, mut stream) = redo_server();
     ok(&mut stream, 1, append(0, 50, b"r"));
-    service.hold_applied(1, Some(30));
+    service.hold_complete(1, Some(30));
     let waiting = ReadAt { request_lsn: 50, not_modified_since: 40, lease: None };
     let (status, lsn, _) = refused(&mut stream, 2, Request::GetPageAtLsn(PageRead { volume: 1, page: 0, at: waiting }));
     assert_eq!((status, lsn), (Status::NotYet, Some(30)));
+    service.put_page_version(1, 0, 15, vec![1; PAGE]);
     service.fold_history(1, 20);
     let (status, lsn, message) =
         refused(&mut stream, 3, Request::GetPageAtLsn(PageRead { volume: 1, page: 0, at: at(10) }));
     assert_eq!((status, lsn), (Status::TooOld, Some(20)), "{message}");
     let (status, lsn, _) = refused(&mut stream, 4, Request::RegisterReader { volume: 1, reader_id: 1, start_lsn: 19 });
     assert_eq!((status, lsn), (Status::TooOld, Some(20)));
-    let (status, lsn, _) = refused(&mut stream, 5, Request::RenewReader { lease_id: 99, apply_lsn: 30 });
-    assert_eq!((status, lsn), (Status::LeaseLost, Some(0)), "a lease the server never knew names no volume");
+    let (status, lsn, _) = refused(&mut stream, 5, Request::RenewReader { volume: 1, lease_id: 99, apply_lsn: 30 });
+    assert_eq!((status, lsn), (Status::LeaseLost, Some(20)), "the volume's minimum reader LSN");
     let (status, lsn, _) = refused(&mut stream, 6, Request::RedoStatus { volume: 9 });
     assert_eq!((status, lsn), (Status::NotFound, None));
 }
@@ -231,8 +232,8 @@ fn a_cut_redo_frame_is_refused() {
         Request::GetPageAtLsn(PageRead { volume: 1, page: 0, at: at(5) }),
         Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&[1, 2]), at: at(5) }),
         Request::RegisterReader { volume: 1, reader_id: 1, start_lsn: 0 },
-        Request::RenewReader { lease_id: 1, apply_lsn: 1 },
-        Request::ReleaseReader { lease_id: 1 },
+        Request::RenewReader { volume: 1, lease_id: 1, apply_lsn: 1 },
+        Request::ReleaseReader { volume: 1, lease_id: 1 },
         Request::RedoStatus { volume: 1 },
     ];
     let mut id = 0;
@@ -353,8 +354,8 @@ fn a_service_without_redo_answers_not_supported() {
         Request::GetPageAtLsn(PageRead { volume: 1, page: 0, at: at(1) }),
         Request::GetPagesAtLsn(PagesRead { volume: 1, pages: PageList::Numbers(&[0]), at: at(1) }),
         Request::RegisterReader { volume: 1, reader_id: 1, start_lsn: 0 },
-        Request::RenewReader { lease_id: 1, apply_lsn: 1 },
-        Request::ReleaseReader { lease_id: 1 },
+        Request::RenewReader { volume: 1, lease_id: 1, apply_lsn: 1 },
+        Request::ReleaseReader { volume: 1, lease_id: 1 },
     ];
     for (id, request) in requests.into_iter().enumerate() {
         let (status, _, message) = refused(&mut stream, id as u64 + 1, request);

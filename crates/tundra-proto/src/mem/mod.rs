@@ -92,9 +92,9 @@ impl MemService {
         self.state.lock().redo.put_version(volume, page, lsn, data);
     }
 
-    /// Holds the volume's applied LSN at `cap` (`None`: applied follows durable at once).
-    pub fn hold_applied(&self, volume: u32, cap: Option<u64>) {
-        self.state.lock().redo.hold_applied(volume, cap);
+    /// Holds the volume's complete LSN at `cap` (`None`: it follows the durable LSN at once).
+    pub fn hold_complete(&self, volume: u32, cap: Option<u64>) {
+        self.state.lock().redo.hold_complete(volume, cap);
     }
 
     /// Lets the volume's minimum reader LSN advance to `lsn`, as far as leases and the durable
@@ -337,12 +337,16 @@ impl Service for MemService {
         state.redo.register(volume, reader_id, start_lsn)
     }
 
-    fn renew_reader(&self, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
-        self.enter()?.redo.renew(lease_id, apply_lsn)
+    fn renew_reader(&self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        let mut state = self.enter()?;
+        state.by_id(volume)?;
+        state.redo.renew(volume, lease_id, apply_lsn)
     }
 
-    fn release_reader(&self, lease_id: u64) -> Result<(), ServiceError> {
-        self.enter()?.redo.release(lease_id);
+    fn release_reader(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
+        let mut state = self.enter()?;
+        state.by_id(volume)?;
+        state.redo.release(volume, lease_id);
         Ok(())
     }
 }

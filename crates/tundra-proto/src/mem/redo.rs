@@ -27,9 +27,6 @@ pub struct AppendedBatch {
 pub(super) struct Redo {
     streams: HashMap<u32, Stream>,
     leases: HashMap<u64, Lease>,
-    /// The volume of every lease that was lost or released, so that a late renewal is told
-    /// the right minimum reader LSN.
-    lost: HashMap<u64, u32>,
     next_lease: u64,
     /// A reader further than this behind the durable LSN loses its lease.
     pub(super) max_lag: Option<u64>,
@@ -40,7 +37,7 @@ struct Stream {
     epoch: u64,
     durable_lsn: u64,
     /// Applying stops here when a test says so; otherwise it follows the durable LSN at once.
-    applied_cap: Option<u64>,
+    complete_cap: Option<u64>,
     lsn_min: u64,
     /// How far a test asked history to be folded away; leases hold it back.
     fold_target: u64,
@@ -50,15 +47,15 @@ struct Stream {
 }
 
 impl Stream {
-    fn applied_lsn(&self) -> u64 {
-        self.applied_cap.map_or(self.durable_lsn, |cap| cap.min(self.durable_lsn))
+    fn complete_lsn(&self) -> u64 {
+        self.complete_cap.map_or(self.durable_lsn, |cap| cap.min(self.durable_lsn))
     }
 
     fn status(&self) -> RedoStatus {
         RedoStatus {
             writer_epoch: self.epoch,
             durable_lsn: self.durable_lsn,
-            applied_lsn: self.applied_lsn(),
+            complete_lsn: self.complete_lsn(),
             lsn_min: self.lsn_min,
         }
     }
@@ -134,8 +131,8 @@ impl Redo {
         self.stream(volume).versions.entry(page).or_default().insert(lsn, data);
     }
 
-    pub(super) fn hold_applied(&mut self, volume: u32, cap: Option<u64>) {
-        self.stream(volume).applied_cap = cap;
+    pub(super) fn hold_complete(&mut self, volume: u32, cap: Option<u64>) {
+        self.stream(volume).complete_cap = cap;
     }
 
     pub(super) fn fold_history(&mut self, volume: u32, lsn: u64) {
@@ -146,7 +143,6 @@ impl Redo {
 
     pub(super) fn expire(&mut self, lease_id: u64) {
         if let Some(lease) = self.leases.remove(&lease_id) {
-            self.lost.insert(lease_id, lease.volume);
             self.settle(lease.volume);
         }
     }
@@ -155,29 +151,43 @@ impl Redo {
         self.leases.values().filter(|lease| lease.volume == volume).count()
     }
 
-    /// The LSN a read is served as of, or why it cannot be served.
-    fn served_lsn(&self, volume: u32, at: ReadAt) -> Result<u64, ServiceError> {
-        let stream = self.streams.get(&volume).map_or_else(RedoStatus::default, Stream::status);
-        if let Some(id) = at.lease {
-            match self.leases.get(&id) {
-                None => return Err(ServiceError::lease_lost(stream.lsn_min, format!("lease {id} is gone"))),
-                Some(lease) if lease.volume != volume => {
-                    return Err(ServiceError::invalid(format!("lease {id} is on volume {}", lease.volume)));
-                }
-                Some(_) => {}
-            }
+    /// The lease is held on the volume, or a refusal telling the reader to register again.
+    fn check_lease(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
+        if self.leases.get(&lease_id).is_some_and(|lease| lease.volume == volume) {
+            return Ok(());
         }
-        if at.not_modified_since > stream.applied_lsn {
+        let lsn_min = self.streams.get(&volume).map_or(0, |stream| stream.lsn_min);
+        Err(ServiceError::lease_lost(
+            lsn_min,
+            format!("lease {lease_id} is not held on volume {volume}: register again"),
+        ))
+    }
+
+    /// The LSN a read of `pages` is served as of, or why it cannot be served. Below the minimum
+    /// reader LSN only pages unchanged since the LSN asked for are served: their version there
+    /// is their newest.
+    fn served_lsn(&self, volume: u32, pages: &[u64], at: ReadAt) -> Result<u64, ServiceError> {
+        if let Some(id) = at.lease {
+            self.check_lease(volume, id)?;
+        }
+        // A volume no batch has reached yet has a stream at LSN 0.
+        let empty = Stream::default();
+        let stream = self.streams.get(&volume).unwrap_or(&empty);
+        let complete = stream.complete_lsn();
+        if at.not_modified_since > complete {
             return Err(ServiceError::not_yet(
-                stream.applied_lsn,
-                format!("redo is applied up to LSN {}, not {}", stream.applied_lsn, at.not_modified_since),
+                complete,
+                format!("redo is complete up to LSN {complete}, not {}", at.not_modified_since),
             ));
         }
-        let served = at.request_lsn.min(stream.applied_lsn);
-        if served < stream.lsn_min {
+        let served = at.request_lsn.min(complete);
+        let changed_since = |page: &u64| {
+            stream.versions.get(page).is_some_and(|versions| versions.range(served + 1..=complete).next().is_some())
+        };
+        if served < stream.lsn_min && pages.iter().any(changed_since) {
             return Err(ServiceError::too_old(
                 stream.lsn_min,
-                format!("LSN {served} is below the minimum reader LSN {}", stream.lsn_min),
+                format!("LSN {served} is below the minimum reader LSN {} and the page changed since", stream.lsn_min),
             ));
         }
         Ok(served)
@@ -190,7 +200,7 @@ impl Redo {
         at: ReadAt,
         out: &mut Vec<u8>,
     ) -> Result<PageLsns, ServiceError> {
-        let served_lsn = self.served_lsn(info.id, at)?;
+        let served_lsn = self.served_lsn(info.id, &[page], at)?;
         let page_lsn = self.stream(info.id).version(info, page, served_lsn, out);
         Ok(PageLsns { served_lsn, page_lsn })
     }
@@ -202,7 +212,7 @@ impl Redo {
         at: ReadAt,
         out: &mut Vec<u8>,
     ) -> Result<BatchLsns, ServiceError> {
-        let served_lsn = self.served_lsn(info.id, at)?;
+        let served_lsn = self.served_lsn(info.id, pages, at)?;
         let stream = self.stream(info.id);
         let page_lsns = pages.iter().map(|&page| stream.version(info, page, served_lsn, out)).collect();
         Ok(BatchLsns { served_lsn, page_lsns })
@@ -230,7 +240,6 @@ impl Redo {
             .collect();
         for id in old {
             self.leases.remove(&id);
-            self.lost.insert(id, volume);
         }
         self.next_lease += 1;
         let lease_id = self.next_lease;
@@ -238,11 +247,9 @@ impl Redo {
         Ok(ReaderLease { lease_id, granted_lsn: start_lsn, valid_for_ms: LEASE_MS })
     }
 
-    pub(super) fn renew(&mut self, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
-        let Some(lease) = self.leases.get_mut(&lease_id) else {
-            let lsn_min = self.lost.get(&lease_id).and_then(|volume| self.streams.get(volume)).map_or(0, |s| s.lsn_min);
-            return Err(ServiceError::lease_lost(lsn_min, format!("lease {lease_id} is gone: register again")));
-        };
+    pub(super) fn renew(&mut self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        self.check_lease(volume, lease_id)?;
+        let lease = self.leases.get_mut(&lease_id).expect("checked above");
         if apply_lsn < lease.apply_lsn {
             return Err(ServiceError::invalid(format!(
                 "the apply LSN went back from {} to {apply_lsn}",
@@ -250,7 +257,6 @@ impl Redo {
             )));
         }
         lease.apply_lsn = apply_lsn;
-        let volume = lease.volume;
         self.settle(volume);
         let lsn_min = self.stream(volume).lsn_min;
         if !self.leases.contains_key(&lease_id) {
@@ -262,10 +268,10 @@ impl Redo {
         Ok(LeaseRenewal { valid_for_ms: LEASE_MS, lsn_min })
     }
 
-    pub(super) fn release(&mut self, lease_id: u64) {
-        if let Some(lease) = self.leases.remove(&lease_id) {
-            self.lost.insert(lease_id, lease.volume);
-            self.settle(lease.volume);
+    pub(super) fn release(&mut self, volume: u32, lease_id: u64) {
+        if self.check_lease(volume, lease_id).is_ok() {
+            self.leases.remove(&lease_id);
+            self.settle(volume);
         }
     }
 
@@ -283,7 +289,6 @@ impl Redo {
                 .collect();
             for id in lagging {
                 self.leases.remove(&id);
-                self.lost.insert(id, volume);
             }
         }
         let readers = self.leases.values().filter(|lease| lease.volume == volume).map(|lease| lease.apply_lsn).min();
@@ -334,7 +339,7 @@ mod tests {
         assert_eq!(service.append_redo(&append(volume, 2, 10, 20)).unwrap(), AppendOutcome::Ok { durable_lsn: 20 });
         assert_eq!(service.append_redo(&append(volume, 1, 20, 30)).unwrap(), AppendOutcome::Fenced { epoch: 2 });
         let status = service.redo_status(volume).unwrap();
-        assert_eq!((status.writer_epoch, status.durable_lsn, status.applied_lsn), (2, 20, 20));
+        assert_eq!((status.writer_epoch, status.durable_lsn, status.complete_lsn), (2, 20, 20));
         assert_eq!(service.appended_batches(volume).len(), 2);
         assert_eq!(service.append_redo(&append(99, 1, 0, 1)).unwrap_err().code, Status::NotFound);
     }
@@ -355,13 +360,17 @@ mod tests {
         let lsns = service.get_page_at_lsn(volume, 4, at(5), &mut out).unwrap();
         assert_eq!((lsns.page_lsn, out.len()), (0, PAGE), "a page no record touched reads as zeros");
 
-        service.hold_applied(volume, Some(25));
+        service.hold_complete(volume, Some(25));
         let waiting = ReadAt { request_lsn: 30, not_modified_since: 28, lease: None };
         let error = service.get_page_at_lsn(volume, 3, waiting, &mut Vec::new()).unwrap_err();
         assert_eq!((error.code, error.lsn), (Status::NotYet, Some(25)));
         service.fold_history(volume, 12);
         let error = service.get_page_at_lsn(volume, 3, at(11), &mut Vec::new()).unwrap_err();
         assert_eq!((error.code, error.lsn), (Status::TooOld, Some(12)));
+        let unchanged = service.get_page_at_lsn(volume, 4, at(11), &mut Vec::new()).unwrap();
+        assert_eq!(unchanged.served_lsn, 11, "below LSN_min a page unchanged since is still served");
+        let error = service.get_pages_at_lsn(volume, &[4, 3], at(11), &mut Vec::new()).unwrap_err();
+        assert_eq!(error.code, Status::TooOld, "one changed page refuses the whole vectored read");
         let mut out = Vec::new();
         let lsns = service.get_pages_at_lsn(volume, &[3, 4, 3], at(22), &mut out).unwrap();
         assert_eq!((lsns.served_lsn, lsns.page_lsns), (22, vec![20, 0, 20]));
@@ -379,10 +388,10 @@ mod tests {
         assert_eq!(service.lease_count(volume), 2);
         service.fold_history(volume, 100);
         assert_eq!(service.redo_status(volume).unwrap().lsn_min, 40, "the slowest reader holds history");
-        let renewal = service.renew_reader(slow.lease_id, 60).unwrap();
+        let renewal = service.renew_reader(volume, slow.lease_id, 60).unwrap();
         assert_eq!(renewal.lsn_min, 60);
         assert_eq!(
-            service.renew_reader(slow.lease_id, 50).unwrap_err().code,
+            service.renew_reader(volume, slow.lease_id, 50).unwrap_err().code,
             Status::Invalid,
             "apply LSNs never go back"
         );
@@ -391,14 +400,14 @@ mod tests {
 
         service.set_max_reader_lag(Some(60));
         service.append_redo(&append(volume, 1, 100, 150)).unwrap();
-        let error = service.renew_reader(slow.lease_id, 70).unwrap_err();
+        let error = service.renew_reader(volume, slow.lease_id, 70).unwrap_err();
         assert_eq!((error.code, error.lsn), (Status::LeaseLost, Some(90)), "{error}");
         let leased = ReadAt { lease: Some(slow.lease_id), ..at(95) };
         assert_eq!(service.get_page_at_lsn(volume, 0, leased, &mut Vec::new()).unwrap_err().code, Status::LeaseLost);
 
         service.expire_lease(fast.lease_id);
-        assert_eq!(service.renew_reader(fast.lease_id, 120).unwrap_err().code, Status::LeaseLost);
-        service.release_reader(fast.lease_id).unwrap();
+        assert_eq!(service.renew_reader(volume, fast.lease_id, 120).unwrap_err().code, Status::LeaseLost);
+        service.release_reader(volume, fast.lease_id).unwrap();
         assert_eq!(service.lease_count(volume), 0);
         assert_eq!(service.redo_status(volume).unwrap().lsn_min, 100, "the fold target, no reader left");
     }
@@ -411,7 +420,7 @@ mod tests {
         let second = service.register_reader(volume, 7, 8).unwrap();
         assert_ne!(first.lease_id, second.lease_id);
         assert_eq!(service.lease_count(volume), 1);
-        assert_eq!(service.renew_reader(first.lease_id, 9).unwrap_err().code, Status::LeaseLost);
-        assert_eq!(service.renew_reader(second.lease_id, 9).unwrap().lsn_min, 0);
+        assert_eq!(service.renew_reader(volume, first.lease_id, 9).unwrap_err().code, Status::LeaseLost);
+        assert_eq!(service.renew_reader(volume, second.lease_id, 9).unwrap().lsn_min, 0);
     }
 }
