@@ -6,6 +6,9 @@
 //!
 //! - `record.rs`: the records and batches a writer sends ([`RedoRecord`], [`Payload`],
 //!   [`RedoBatch`]) and what an append answers ([`AppendOutcome`]).
+//! - `codec.rs`: their byte encoding, checked field by field when decoded.
+//! - `log/`: [`RedoLog`], one volume's redo stream made durable on the fast device, with group
+//!   commit, fencing, reads back and a ring truncated once records are persisted elsewhere.
 //! - `versions/`: [`PageVersions`], a volume's records not yet folded into the store's
 //!   images with its watermarks and fold decisions; [`reconstruct`], a page as of an LSN; and
 //!   the GetPage@LSN decision ([`decide`]: serve, `TooOld`, `NotYet`, `BadRequest`).
@@ -14,13 +17,16 @@
 //! This crate knows volumes' pages by index and LSNs. It knows nothing of networks or of how
 //! the store compresses pages.
 
+pub mod codec;
 mod error;
 pub mod lease;
+pub mod log;
 pub mod record;
 pub mod versions;
 
 pub use error::{Error, ErrorKind, Result};
 pub use lease::{Lease, LeaseConfig, LeaseId, LeaseRefusal, Leases, ReaderId, Renewed};
+pub use log::{BatchReader, LogGeometry, Recovered, RedoLog, Submitted, Ticket};
 pub use record::{AppendOutcome, Payload, RedoBatch, RedoRecord, WriterEpoch};
 pub use versions::{
     Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, decide, decide_many, reconstruct,
