@@ -190,6 +190,29 @@ pub fn decode_batch(bytes: &[u8], page_size: u32) -> Result<RedoBatch> {
     Ok(batch)
 }
 
+/// Decodes `count` records that fill `bytes` exactly (a batch's records without its header, as
+/// the native protocol's AppendRedo carries them), for pages of `page_size` bytes. The records'
+/// order against a batch's LSN range is checked by the batch, not here.
+pub fn decode_records(bytes: &[u8], count: u32, page_size: u32) -> Result<Vec<RedoRecord>> {
+    assert!(page_size > 0, "a page size of zero");
+    let mut cursor = Cursor { bytes, at: 0 };
+    let count = count as usize;
+    if count > cursor.remaining() / MIN_RECORD_BYTES {
+        return Err(Error::invalid(format!("{count} redo records in {} bytes: they are cut short", bytes.len())));
+    }
+    let mut records = Vec::with_capacity(count);
+    for index in 0..count {
+        let start = cursor.at;
+        let record = decode_record(&mut cursor, page_size)
+            .map_err(|e| Error::invalid(format!("record {index} at byte {start}: {}", e.message())))?;
+        records.push(record);
+    }
+    if cursor.remaining() > 0 {
+        return Err(Error::invalid(format!("{} bytes follow the last of {count} redo records", cursor.remaining())));
+    }
+    Ok(records)
+}
+
 /// Decodes one record at the cursor and checks it against the page size.
 fn decode_record(cursor: &mut Cursor<'_>, page_size: u32) -> Result<RedoRecord> {
     let lsn = Lsn(cursor.u64("the LSN")?);

@@ -241,3 +241,28 @@ fn arbitrary_and_mutated_bytes_never_panic() {
     }
     eprintln!("{decoded} mutated inputs decoded");
 }
+
+/// A batch's records without its header, as the native protocol carries them, decode to the
+/// batch's records; a wrong count, a cut or a stray byte is refused.
+#[test]
+fn records_without_their_batch_header_decode_alike() {
+    let mut rng = Rng::new(tundra_env::seed_from_env(9));
+    let mut prev = Lsn(0);
+    for round in 0..100 {
+        let batch = random_batch(&mut rng, VolumeId(1), WriterEpoch(1), prev, 5, PAGE);
+        let bytes = encoded(&batch);
+        let records = &bytes[BATCH_HEADER_BYTES..];
+        let count = batch.records.len() as u32;
+        assert_eq!(decode_records(records, count, PAGE).unwrap(), batch.records, "round {round}");
+        if count > 0 {
+            assert!(decode_records(records, count + 1, PAGE).is_err());
+            assert!(decode_records(records, count - 1, PAGE).is_err());
+            assert!(decode_records(&records[..records.len() - 1], count, PAGE).is_err());
+        }
+        let mut longer = records.to_vec();
+        longer.push(0);
+        assert!(decode_records(&longer, count, PAGE).is_err());
+        assert!(decode_records(records, u32::MAX, PAGE).is_err());
+        prev = batch.end_lsn;
+    }
+}
