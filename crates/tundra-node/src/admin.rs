@@ -164,6 +164,7 @@ impl Node {
             return Err(error.into());
         }
         self.refresh_volumes();
+        self.redo.forget(current.volume.id)?;
         for listener in self.deleted_listeners.lock().iter() {
             listener(name);
         }

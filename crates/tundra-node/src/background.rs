@@ -1,6 +1,6 @@
 //! The node's periodic upkeep: once a second the write-back cache is written to the store,
-//! each store checkpoints when its journal is half full, and pages that partial writes left
-//! raw are compressed again.
+//! redo is folded into pages, each store checkpoints when its journal is half full, and pages
+//! that partial writes left raw are compressed again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,6 +15,7 @@ impl Node {
     /// never when it is off).
     pub fn background(&self) -> Result<()> {
         self.flush_dirty()?;
+        self.fold_redo(crate::redo::FOLD_PAGES_PER_PASS)?;
         self.data.maybe_checkpoint()?;
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {

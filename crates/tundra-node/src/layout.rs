@@ -35,6 +35,13 @@ pub struct Layout {
     pub fast_journal_checkpoint_blocks: u64,
     pub fast_journal_log_blocks: u64,
     pub fast_volume_bytes: u64,
+    /// Volumes' redo streams (seed 000 §3.3.1): this many streams of `redo_stream_blocks` each,
+    /// after a two-block directory, at the end of the fast device. Zero in directories set up
+    /// before redo streams existed: their volumes cannot take redo.
+    #[serde(default)]
+    pub redo_streams: u32,
+    #[serde(default)]
+    pub redo_stream_blocks: u64,
 }
 
 /// (first block, block count) of each slice of the fast device.
@@ -42,7 +49,15 @@ pub struct FastSlices {
     pub data_journal: (u64, u64),
     pub fast_journal: (u64, u64),
     pub fast_data: (u64, u64),
+    /// The redo area: its directory, then the streams (empty without redo streams).
+    pub redo: (u64, u64),
 }
+
+/// Redo streams a new directory gets, and the blocks of each (16 MiB).
+const REDO_STREAMS: u32 = 8;
+const REDO_STREAM_BLOCKS: u64 = 4096;
+/// Blocks of the redo area's directory: two copies.
+pub const REDO_DIRECTORY_BLOCKS: u64 = 2;
 
 /// Journal space for a checkpoint of `pages` page records, plus the volume records.
 fn checkpoint_blocks(pages: u64) -> u64 {
@@ -76,16 +91,22 @@ impl Layout {
     pub fn fast_slices(&self) -> FastSlices {
         let data_journal = self.data_journal_geometry().total_blocks();
         let fast_journal = self.fast_journal_geometry().total_blocks();
+        let fast_data = (data_journal + fast_journal, self.fast_volume_bytes / BLOCK_SIZE_BYTES);
+        let redo_blocks = match self.redo_streams {
+            0 => 0,
+            streams => REDO_DIRECTORY_BLOCKS + u64::from(streams) * self.redo_stream_blocks,
+        };
         FastSlices {
             data_journal: (0, data_journal),
             fast_journal: (data_journal, fast_journal),
-            fast_data: (data_journal + fast_journal, self.fast_volume_bytes / BLOCK_SIZE_BYTES),
+            fast_data,
+            redo: (fast_data.0 + fast_data.1, redo_blocks),
         }
     }
 
     fn fast_bytes(&self) -> u64 {
         let s = self.fast_slices();
-        (s.fast_data.0 + s.fast_data.1) * BLOCK_SIZE_BYTES
+        (s.redo.0 + s.redo.1) * BLOCK_SIZE_BYTES
     }
 
     /// Pages all compressed volumes may hold together.
@@ -139,6 +160,8 @@ impl Layout {
             fast_journal_checkpoint_blocks: checkpoint_blocks(fast_volume_bytes / BLOCK_SIZE_BYTES / 2),
             fast_journal_log_blocks: 4096,
             fast_volume_bytes,
+            redo_streams: REDO_STREAMS,
+            redo_stream_blocks: REDO_STREAM_BLOCKS,
         };
         let needed = layout.drive_format().geometry()?.total_bytes() + layout.fast_bytes();
         if needed > free {
@@ -233,14 +256,16 @@ pub fn open_or_create(
     let lock = lock(dir)?;
     progress(&format!(
         "setting up {}: drive {} logical on {} physical ({}), fast device {} ({}), of which {} for \
-         uncompressed volumes",
+         uncompressed volumes and {} for {} redo streams",
         dir.display(),
         format_size(layout.drive_logical_bytes),
         format_size(layout.drive_physical_bytes),
         DRIVE_FILE,
         format_size(layout.fast_bytes()),
         FAST_FILE,
-        format_size(layout.fast_volume_bytes)
+        format_size(layout.fast_volume_bytes),
+        format_size(layout.fast_slices().redo.1 * BLOCK_SIZE_BYTES),
+        layout.redo_streams
     ));
     // No layout means no setup ever finished, so no volume exists: leftovers of a setup cut
     // short are replaced.

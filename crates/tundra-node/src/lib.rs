@@ -48,6 +48,7 @@ pub mod nbd;
 mod node;
 mod open;
 mod pages_io;
+mod redo;
 pub mod repair;
 mod spans;
 mod stats;
@@ -60,6 +61,7 @@ pub use error::{Error, Result};
 pub use layout::Layout;
 pub use node::{Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};
 pub use open::{Devices, Environment, HOST_FLUSH_WRITERS};
+pub use redo::{FOLD_PAGES_PER_PASS, LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage};
 pub use stats::{DriveStats, NodeStats, SpaceStats, VolumeStats};
 pub use tundra_store::pages::SoftwareCompression;
 

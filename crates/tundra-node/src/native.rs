@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
-use tundra_proto::{HeavyResult, Server, Service, ServiceError, Status, VolumeInfo, VolumeSpec};
+use tundra_proto::{
+    AppendOutcome, BatchLsns, HeavyResult, LeaseRenewal, PageLsns, ReadAt, ReaderLease, RedoAppend, RedoStatus, Server,
+    Service, ServiceError, Status, VolumeInfo, VolumeSpec,
+};
 use tundra_store::ids::VolumeId;
 use tundra_store::volume::VolumeMode;
 
-use crate::{Error, Node, VolumeRef, WriteMode};
+use crate::{Error, Node, RedoRefusal, VolumeRef, WriteMode};
 
 /// Serves `node` on `addr` until the returned server is shut down.
 pub fn start(addr: &str, node: Arc<Node>) -> std::io::Result<Server> {
@@ -59,6 +62,19 @@ fn info(v: &VolumeRef) -> VolumeInfo {
 impl NodeService {
     fn volume(&self, id: u32) -> Result<VolumeRef, ServiceError> {
         self.0.volume(VolumeId(id)).map_err(service_error)
+    }
+}
+
+/// A redo refusal as the status a reader acts on.
+fn refusal_error(volume: &VolumeRef, refusal: RedoRefusal) -> ServiceError {
+    match refusal {
+        RedoRefusal::TooOld { lsn_min, message } => ServiceError::too_old(lsn_min.0, message),
+        RedoRefusal::NotYet { complete_lsn } => ServiceError::not_yet(
+            complete_lsn.0,
+            format!("redo of volume {:?} is complete only through LSN {complete_lsn}", volume.volume.name),
+        ),
+        RedoRefusal::LeaseLost { lsn_min, message } => ServiceError::lease_lost(lsn_min.0, message),
+        RedoRefusal::Error(error) => on_volume(volume, Err::<(), _>(error)).expect_err("an error stays one"),
     }
 }
 
@@ -148,5 +164,99 @@ impl Service for NodeService {
             }
         };
         json.map_err(|e| ServiceError::new(Status::Internal, e.to_string()))
+    }
+
+    fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
+        let volume = self.volume(append.volume)?;
+        let outcome = self.0.append_redo(
+            &volume,
+            append.writer_epoch,
+            append.prev_lsn,
+            append.end_lsn,
+            append.record_count,
+            append.records,
+        );
+        Ok(match on_volume(&volume, outcome)? {
+            tundra_redo::AppendOutcome::Ok { durable_lsn } => AppendOutcome::Ok { durable_lsn: durable_lsn.0 },
+            tundra_redo::AppendOutcome::Gap { expected_prev_lsn } => {
+                AppendOutcome::Gap { expected_prev_lsn: expected_prev_lsn.0 }
+            }
+            tundra_redo::AppendOutcome::Fenced { epoch } => AppendOutcome::Fenced { epoch: epoch.0 },
+        })
+    }
+
+    fn redo_status(&self, volume: u32) -> Result<RedoStatus, ServiceError> {
+        let volume = self.volume(volume)?;
+        let marks = on_volume(&volume, self.0.redo_status(&volume))?;
+        Ok(RedoStatus {
+            writer_epoch: marks.writer_epoch,
+            durable_lsn: marks.durable_lsn,
+            complete_lsn: marks.complete_lsn,
+            lsn_min: marks.lsn_min,
+        })
+    }
+
+    fn get_page_at_lsn(&self, volume: u32, page: u64, at: ReadAt, out: &mut Vec<u8>) -> Result<PageLsns, ServiceError> {
+        let volume = self.volume(volume)?;
+        out.resize(volume.page_size(), 0);
+        let served = self
+            .0
+            .read_page_at(&volume, page, at.request_lsn, at.not_modified_since, out)
+            .map_err(|refusal| refusal_error(&volume, refusal))?;
+        Ok(PageLsns { served_lsn: served.served_lsn.0, page_lsn: served.page_lsn.0 })
+    }
+
+    fn get_pages_at_lsn(
+        &self,
+        volume: u32,
+        pages: &[u64],
+        at: ReadAt,
+        out: &mut Vec<u8>,
+    ) -> Result<BatchLsns, ServiceError> {
+        let volume = self.volume(volume)?;
+        let page_size = volume.page_size();
+        out.resize(pages.len() * page_size, 0);
+        // Every page at one LSN: the first page's read point, then the rest at exactly it.
+        let mut served_lsn = None;
+        let mut page_lsns = Vec::with_capacity(pages.len());
+        for (i, &page) in pages.iter().enumerate() {
+            let request = served_lsn.unwrap_or(at.request_lsn);
+            let served = self
+                .0
+                .read_page_at(
+                    &volume,
+                    page,
+                    request,
+                    at.not_modified_since,
+                    &mut out[i * page_size..(i + 1) * page_size],
+                )
+                .map_err(|refusal| refusal_error(&volume, refusal))?;
+            served_lsn.get_or_insert(served.served_lsn.0);
+            page_lsns.push(served.page_lsn.0);
+        }
+        Ok(BatchLsns { served_lsn: served_lsn.unwrap_or(at.request_lsn), page_lsns })
+    }
+
+    fn register_reader(&self, volume: u32, reader_id: u64, start_lsn: u64) -> Result<ReaderLease, ServiceError> {
+        let volume = self.volume(volume)?;
+        let grant =
+            self.0.register_reader(&volume, reader_id, start_lsn).map_err(|refusal| refusal_error(&volume, refusal))?;
+        Ok(ReaderLease {
+            lease_id: grant.lease_id,
+            granted_lsn: grant.granted_lsn.0,
+            valid_for_ms: grant.valid_for.as_millis() as u64,
+        })
+    }
+
+    fn renew_reader(&self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        let volume = self.volume(volume)?;
+        let grant =
+            self.0.renew_reader(&volume, lease_id, apply_lsn).map_err(|refusal| refusal_error(&volume, refusal))?;
+        Ok(LeaseRenewal { valid_for_ms: grant.valid_for.as_millis() as u64, lsn_min: grant.lsn_min.0 })
+    }
+
+    fn release_reader(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
+        let volume = self.volume(volume)?;
+        on_volume(&volume, self.0.release_reader(&volume, lease_id)).map(|_| ())
     }
 }

@@ -110,6 +110,8 @@ pub struct Node {
     pub clock: std::sync::Arc<dyn tundra_env::Clock>,
     /// Threads a flush of the write-back cache writes with (see `Environment::flush_writers`).
     pub flush_writers: usize,
+    /// Volumes' redo streams on the fast device (redo/).
+    pub(crate) redo: crate::redo::Redo,
 }
 
 /// A volume's latency histograms and liveness flag.

@@ -211,7 +211,7 @@ impl Node {
         }
         let write_back_bytes = config.cache.write_back_bytes()?;
         let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.lsn.0).max();
-        let node = Node {
+        let mut node = Node {
             data_dir: config.data_dir.clone(),
             layout,
             drive: devices.drive,
@@ -235,8 +235,11 @@ impl Node {
             started: environment.env.clock.now(),
             clock: environment.env.clock.clone(),
             flush_writers: environment.flush_writers.max(1),
+            redo: crate::redo::Redo::empty(&environment.env),
         };
         node.refresh_volumes();
+        let volumes = node.volumes.read().clone();
+        node.redo = crate::redo::Redo::open(&node.layout, &node.fast_device, &environment.env, &volumes, progress)?;
         Ok(node)
     }
 }

@@ -29,6 +29,8 @@ pub fn layout() -> Layout {
         fast_journal_checkpoint_blocks: checkpoint_blocks(fast_volume_bytes / BLOCK_SIZE_BYTES / 2),
         fast_journal_log_blocks: 256,
         fast_volume_bytes,
+        redo_streams: 4,
+        redo_stream_blocks: 1024,
     }
 }
 
@@ -42,7 +44,7 @@ impl Media {
     pub fn new(layout: &Layout) -> Media {
         let drive_bytes = layout.drive_format().geometry().unwrap().total_bytes();
         let slices = layout.fast_slices();
-        let fast_blocks = slices.fast_data.0 + slices.fast_data.1;
+        let fast_blocks = slices.redo.0 + slices.redo.1;
         Media {
             drive: Arc::new(MemDevice::new(drive_bytes / BLOCK_SIZE_BYTES)),
             fast: Arc::new(MemDevice::new(fast_blocks)),

@@ -1,0 +1,56 @@
+//! Folding redo into pages (rule D6 of the design notes): the oldest pages with records at or
+//! below min(LSN_min, durable) are rebuilt from the store's image and their records, stored
+//! through the compressed page path (Algorithm 1, both layers) as the page at the last record's
+//! LSN, and only then dropped from memory; the log is truncated behind every page's image.
+
+use tundra_redo::reconstruct;
+
+use super::{Stream, image_lsn, redo_error};
+use crate::node::{Node, VolumeRef};
+use crate::{Error, Result};
+
+/// Pages one background pass folds per stream at most.
+pub const FOLD_PAGES_PER_PASS: usize = 1024;
+
+impl Node {
+    /// Folds redo into pages on every stream, up to `limit` pages each; returns how many pages
+    /// were stored.
+    pub fn fold_redo(&self, limit: usize) -> Result<usize> {
+        let mut folded = 0;
+        for stream in self.redo.streams() {
+            let Ok(volume) = self.volume(stream.volume) else { continue };
+            folded += self.fold_stream(&stream, &volume, limit)?;
+        }
+        Ok(folded)
+    }
+
+    /// Expires leases, then folds up to `limit` of the stream's oldest pages and truncates the
+    /// log behind them.
+    pub(crate) fn fold_stream(&self, stream: &Stream, volume: &VolumeRef, limit: usize) -> Result<usize> {
+        let tasks = {
+            let mut state = stream.state.lock();
+            state.leases.expire();
+            let lsn_min = state.leases.lsn_min();
+            state.versions.set_lsn_min(lsn_min);
+            state.versions.fold_candidates(limit)
+        };
+        let page_size = volume.page_size();
+        for task in &tasks {
+            let (chunk, page_no) = volume.volume.locate(task.page)?;
+            // Readers of this stream wait from the image's write to the versions' update.
+            let _exclusive = stream.fold_gate.write();
+            let stored = image_lsn(volume, task.page)?;
+            let image = match stored {
+                Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
+                None => None,
+            };
+            let base = stored.zip(image.as_deref());
+            let content = reconstruct(base, &task.records, task.through_lsn, page_size).map_err(redo_error)?;
+            volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
+            stream.state.lock().versions.materialized(task.page, task.through_lsn);
+        }
+        let through = stream.state.lock().versions.materialized_through();
+        stream.log.truncate_through(through).map_err(redo_error)?;
+        Ok(tasks.len())
+    }
+}

@@ -1,0 +1,268 @@
+//! What a compute node asks of a volume's redo stream: appends (durable when answered),
+//! reads of a page at an LSN (Neon's GetPage@LSN rules, decided by `tundra_redo::decide`),
+//! reader leases that hold LSN_min back, and the stream's watermarks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tundra_redo::codec::decode_records;
+use tundra_redo::{AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, WriterEpoch};
+use tundra_store::ids::Lsn;
+
+use super::{MAX_CACHED_BYTES, Stream, image_lsn, redo_error};
+use crate::node::{Node, VolumeRef};
+use crate::{Error, Result};
+
+/// How long a read waits for redo it needs before it answers `NotYet`.
+pub const NOT_YET_WAIT: Duration = Duration::from_millis(500);
+/// One turn of that wait.
+const WAIT_TURN: Duration = Duration::from_millis(50);
+
+/// A page served at an LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServedPage {
+    /// The version served: at most the request LSN, at least `not_modified_since`.
+    pub served_lsn: Lsn,
+    /// The LSN of the page's last change at or below `served_lsn` (0: never changed).
+    pub page_lsn: Lsn,
+}
+
+/// Why a read at an LSN or a lease was refused, in terms a reader acts on.
+#[derive(Debug)]
+pub enum RedoRefusal {
+    /// The version is gone (or the reader starts below it): read at `lsn_min` or later.
+    TooOld { lsn_min: Lsn, message: String },
+    /// Redo up to what the read needs is not here yet: retry, or ask another replica.
+    NotYet { complete_lsn: Lsn },
+    /// The reader's lease is gone (expired, revoked for lagging, released): resync at
+    /// `lsn_min` or later and register again.
+    LeaseLost { lsn_min: Lsn, message: String },
+    /// Anything else (a bad request, an I/O error).
+    Error(Error),
+}
+
+impl From<Error> for RedoRefusal {
+    fn from(error: Error) -> RedoRefusal {
+        RedoRefusal::Error(error)
+    }
+}
+
+/// A reader lease granted or renewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    pub lease_id: u64,
+    pub granted_lsn: Lsn,
+    pub valid_for: Duration,
+    pub lsn_min: Lsn,
+}
+
+/// A stream's watermarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RedoWatermarks {
+    pub writer_epoch: u64,
+    pub durable_lsn: u64,
+    pub complete_lsn: u64,
+    pub lsn_min: u64,
+    pub unfolded_bytes: u64,
+    pub leases: u64,
+}
+
+impl Node {
+    /// Appends a batch of redo from the volume's writer: `records` is `record_count` records in
+    /// their documented encoding (docs/format.md, "Redo records"). Answers once the batch is
+    /// durable on the fast device; `Gap` and `Fenced` change nothing. The volume's first append
+    /// gives it a stream.
+    pub fn append_redo(
+        &self,
+        volume: &VolumeRef,
+        epoch: u64,
+        prev_lsn: u64,
+        end_lsn: u64,
+        record_count: u32,
+        records: &[u8],
+    ) -> Result<AppendOutcome> {
+        volume.check_live()?;
+        let records = decode_records(records, record_count, volume.volume.page_size).map_err(redo_error)?;
+        let pages = volume.volume.page_count();
+        if let Some(outside) = records.iter().find(|r| r.page >= pages) {
+            return Err(Error::Invalid(format!(
+                "the record at LSN {} changes page {} of volume {:?}, which has {pages} pages",
+                outside.lsn, outside.page, volume.volume.name
+            )));
+        }
+        let stream = self.redo.stream_or_create(volume)?;
+        // Backpressure: the writer waits while too much redo is unfolded.
+        while stream.state.lock().versions.cached_bytes() > MAX_CACHED_BYTES {
+            if self.fold_stream(&stream, volume, 64)? == 0 {
+                break;
+            }
+        }
+        let batch = RedoBatch {
+            volume: volume.volume.id,
+            epoch: WriterEpoch(epoch),
+            prev_lsn: Lsn(prev_lsn),
+            end_lsn: Lsn(end_lsn),
+            records,
+        };
+        let outcome = stream.log.append(&batch).map_err(redo_error)?;
+        if let AppendOutcome::Ok { .. } = outcome {
+            let mut state = stream.state.lock();
+            let records = batch.records.into_iter().map(Arc::new).collect();
+            state
+                .versions
+                .records_durable(records, batch.end_lsn)
+                .map_err(|e| Error::Io(format!("a durable batch the page versions refuse: {}", e.message())))?;
+            state.leases.durable(batch.end_lsn);
+            let lsn_min = state.leases.lsn_min();
+            state.versions.set_lsn_min(lsn_min);
+            stream.advanced.notify_all();
+        }
+        Ok(outcome)
+    }
+
+    fn stream_of(&self, volume: &VolumeRef) -> Result<Arc<Stream>> {
+        volume.check_live()?;
+        self.redo.stream(volume.volume.id).ok_or_else(|| {
+            Error::NotFound(format!("volume {:?} has no redo stream: its writer has sent no redo", volume.volume.name))
+        })
+    }
+
+    /// The page as of `request_lsn` (`u64::MAX`: the newest complete version), given that it
+    /// did not change in `(not_modified_since, request_lsn]`. Waits up to [`NOT_YET_WAIT`] for
+    /// redo the read needs.
+    pub fn read_page_at(
+        &self,
+        volume: &VolumeRef,
+        page: u64,
+        request_lsn: u64,
+        not_modified_since: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<ServedPage, RedoRefusal> {
+        let stream = self.stream_of(volume)?;
+        if page >= volume.volume.page_count() || out.len() != volume.page_size() {
+            return Err(Error::Invalid(format!(
+                "page {page} of volume {:?} ({} pages of {} bytes) into a buffer of {}",
+                volume.volume.name,
+                volume.volume.page_count(),
+                volume.page_size(),
+                out.len()
+            ))
+            .into());
+        }
+        let request = GetPage { request_lsn: Lsn(request_lsn), not_modified_since: Lsn(not_modified_since) };
+        // Bounded in turns of a real-time wait, not by the environment's clock: a simulated clock
+        // may never move while a reader waits.
+        let turns = (NOT_YET_WAIT.as_millis() / WAIT_TURN.as_millis()).max(1) as u32;
+        let mut turn = 0;
+        loop {
+            let _no_fold = stream.fold_gate.read();
+            let mut state = stream.state.lock();
+            let stored = image_lsn(volume, page)?;
+            match state.versions.get_page(page, stored, request) {
+                Decision::Serve { at_lsn, page_lsn, plan } => {
+                    drop(state);
+                    let image = match plan.image_lsn {
+                        Some(_) => {
+                            let (chunk, page_no) = volume.volume.locate(page).map_err(Error::from)?;
+                            volume.pages.read_page(chunk, page_no).map_err(Error::from)?
+                        }
+                        None => None,
+                    };
+                    let content = plan.rebuild(image.as_deref(), volume.page_size()).map_err(redo_error)?;
+                    out.copy_from_slice(&content);
+                    return Ok(ServedPage { served_lsn: at_lsn, page_lsn });
+                }
+                Decision::TooOld { lsn_min } => {
+                    let message = format!(
+                        "page {page} of volume {:?} changed since LSN {request_lsn}, below LSN_min {lsn_min}: read at \
+                         {lsn_min} or later",
+                        volume.volume.name
+                    );
+                    return Err(RedoRefusal::TooOld { lsn_min, message });
+                }
+                Decision::BadRequest { reason } => return Err(Error::Invalid(reason.to_string()).into()),
+                Decision::NotYet { complete_lsn } => {
+                    drop(_no_fold);
+                    if turn == turns {
+                        return Err(RedoRefusal::NotYet { complete_lsn });
+                    }
+                    turn += 1;
+                    // Woken by an append, or at the end of the turn.
+                    stream.advanced.wait_for(&mut state, WAIT_TURN);
+                }
+            }
+        }
+    }
+
+    /// Registers a reader starting at `start_lsn`: LSN_min stays at or below its apply LSN
+    /// while its lease lives.
+    pub fn register_reader(
+        &self,
+        volume: &VolumeRef,
+        reader: u64,
+        start_lsn: u64,
+    ) -> std::result::Result<LeaseGrant, RedoRefusal> {
+        let stream = self.stream_of(volume)?;
+        let mut state = stream.state.lock();
+        let lease = match state.leases.register(ReaderId(reader), Lsn(start_lsn)) {
+            Ok(lease) => lease,
+            Err(refused) => return Err(refusal(refused, state.leases.lsn_min())),
+        };
+        let lsn_min = state.leases.lsn_min();
+        state.versions.set_lsn_min(lsn_min);
+        let valid_for = lease.valid_until.saturating_sub(self.clock.now());
+        Ok(LeaseGrant { lease_id: lease.id.0, granted_lsn: lease.granted_lsn, valid_for, lsn_min })
+    }
+
+    /// Renews a lease with the reader's apply LSN (never going back).
+    pub fn renew_reader(
+        &self,
+        volume: &VolumeRef,
+        lease: u64,
+        apply_lsn: u64,
+    ) -> std::result::Result<LeaseGrant, RedoRefusal> {
+        let stream = self.stream_of(volume)?;
+        let mut state = stream.state.lock();
+        let renewed = match state.leases.renew(LeaseId(lease), Lsn(apply_lsn)) {
+            Ok(renewed) => renewed,
+            Err(refused) => return Err(refusal(refused, state.leases.lsn_min())),
+        };
+        let lsn_min = state.leases.lsn_min();
+        state.versions.set_lsn_min(lsn_min);
+        let valid_for = renewed.valid_until.saturating_sub(self.clock.now());
+        Ok(LeaseGrant { lease_id: lease, granted_lsn: Lsn(apply_lsn), valid_for, lsn_min: renewed.lsn_min })
+    }
+
+    /// Ends a lease; true if it was held.
+    pub fn release_reader(&self, volume: &VolumeRef, lease: u64) -> Result<bool> {
+        let stream = self.stream_of(volume)?;
+        let mut state = stream.state.lock();
+        let held = state.leases.release(LeaseId(lease));
+        let lsn_min = state.leases.lsn_min();
+        state.versions.set_lsn_min(lsn_min);
+        Ok(held)
+    }
+
+    /// The stream's watermarks and what it holds in memory.
+    pub fn redo_status(&self, volume: &VolumeRef) -> Result<RedoWatermarks> {
+        let stream = self.stream_of(volume)?;
+        let mut state = stream.state.lock();
+        Ok(RedoWatermarks {
+            writer_epoch: stream.log.fence().0,
+            durable_lsn: state.versions.durable_lsn().0,
+            complete_lsn: state.versions.complete_lsn().0,
+            lsn_min: state.versions.lsn_min().0,
+            unfolded_bytes: state.versions.cached_bytes(),
+            leases: state.leases.live_count() as u64,
+        })
+    }
+}
+
+/// A lease refusal as what the reader does about it: the message says how.
+fn refusal(refused: LeaseRefusal, lsn_min: Lsn) -> RedoRefusal {
+    match refused {
+        LeaseRefusal::TooOld { lsn_min, .. } => RedoRefusal::TooOld { lsn_min, message: refused.to_string() },
+        LeaseRefusal::Backwards { .. } => RedoRefusal::Error(Error::Invalid(refused.to_string())),
+        _ => RedoRefusal::LeaseLost { lsn_min, message: refused.to_string() },
+    }
+}

@@ -1,0 +1,261 @@
+//! Redo streams on a node built over memory devices: batches appended as a writer sends them
+//! (durable when answered, `Gap` and `Fenced` changing nothing), pages read at every LSN and
+//! compared with a model that keeps every version, folds into the compressed store under
+//! LSN_min held by a reader's lease, a rebuild on the same media that loses no acknowledged
+//! batch, and the same through the native protocol.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tundra_device::csd::CsdConfig;
+use tundra_env::{Rng, seed_from_env};
+use tundra_node::{Environment, Node, RedoRefusal, VolumeRef};
+use tundra_redo::codec::encode_record;
+use tundra_redo::{AppendOutcome, Payload, RedoRecord, reconstruct};
+use tundra_store::ids::Lsn;
+use tundra_store::volume::VolumeMode;
+
+mod memory_node;
+use memory_node::{Media, config, layout};
+
+const PAGE: usize = 8192;
+const PAGES: u64 = 64;
+
+/// Every record the writer had acknowledged, for rebuilding any page at any LSN.
+#[derive(Default)]
+struct Model {
+    records: BTreeMap<u64, Vec<RedoRecord>>,
+}
+
+impl Model {
+    fn page_at(&self, page: u64, lsn: Lsn) -> Vec<u8> {
+        let records: Vec<&RedoRecord> =
+            self.records.get(&page).map(|r| r.iter().filter(|r| r.lsn <= lsn).collect()).unwrap_or_default();
+        reconstruct::<&RedoRecord>(None, &records, lsn, PAGE).unwrap()
+    }
+
+    fn page_lsn(&self, page: u64, lsn: Lsn) -> Lsn {
+        self.records.get(&page).and_then(|r| r.iter().rev().find(|r| r.lsn <= lsn)).map_or(Lsn(0), |r| r.lsn)
+    }
+}
+
+fn record(rng: &mut Rng, lsn: u64) -> RedoRecord {
+    let page = rng.below(PAGES);
+    let payload = if rng.chance(0.15) {
+        // Text-like pages, so the fold's compression has something to do.
+        let mut image = vec![0u8; PAGE];
+        for (i, byte) in image.iter_mut().enumerate().skip(PAGE / 4) {
+            *byte = b"tundra redo page "[(i + page as usize) % 17];
+        }
+        Payload::Image(image)
+    } else {
+        let ranges = (0..1 + rng.below(3))
+            .map(|_| {
+                let len = 1 + rng.below(200);
+                (rng.below(PAGE as u64 - len) as u32, rng.bytes(len as usize))
+            })
+            .collect();
+        Payload::Ranges(ranges)
+    };
+    RedoRecord { lsn: Lsn(lsn), page, payload }
+}
+
+fn encoded(records: &[RedoRecord]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for record in records {
+        encode_record(record, &mut bytes);
+    }
+    bytes
+}
+
+fn build(media: &Media, fresh: bool, seed: u64) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = layout();
+    let csd = CsdConfig { background: false, ..CsdConfig::default() };
+    let devices = if fresh { media.format_with(&layout, csd) } else { media.open() };
+    Node::from_devices(&config(dir.path()), layout, devices, &Environment::simulated(seed), false, &mut |_| {}).unwrap()
+}
+
+/// Appends `count` random batches; returns the stream's end.
+fn append_batches(
+    node: &Node,
+    volume: &VolumeRef,
+    rng: &mut Rng,
+    model: &mut Model,
+    mut end: u64,
+    count: usize,
+) -> u64 {
+    for _ in 0..count {
+        let mut lsn = end;
+        let records: Vec<RedoRecord> = (0..rng.below(6))
+            .map(|_| {
+                lsn += 1 + rng.below(50);
+                record(rng, lsn)
+            })
+            .collect();
+        let batch_end = lsn + 1 + rng.below(3);
+        let outcome = node.append_redo(volume, 1, end, batch_end, records.len() as u32, &encoded(&records)).unwrap();
+        assert_eq!(outcome, AppendOutcome::Ok { durable_lsn: Lsn(batch_end) });
+        for r in records {
+            model.records.entry(r.page).or_default().push(r);
+        }
+        end = batch_end;
+    }
+    end
+}
+
+fn check_reads(node: &Node, volume: &VolumeRef, model: &Model, rng: &mut Rng, from: u64, end: u64, reads: usize) {
+    let mut out = vec![0u8; PAGE];
+    for _ in 0..reads {
+        let page = rng.below(PAGES);
+        let lsn = from + rng.below(end - from + 1);
+        let lsn = lsn.max(1);
+        let served = node.read_page_at(volume, page, lsn, 0, &mut out).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(served.served_lsn, Lsn(lsn));
+        assert_eq!(served.page_lsn, model.page_lsn(page, Lsn(lsn)), "page {page} at {lsn}");
+        assert!(out == model.page_at(page, Lsn(lsn)), "page {page} at LSN {lsn} differs from the model");
+    }
+}
+
+#[test]
+fn pages_read_at_every_lsn_match_the_model_through_folds_and_a_rebuild() {
+    let seed = seed_from_env(13);
+    let mut rng = Rng::new(seed);
+    let layout = layout();
+    let media = Media::new(&layout);
+    let mut model = Model::default();
+    let node = build(&media, true, seed);
+    let volume = node.volume_create("kv", PAGES * PAGE as u64, PAGE as u32, VolumeMode::Normal).unwrap();
+    // A heartbeat makes the stream; a reader registered at its end holds LSN_min at 1: nothing
+    // is folded yet. With no reader, LSN_min follows the durable LSN.
+    assert_eq!(node.append_redo(&volume, 1, 0, 1, 0, &[]).unwrap(), AppendOutcome::Ok { durable_lsn: Lsn(1) });
+    let lease = node.register_reader(&volume, 7, 1).unwrap_or_else(|e| panic!("{e:?}"));
+    let end = 1;
+    let end = append_batches(&node, &volume, &mut rng, &mut model, end, 150);
+    check_reads(&node, &volume, &model, &mut rng, 1, end, 300);
+    assert_eq!(node.fold_redo(1000).unwrap(), 0, "a reader at LSN 1 holds every version");
+    // The reader moves to the middle: pages fold up to it, and reads below it of pages
+    // changed since are refused, never answered with a newer version.
+    let middle = end / 2;
+    node.renew_reader(&volume, lease.lease_id, middle).unwrap_or_else(|e| panic!("{e:?}"));
+    let folded = node.fold_redo(1000).unwrap();
+    assert!(folded > 0, "pages fold up to the reader");
+    assert!(node.redo_status(&volume).unwrap().lsn_min == middle);
+    check_reads(&node, &volume, &model, &mut rng, middle, end, 300);
+    let mut out = vec![0u8; PAGE];
+    let mut too_old = 0;
+    for page in 0..PAGES {
+        match node.read_page_at(&volume, page, 1, 0, &mut out) {
+            Ok(served) => assert!(out == model.page_at(page, served.served_lsn), "page {page}"),
+            Err(RedoRefusal::TooOld { lsn_min, .. }) => {
+                assert_eq!(lsn_min, Lsn(middle));
+                too_old += 1;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(too_old > 0, "pages changed since LSN 1 were folded");
+    // Released: everything folds, and the log is truncated behind the images.
+    node.release_reader(&volume, lease.lease_id).unwrap();
+    node.fold_redo(1000).unwrap();
+    check_reads(&node, &volume, &model, &mut rng, end, end, 100);
+    let end = append_batches(&node, &volume, &mut rng, &mut model, end, 50);
+    drop((volume, node));
+
+    // A rebuild on the same media: every acknowledged batch is back (folded or in the log).
+    let node = build(&media, false, seed);
+    let volume = node.volume_by_name("kv").unwrap();
+    let status = node.redo_status(&volume).unwrap();
+    assert_eq!(status.durable_lsn, end);
+    check_reads(&node, &volume, &model, &mut rng, status.lsn_min.max(1), end, 300);
+    // The writer resumes after the durable end; a gap and an older epoch change nothing.
+    let gap = node.append_redo(&volume, 1, end + 5, end + 9, 0, &[]).unwrap();
+    assert_eq!(gap, AppendOutcome::Gap { expected_prev_lsn: Lsn(end) });
+    let taken = node.append_redo(&volume, 2, end, end + 1, 0, &[]).unwrap();
+    assert_eq!(taken, AppendOutcome::Ok { durable_lsn: Lsn(end + 1) });
+    let fenced = node.append_redo(&volume, 1, end + 1, end + 2, 0, &[]).unwrap();
+    assert_eq!(fenced, AppendOutcome::Fenced { epoch: tundra_redo::WriterEpoch(2) });
+    // A record outside the volume, a cut encoding: refused, nothing changes.
+    let outside = RedoRecord { lsn: Lsn(end + 3), page: PAGES, payload: Payload::Image(vec![1; PAGE]) };
+    assert!(node.append_redo(&volume, 2, end + 1, end + 3, 1, &encoded(&[outside])).is_err());
+    let mut cut = encoded(&[record(&mut rng, end + 3)]);
+    cut.pop();
+    assert!(node.append_redo(&volume, 2, end + 1, end + 3, 1, &cut).is_err());
+    assert_eq!(node.redo_status(&volume).unwrap().durable_lsn, end + 1);
+    // Reads ahead of the stream wait, then answer NotYet.
+    match node.read_page_at(&volume, 0, end + 100, end + 100, &mut out) {
+        Err(RedoRefusal::NotYet { complete_lsn }) => assert_eq!(complete_lsn, Lsn(end + 1)),
+        other => panic!("{other:?}"),
+    }
+    for (device, report) in node.check().unwrap() {
+        assert!(report.damaged.is_empty(), "{device:?}: {:?}", report.damaged);
+    }
+    // Deleting the volume frees its stream for another volume.
+    node.volume_delete("kv").unwrap();
+    let again = node.volume_create("kv2", PAGES * PAGE as u64, PAGE as u32, VolumeMode::Normal).unwrap();
+    assert_eq!(node.append_redo(&again, 1, 0, 1, 0, &[]).unwrap(), AppendOutcome::Ok { durable_lsn: Lsn(1) });
+}
+
+#[test]
+fn the_native_protocol_carries_appends_reads_and_leases() {
+    let seed = seed_from_env(31);
+    let mut rng = Rng::new(seed);
+    let layout = layout();
+    let media = Media::new(&layout);
+    let node = Arc::new(build(&media, true, seed));
+    let volume = node.volume_create("kv", PAGES * PAGE as u64, PAGE as u32, VolumeMode::Normal).unwrap();
+    let server = tundra_node::native::start("127.0.0.1:0", node.clone()).unwrap();
+    let mut client = tundra_client::Client::connect(server.local_addr()).unwrap();
+    let mut model = Model::default();
+    let heartbeat = tundra_proto::RedoAppend {
+        volume: volume.volume.id.0,
+        writer_epoch: 1,
+        prev_lsn: 0,
+        end_lsn: 1,
+        record_count: 0,
+        records: &[],
+    };
+    assert_eq!(client.append_redo(&heartbeat).unwrap(), tundra_proto::AppendOutcome::Ok { durable_lsn: 1 });
+    let lease = client.register_reader(volume.volume.id.0, 1, 1).unwrap();
+    let mut end = 1;
+    for _ in 0..40 {
+        let mut lsn = end;
+        let records: Vec<RedoRecord> = (0..1 + rng.below(4))
+            .map(|_| {
+                lsn += 1 + rng.below(20);
+                record(&mut rng, lsn)
+            })
+            .collect();
+        let bytes = encoded(&records);
+        let append = tundra_proto::RedoAppend {
+            volume: volume.volume.id.0,
+            writer_epoch: 1,
+            prev_lsn: end,
+            end_lsn: lsn,
+            record_count: records.len() as u32,
+            records: &bytes,
+        };
+        assert_eq!(client.append_redo(&append).unwrap(), tundra_proto::AppendOutcome::Ok { durable_lsn: lsn });
+        for r in records {
+            model.records.entry(r.page).or_default().push(r);
+        }
+        end = lsn;
+    }
+    for _ in 0..100 {
+        let page = rng.below(PAGES);
+        let lsn = 1 + rng.below(end);
+        let at = tundra_proto::ReadAt { request_lsn: lsn, not_modified_since: 0, lease: Some(lease.lease_id) };
+        let served = client.get_page_at_lsn(volume.volume.id.0, page, at).unwrap();
+        assert_eq!(served.served_lsn, lsn);
+        assert!(served.data == model.page_at(page, Lsn(lsn)), "page {page} at {lsn}");
+    }
+    let status = client.redo_status(volume.volume.id.0).unwrap();
+    assert_eq!((status.durable_lsn, status.lsn_min), (end, 1));
+    // Behind the stream: NOT_YET carries the complete LSN.
+    let at = tundra_proto::ReadAt { request_lsn: end + 10, not_modified_since: end + 10, lease: None };
+    match client.get_page_at_lsn(volume.volume.id.0, 0, at) {
+        Err(tundra_client::Error::NotYet { complete_lsn, .. }) => assert_eq!(complete_lsn, end),
+        other => panic!("{other:?}"),
+    }
+    server.shutdown();
+}
