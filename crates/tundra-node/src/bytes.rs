@@ -30,6 +30,7 @@ impl Node {
     /// into their stored page and stored raw (the none mode).
     pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<()> {
         volume.check_live()?;
+        self.check_not_redo(volume)?;
         check_bytes(volume, offset, data.len() as u64)?;
         for span in ByteRange::new(offset, data.len() as u64, volume.page_size()).pages() {
             let piece = &data[span.buffer()];
@@ -93,6 +94,7 @@ impl Node {
     /// their blocks), pieces of pages written as zeros.
     pub fn zero_bytes(&self, volume: &VolumeRef, offset: u64, len: u64) -> Result<()> {
         volume.check_live()?;
+        self.check_not_redo(volume)?;
         check_bytes(volume, offset, len)?;
         let split = ByteRange::new(offset, len, volume.page_size()).split();
         if let Some(head) = split.head {

@@ -44,6 +44,7 @@ impl Node {
         let started = self.clock.now();
         check_len(volume, content.len())?;
         volume.volume.locate(index)?;
+        self.check_not_redo(volume)?;
         let _no_flush = self.writeback.direct();
         // An older cached version must never overwrite this one later.
         let mut shard = self.writeback.lock((volume.volume.id, index));
@@ -74,6 +75,7 @@ impl Node {
     /// Removes `count` pages from `first`: they read as zeros and their blocks are freed.
     pub fn trim_pages(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<()> {
         volume.check_live()?;
+        self.check_not_redo(volume)?;
         check_range(volume, first, count)?;
         let _no_flush = self.writeback.direct();
         for index in first..first + count {

@@ -59,6 +59,7 @@ impl Node {
                     page_read: v.latency.page_read.summary(),
                     page_write: v.latency.page_write.summary(),
                     flush: v.latency.flush.summary(),
+                    redo: self.redo_status(&v).ok(),
                 }
             })
             .collect();
@@ -167,6 +168,10 @@ pub struct VolumeStats {
     pub page_read: LatencySummary,
     pub page_write: LatencySummary,
     pub flush: LatencySummary,
+    /// The volume's redo stream, if its writer sends redo: writer epoch, durable, complete and
+    /// minimum reader LSN, unfolded record bytes, live reader leases.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redo: Option<crate::redo::RedoWatermarks>,
 }
 
 #[derive(Clone, Debug, Serialize)]

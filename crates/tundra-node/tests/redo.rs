@@ -182,6 +182,15 @@ fn pages_read_at_every_lsn_match_the_model_through_folds_and_a_rebuild() {
     cut.pop();
     assert!(node.append_redo(&volume, 2, end + 1, end + 3, 1, &cut).is_err());
     assert_eq!(node.redo_status(&volume).unwrap().durable_lsn, end + 1);
+    // Pages of a volume that takes redo are made from its redo, never written otherwise.
+    let page = vec![7u8; PAGE];
+    assert!(node.write_page(&volume, 0, tundra_node::WriteMode::Lz4, &page).is_err());
+    assert!(node.write_bytes(&volume, 100, &page[..10]).is_err());
+    assert!(node.zero_bytes(&volume, 0, 4096).is_err());
+    assert!(node.trim_pages(&volume, 0, 1).is_err());
+    let stats = node.stats();
+    let redo = stats.volumes.iter().find(|v| v.name == "kv").and_then(|v| v.redo).expect("the stream's stats");
+    assert_eq!(redo.durable_lsn, end + 1);
     // Reads ahead of the stream wait, then answer NotYet.
     match node.read_page_at(&volume, 0, end + 100, end + 100, &mut out) {
         Err(RedoRefusal::NotYet { complete_lsn }) => assert_eq!(complete_lsn, Lsn(end + 1)),

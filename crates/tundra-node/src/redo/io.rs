@@ -120,6 +120,18 @@ impl Node {
         Ok(outcome)
     }
 
+    /// Refuses a write that is not redo to a volume whose pages redo makes: its pages carry
+    /// the LSNs of the records folded into them, and another write would break that order.
+    pub(crate) fn check_not_redo(&self, volume: &VolumeRef) -> Result<()> {
+        if self.redo.stream(volume.volume.id).is_some() {
+            return Err(Error::Invalid(format!(
+                "volume {:?} takes redo: its pages are made from its redo stream, not written",
+                volume.volume.name
+            )));
+        }
+        Ok(())
+    }
+
     fn stream_of(&self, volume: &VolumeRef) -> Result<Arc<Stream>> {
         volume.check_live()?;
         self.redo.stream(volume.volume.id).ok_or_else(|| {
