@@ -36,7 +36,7 @@ fn lsns(plan: &ReadPlan) -> Vec<u64> {
 
 #[test]
 fn a_read_at_lsn_zero_or_below_its_promise_is_a_bad_request() {
-    let page = PageState { image_lsn: None, records: &[] };
+    let page = PageState { image_lsn: None, records: &[], ..Default::default() };
     assert!(matches!(decide(read(0, 0), horizon(10, 0), page), Decision::BadRequest { .. }));
     assert!(matches!(decide(read(5, 6), horizon(10, 0), page), Decision::BadRequest { .. }));
     // A bad request is bad even when the stream is behind.
@@ -46,7 +46,7 @@ fn a_read_at_lsn_zero_or_below_its_promise_is_a_bad_request() {
 #[test]
 fn the_server_waits_for_not_modified_since_not_for_request_lsn() {
     let records = [delta(3, b'a')];
-    let page = PageState { image_lsn: None, records: &records };
+    let page = PageState { image_lsn: None, records: &records, ..Default::default() };
     // The stream is complete to 8; the reader reads at 20 but promises no change after 5.
     let decision = decide(read(20, 5), horizon(8, 0), page);
     let (at_lsn, page_lsn, plan) = served(&decision);
@@ -65,7 +65,7 @@ fn the_server_waits_for_not_modified_since_not_for_request_lsn() {
 #[test]
 fn page_lsn_is_the_last_change_at_or_below_the_read_point() {
     let records = [delta(4, b'a'), delta(6, b'b'), delta(9, b'c')];
-    let page = PageState { image_lsn: Some(Lsn(2)), records: &records };
+    let page = PageState { image_lsn: Some(Lsn(2)), records: &records, ..Default::default() };
     for (request, page_lsn, plan) in [(3, 2, vec![]), (4, 4, vec![4]), (8, 6, vec![4, 6]), (12, 9, vec![4, 6, 9])] {
         let decision = decide(read(request, 0), horizon(12, 0), page);
         let (at_lsn, got_lsn, got_plan) = served(&decision);
@@ -79,7 +79,7 @@ fn page_lsn_is_the_last_change_at_or_below_the_read_point() {
 #[test]
 fn a_will_init_record_makes_the_image_unneeded() {
     let records = [delta(4, b'a'), image(6, b'i'), delta(9, b'c')];
-    let page = PageState { image_lsn: Some(Lsn(2)), records: &records };
+    let page = PageState { image_lsn: Some(Lsn(2)), records: &records, ..Default::default() };
     let decision = decide(read(10, 0), horizon(12, 0), page);
     let (_, page_lsn, plan) = served(&decision);
     assert_eq!(page_lsn, Lsn(9));
@@ -92,7 +92,7 @@ fn a_will_init_record_makes_the_image_unneeded() {
 fn records_the_stored_image_already_holds_are_not_planned_again() {
     // The store wrote the page at 6 before the index dropped the records it folded.
     let records = [delta(4, b'a'), delta(6, b'b'), delta(9, b'c')];
-    let page = PageState { image_lsn: Some(Lsn(6)), records: &records };
+    let page = PageState { image_lsn: Some(Lsn(6)), records: &records, ..Default::default() };
     let (_, page_lsn, plan) = served(&decide(read(12, 0), horizon(12, 0), page));
     assert_eq!((page_lsn, lsns(&plan)), (Lsn(9), vec![9]));
     let (_, page_lsn, plan) = served(&decide(read(7, 0), horizon(12, 0), page));
@@ -101,11 +101,11 @@ fn records_the_stored_image_already_holds_are_not_planned_again() {
 
 #[test]
 fn a_read_below_the_horizon_of_an_unchanged_page_is_served() {
-    let page = PageState { image_lsn: Some(Lsn(3)), records: &[] };
+    let page = PageState { image_lsn: Some(Lsn(3)), records: &[], ..Default::default() };
     let (at_lsn, page_lsn, plan) = served(&decide(read(5, 0), horizon(20, 10), page));
     assert_eq!((at_lsn, page_lsn, plan.image_lsn), (Lsn(5), Lsn(3), Some(Lsn(3))));
     // Unchanged since exactly the LSN asked for.
-    let page = PageState { image_lsn: Some(Lsn(5)), records: &[] };
+    let page = PageState { image_lsn: Some(Lsn(5)), records: &[], ..Default::default() };
     assert_eq!(served(&decide(read(5, 0), horizon(20, 10), page)).1, Lsn(5));
 }
 
@@ -114,7 +114,7 @@ fn a_read_below_the_horizon_of_a_changed_page_is_too_old_even_when_buildable() {
     // The records above the image are still in memory, so the version at 5 could be built, but
     // whether it is must not depend on how far folding got: the page changed at 7, after 5.
     let records = [delta(7, b'a')];
-    let page = PageState { image_lsn: Some(Lsn(3)), records: &records };
+    let page = PageState { image_lsn: Some(Lsn(3)), records: &records, ..Default::default() };
     assert_eq!(decide(read(5, 0), horizon(20, 10), page), Decision::TooOld { lsn_min: Lsn(10) });
     // Same with the promise set as high as it can be.
     assert_eq!(decide(read(5, 5), horizon(20, 10), page), Decision::TooOld { lsn_min: Lsn(10) });
@@ -123,7 +123,7 @@ fn a_read_below_the_horizon_of_a_changed_page_is_too_old_even_when_buildable() {
 #[test]
 fn a_read_below_the_horizon_of_a_page_folded_past_it_is_too_old_never_the_newer_page() {
     // The page was folded to 8; a reader at 5 would get the version of 8 (neon #567, #7692).
-    let page = PageState { image_lsn: Some(Lsn(8)), records: &[] };
+    let page = PageState { image_lsn: Some(Lsn(8)), records: &[], ..Default::default() };
     assert_eq!(decide(read(5, 0), horizon(20, 10), page), Decision::TooOld { lsn_min: Lsn(10) });
     assert_eq!(decide(read(5, 4), horizon(20, 10), page), Decision::TooOld { lsn_min: Lsn(10) });
 }
@@ -132,7 +132,7 @@ fn a_read_below_the_horizon_of_a_page_folded_past_it_is_too_old_never_the_newer_
 fn an_image_newer_than_the_read_point_is_too_old_even_above_the_horizon() {
     // Folding never passes LSN_min, so this state is an index's bug; the read still never gets
     // the newer page.
-    let page = PageState { image_lsn: Some(Lsn(15)), records: &[] };
+    let page = PageState { image_lsn: Some(Lsn(15)), records: &[], ..Default::default() };
     assert_eq!(decide(read(12, 0), horizon(20, 10), page), Decision::TooOld { lsn_min: Lsn(10) });
 }
 
@@ -141,10 +141,10 @@ fn the_vectored_form_serves_every_page_at_one_lsn() {
     let a = [delta(4, b'a'), delta(9, b'b')];
     let b = [delta(12, b'c')];
     let pages = [
-        PageState { image_lsn: None, records: &a },
-        PageState { image_lsn: Some(Lsn(2)), records: &b },
-        PageState { image_lsn: Some(Lsn(11)), records: &[] },
-        PageState { image_lsn: Some(Lsn(3)), records: &[] },
+        PageState { image_lsn: None, records: &a, ..Default::default() },
+        PageState { image_lsn: Some(Lsn(2)), records: &b, ..Default::default() },
+        PageState { image_lsn: Some(Lsn(11)), records: &[], ..Default::default() },
+        PageState { image_lsn: Some(Lsn(3)), records: &[], ..Default::default() },
     ];
     // Complete to 10: every page is served at 10, the reader asked for 30 with no promise
     // beyond 10.
