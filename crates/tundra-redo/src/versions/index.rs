@@ -338,7 +338,9 @@ impl PageVersions {
     /// Every record at or below this LSN is in a materialized image: the stream is no longer
     /// needed up to it for this index's pages (D6: truncation also waits for every replica).
     pub fn materialized_through(&self) -> Lsn {
-        match self.oldest.first() {
+        // Spilled records count: a slot is a cache of the stream, never the only copy.
+        let flush_list = if injected(Bug::TruncatePastSpilled) { &self.oldest_in_memory } else { &self.oldest };
+        match flush_list.first() {
             Some(&(oldest, _)) => Lsn(oldest.0 - 1),
             None => self.complete_lsn,
         }

@@ -44,6 +44,9 @@ pub(crate) enum Bug {
     /// Records that leave memory are dropped without a stub: reads no longer know they need
     /// the page's slot.
     SpillForgetsRecords,
+    /// The stream counts as materialized up to the oldest record in memory, passing spilled
+    /// ones that only the log holds (with slots off) or that a damaged slot would need.
+    TruncatePastSpilled,
 }
 
 /// True when a test injected `bug` on this thread; always false outside tests.
