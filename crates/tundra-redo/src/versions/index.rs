@@ -271,8 +271,7 @@ impl PageVersions {
                 break;
             }
             let entry = &self.pages[&page];
-            let state = PageState { image_lsn: entry.materialized, ..self.page_state_of(page, entry) };
-            let plan = plan_through(state, bound);
+            let plan = plan_through(self.page_state_of(page, entry), bound);
             let through_lsn = match entry.records.iter().rev().find(|r| r.lsn <= bound) {
                 Some(record) => record.lsn,
                 None => entry.spilled.iter().rev().find(|s| s.lsn <= bound).expect("the oldest record is foldable").lsn,
@@ -357,6 +356,7 @@ impl PageVersions {
         self.pages.get(&page).map_or(&[], |entry| &entry.spilled)
     }
 
+    /// The page as this index alone knows it: from the last image it was told of.
     fn page_state_of<'a>(&'a self, page: u64, entry: &'a PageRecords) -> PageState<'a> {
         PageState {
             image_lsn: entry.materialized,

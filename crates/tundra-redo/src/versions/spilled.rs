@@ -138,7 +138,7 @@ fn log_ranges(lsns: &[Lsn]) -> Vec<LsnRange> {
     for &lsn in lsns {
         match ranges.last_mut() {
             Some(last) if last.through.0 + 1 == lsn.0 => last.through = lsn,
-            _ => ranges.push(LsnRange { after: Lsn(lsn.0 - 1), through: lsn }),
+            _ => ranges.push(LsnRange { after: Lsn(lsn.0.saturating_sub(1)), through: lsn }),
         }
     }
     ranges
