@@ -184,8 +184,7 @@ fn every_bit_flip_of_a_slot_is_refused_naming_its_lba() {
 
 #[test]
 fn a_damaged_slot_is_recovered_from_the_redo_log() {
-    let (log_device, log) = log_with(&[vec![delta(40, 9, 7), delta(41, 9, 30)], vec![delta(45, 9, 1)]]);
-    let _ = log_device;
+    let (_log_device, log) = log_with(&[vec![delta(40, 9, 7), delta(41, 9, 30)], vec![delta(45, 9, 1)]]);
     let (device, area) = fresh();
     let (block, records) = sample_slot(9);
     let lba = Lba(FIRST.0 + 9);
