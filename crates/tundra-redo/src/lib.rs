@@ -12,6 +12,8 @@
 //! - `versions/`: [`PageVersions`], a volume's records not yet folded into the store's
 //!   images with its watermarks and fold decisions; [`reconstruct`], a page as of an LSN; and
 //!   the GetPage@LSN decision ([`decide`]: serve, `TooOld`, `NotYet`, `BadRequest`).
+//! - `slots/`: [`SlotArea`], per-page log slots (Opt#3): records that leave memory before
+//!   their page is materialized, one 4 KiB block per page, so a rebuild reads them at once.
 //! - `lease.rs`: [`Leases`], readers' leases on LSNs, which give LSN_min.
 //!
 //! This crate knows volumes' pages by index and LSNs. It knows nothing of networks or of how
@@ -22,12 +24,15 @@ mod error;
 pub mod lease;
 pub mod log;
 pub mod record;
+pub mod slots;
 pub mod versions;
 
 pub use error::{Error, ErrorKind, Result};
 pub use lease::{Lease, LeaseConfig, LeaseId, LeaseRefusal, Leases, ReaderId, Renewed};
 pub use log::{BatchReader, LogGeometry, Recovered, RedoLog, Submitted, Ticket};
 pub use record::{AppendOutcome, Payload, RedoBatch, RedoRecord, WriterEpoch};
+pub use slots::{Merge, SlotArea};
 pub use versions::{
-    Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, decide, decide_many, reconstruct,
+    Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup, SpillRead, SpillTask,
+    SpillTo, decide, decide_many, reconstruct,
 };

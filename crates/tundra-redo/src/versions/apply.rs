@@ -58,16 +58,18 @@ pub fn apply(page: &mut [u8], payload: &Payload) -> Result<()> {
 /// the first. The one place that cuts a page's records at an LSN, for rebuilding and for
 /// serving alike.
 pub(crate) fn window<R: Borrow<RedoRecord>>(records: &[R], after: Option<Lsn>, through: Lsn) -> &[R] {
+    window_by(records, |r| r.borrow().lsn, after, through)
+}
+
+/// [`window`] over anything sorted by an LSN: records, or what the index keeps of spilled ones.
+pub(crate) fn window_by<T>(items: &[T], lsn: impl Fn(&T) -> Lsn, after: Option<Lsn>, through: Lsn) -> &[T] {
     let start = match after {
-        Some(after) => records.partition_point(|r| r.borrow().lsn <= after),
+        Some(after) => items.partition_point(|item| lsn(item) <= after),
         None => 0,
     };
-    let end = if injected(Bug::ApplyPastLsn) {
-        records.len()
-    } else {
-        records.partition_point(|r| r.borrow().lsn <= through)
-    };
-    &records[start..end.max(start)]
+    let end =
+        if injected(Bug::ApplyPastLsn) { items.len() } else { items.partition_point(|item| lsn(item) <= through) };
+    &items[start..end.max(start)]
 }
 
 /// The index in `records` of the last record that needs nothing of the page before it.

@@ -1,7 +1,9 @@
 //! [`PageVersions`]: one volume's redo as the pages see it. For each page with records the
-//! store's image does not hold yet, those records in LSN order (shared references to the
-//! records of the batches, held in memory; the byte count tells the owner when to spill them
-//! to per-page slots or slow the writer down), and the volume's watermarks:
+//! store's image does not hold yet, those records in LSN order: the newer ones held in memory
+//! (shared references to the records of the batches; the byte count tells the owner when to
+//! spill them or slow the writer down), the older ones spilled to the page's log slot, or left
+//! only in the redo log when slots are off (a stub of each stays here: spilled.rs). And the
+//! volume's watermarks:
 //!
 //! - the durable LSN: every record at or below it is durable in the redo stream (D2);
 //! - the complete LSN: every record at or below it has been handed to this index, so any
@@ -20,10 +22,17 @@
 //! | `fold_candidates(limit)`    | pages to materialize, oldest record first, up to the fold   |
 //! |                             | bound min(LSN_min, durable) and never above it (D6)         |
 //! | `materialized(page, lsn)`   | the store holds the page as of `lsn`: records up to it drop |
+//! |                             | (answering what to clear of the page's slot)                |
+//! | `spill_candidates(bytes)`   | pages whose oldest records leave memory, until the cache    |
+//! |                             | holds at most `bytes` (spill.rs)                            |
+//! | `spilled(page, lsn)`        | the page's records up to `lsn` are in its slot (or left to  |
+//! |                             | the log): dropped from memory, a stub of each kept          |
+//! | `slot_full(page)`           | a merge into the page's slot did not fit: spill it no more  |
+//! |                             | until it is materialized                                    |
 //! | `get_page(page, img, req)`  | the GetPage@LSN decision (serve.rs) on this page's state    |
 //!
 //! Folding never passes LSN_min, so every version a live reader may ask for stays buildable
-//! from the stored image and the records here.
+//! from the stored image, the spilled records and the records here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -32,7 +41,8 @@ use tundra_store::ids::Lsn;
 use tundra_store::store::Watermarks;
 
 use super::apply::check_payload;
-use super::serve::{Decision, GetPage, Horizon, PageState, decide, decide_many};
+use super::serve::{Decision, GetPage, Horizon, PageState, Spilled, combine, decide, decide_many, plan_through};
+use super::spilled::{SpillRead, SpillTo, SpilledRecord};
 use super::{Bug, injected};
 use crate::record::{Payload, RedoRecord};
 use crate::{Error, Result};
@@ -52,8 +62,9 @@ pub fn record_cost_bytes(record: &RedoRecord) -> u64 {
     (FIXED + payload) as u64
 }
 
-/// A page to materialize: apply `records` (all at or below `through_lsn`) to the image the
-/// store holds, store the result as the page at `through_lsn`, then report
+/// A page to materialize: read the spilled records `spilled` names (if any), apply them and
+/// `records` (all at or below `through_lsn`) to the image the store holds
+/// ([`FoldTask::rebuild`]), store the result as the page at `through_lsn`, then report
 /// [`PageVersions::materialized`]. Records the stored image already holds are skipped by
 /// [`super::reconstruct`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +72,30 @@ pub struct FoldTask {
     pub page: u64,
     /// The LSN of the last record folded: the new image's page LSN.
     pub through_lsn: Lsn,
+    /// The records held in memory to fold, after the spilled ones.
     pub records: Vec<Arc<RedoRecord>>,
+    /// The spilled records to fold, and where to read them; `None` when the fold needs none.
+    pub spilled: Option<SpillRead>,
+}
+
+impl FoldTask {
+    /// The page as of `through_lsn` from `base` (the store's image: its LSN and bytes, `None`
+    /// for a page it does not hold) and `fetched`, what was read as `spilled` says.
+    pub fn rebuild(&self, base: Option<(Lsn, &[u8])>, fetched: &[RedoRecord], page_size: usize) -> Result<Vec<u8>> {
+        let records = combine(self.spilled.as_ref(), fetched, &self.records)?;
+        super::reconstruct(base, &records, self.through_lsn, page_size)
+    }
+}
+
+/// What the owner does to a page's log slot once the page is materialized: nothing (the slot
+/// held none of the records dropped, or slots are off), empty it, or drop its records up to
+/// an LSN. A slot left holding folded records is harmless to reads (they skip records at or
+/// below the image) but fills up, and a full slot takes no more spills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotCleanup {
+    Keep,
+    Clear,
+    ClearThrough(Lsn),
 }
 
 /// One page's records not yet in the store's image.
@@ -70,8 +104,26 @@ struct PageRecords {
     /// The LSN of the last image this index was told of (`None`: the store's image predates
     /// the records, or there is none).
     materialized: Option<Lsn>,
-    /// Never empty (a page without records has no entry), strictly increasing LSNs.
+    /// What is kept of the records that left memory, strictly increasing LSNs, all below the
+    /// first record in memory.
+    spilled: Vec<SpilledRecord>,
+    /// The records in memory, strictly increasing LSNs. `spilled` and `records` are never both
+    /// empty: a page without records has no entry.
     records: Vec<Arc<RedoRecord>>,
+    /// A merge into the page's slot found no room: no spill is asked for until a fold frees it.
+    slot_full: bool,
+}
+
+impl PageRecords {
+    /// The LSN of the page's oldest record not materialized, spilled or in memory.
+    fn oldest(&self) -> Option<Lsn> {
+        self.spilled.first().map(|s| s.lsn).or(self.records.first().map(|r| r.lsn))
+    }
+
+    /// Bytes of records the page's slot holds, as far as this index knows.
+    fn slot_bytes(&self) -> u64 {
+        self.spilled.iter().map(|s| u64::from(s.encoded_bytes)).sum()
+    }
 }
 
 /// One volume's page versions (see the module's table).
@@ -80,11 +132,17 @@ pub struct PageVersions {
     page_size: usize,
     page_count: u64,
     pages: BTreeMap<u64, PageRecords>,
-    /// `(oldest record's LSN, page)` of every page with records: the flush list, which gives
-    /// the oldest page to fold and the LSN up to which everything is materialized.
+    /// `(oldest record's LSN, page)` of every page with records, spilled ones included: the
+    /// flush list, which gives the oldest page to fold and the LSN up to which everything is
+    /// materialized.
     oldest: BTreeSet<(Lsn, u64)>,
+    /// `(oldest LSN in memory, page)` of every page with records in memory: the order in which
+    /// pages spill.
+    oldest_in_memory: BTreeSet<(Lsn, u64)>,
+    spill_to: SpillTo,
     cached_bytes: u64,
     cached_records: u64,
+    spilled_records: u64,
     durable_lsn: Lsn,
     complete_lsn: Lsn,
     lsn_min: Lsn,
@@ -101,12 +159,28 @@ impl PageVersions {
             page_count,
             pages: BTreeMap::new(),
             oldest: BTreeSet::new(),
+            oldest_in_memory: BTreeSet::new(),
+            spill_to: SpillTo::default(),
             cached_bytes: 0,
             cached_records: 0,
+            spilled_records: 0,
             durable_lsn: marks.durable_lsn,
             complete_lsn: marks.durable_lsn,
             lsn_min: marks.min_reader_lsn,
         }
+    }
+
+    /// The same index with records leaving memory to `to`: slots (the default), or only the
+    /// redo log (slots off). Chosen before any record arrives, since a page's spilled records
+    /// must all be in the one place.
+    pub fn spilling_to(mut self, to: SpillTo) -> PageVersions {
+        assert!(self.pages.is_empty(), "where records spill is chosen before they arrive");
+        self.spill_to = to;
+        self
+    }
+
+    pub fn spill_to(&self) -> SpillTo {
+        self.spill_to
     }
 
     /// The volume grew to `page_count` pages (volumes never shrink while they have a stream).
@@ -126,7 +200,10 @@ impl PageVersions {
             self.cached_records += 1;
             let entry = self.pages.entry(record.page).or_default();
             if entry.records.is_empty() {
-                self.oldest.insert((record.lsn, record.page));
+                self.oldest_in_memory.insert((record.lsn, record.page));
+                if entry.spilled.is_empty() {
+                    self.oldest.insert((record.lsn, record.page));
+                }
             }
             entry.records.push(record);
         }
@@ -183,8 +260,9 @@ impl PageVersions {
     }
 
     /// Up to `limit` pages to materialize, those holding the oldest records first, each with
-    /// its records at or below the fold bound. Pages whose records are all above the bound are
-    /// not candidates: their versions are still readable by some reader.
+    /// its records at or below the fold bound (and, when it needs spilled ones, where to read
+    /// them). Pages whose records are all above the bound are not candidates: their versions
+    /// are still readable by some reader.
     pub fn fold_candidates(&self, limit: usize) -> Vec<FoldTask> {
         let bound = self.fold_bound();
         let mut tasks = Vec::new();
@@ -192,56 +270,99 @@ impl PageVersions {
             if oldest > bound || tasks.len() == limit {
                 break;
             }
-            let records = &self.pages[&page].records;
-            let foldable = &records[..records.partition_point(|r| r.lsn <= bound)];
-            let through_lsn = foldable.last().expect("the oldest record is foldable").lsn;
-            tasks.push(FoldTask { page, through_lsn, records: foldable.to_vec() });
+            let entry = &self.pages[&page];
+            let plan = plan_through(self.page_state_of(page, entry), bound);
+            let through_lsn = match entry.records.iter().rev().find(|r| r.lsn <= bound) {
+                Some(record) => record.lsn,
+                None => entry.spilled.iter().rev().find(|s| s.lsn <= bound).expect("the oldest record is foldable").lsn,
+            };
+            let memory = &entry.records[..entry.records.partition_point(|r| r.lsn <= bound)];
+            tasks.push(FoldTask { page, through_lsn, records: memory.to_vec(), spilled: plan.spilled });
         }
         tasks
     }
 
     /// The store now holds `page` as of `lsn` (durably: the records are dropped, and only the
     /// image keeps their effect). `lsn` is at most the fold bound. A report older than one
-    /// already made is ignored, so reports may arrive out of order.
-    pub fn materialized(&mut self, page: u64, lsn: Lsn) {
+    /// already made is ignored, so reports may arrive out of order. Answers what to do with
+    /// the page's slot: the spilled records folded leave it.
+    pub fn materialized(&mut self, page: u64, lsn: Lsn) -> SlotCleanup {
         let bound = self.fold_bound();
         assert!(lsn <= bound, "page {page} materialized at LSN {lsn}, above the fold bound {bound}");
-        let Some(entry) = self.pages.get_mut(&page) else { return };
+        let Some(entry) = self.pages.get_mut(&page) else { return SlotCleanup::Keep };
         if entry.materialized.is_some_and(|known| known >= lsn) {
-            return;
+            return SlotCleanup::Keep;
         }
         entry.materialized = Some(lsn);
+        let spilled_folded = entry.spilled.partition_point(|s| s.lsn <= lsn);
         let folded = entry.records.partition_point(|r| r.lsn <= lsn);
-        if folded == 0 {
-            return;
+        if spilled_folded == 0 && folded == 0 {
+            return SlotCleanup::Keep;
         }
-        self.oldest.remove(&(entry.records[0].lsn, page));
+        let oldest_before = entry.oldest().expect("a page entry holds records");
+        self.oldest.remove(&(oldest_before, page));
+        if folded > 0 {
+            self.oldest_in_memory.remove(&(entry.records[0].lsn, page));
+        }
+        entry.spilled.drain(..spilled_folded);
+        self.spilled_records -= spilled_folded as u64;
         for record in entry.records.drain(..folded) {
             self.cached_bytes -= record_cost_bytes(&record);
             self.cached_records -= 1;
         }
-        match entry.records.first() {
-            Some(first) => {
-                self.oldest.insert((first.lsn, page));
+        if folded > 0
+            && let Some(first) = entry.records.first()
+        {
+            self.oldest_in_memory.insert((first.lsn, page));
+        }
+        let cleanup = match (self.spill_to, spilled_folded, entry.spilled.is_empty()) {
+            (SpillTo::Log, _, _) | (SpillTo::Slots, 0, _) => SlotCleanup::Keep,
+            (SpillTo::Slots, _, true) => SlotCleanup::Clear,
+            (SpillTo::Slots, _, false) => SlotCleanup::ClearThrough(lsn),
+        };
+        if spilled_folded > 0 {
+            entry.slot_full = false;
+        }
+        match entry.oldest() {
+            Some(oldest) => {
+                self.oldest.insert((oldest, page));
             }
             None => {
                 self.pages.remove(&page);
             }
         }
+        cleanup
     }
 
     /// Every record at or below this LSN is in a materialized image: the stream is no longer
     /// needed up to it for this index's pages (D6: truncation also waits for every replica).
     pub fn materialized_through(&self) -> Lsn {
-        match self.oldest.first() {
+        // Spilled records count: a slot is a cache of the stream, never the only copy.
+        let flush_list = if injected(Bug::TruncatePastSpilled) { &self.oldest_in_memory } else { &self.oldest };
+        match flush_list.first() {
             Some(&(oldest, _)) => Lsn(oldest.0 - 1),
             None => self.complete_lsn,
         }
     }
 
-    /// The page's records not in the store's image, sorted by LSN (empty for most pages).
+    /// The page's records not in the store's image held in memory, sorted by LSN (empty for
+    /// most pages).
     pub fn records(&self, page: u64) -> &[Arc<RedoRecord>] {
         self.pages.get(&page).map_or(&[], |entry| &entry.records)
+    }
+
+    /// What is kept of the page's records that left memory, sorted by LSN.
+    pub fn spilled_of(&self, page: u64) -> &[SpilledRecord] {
+        self.pages.get(&page).map_or(&[], |entry| &entry.spilled)
+    }
+
+    /// The page as this index alone knows it: from the last image it was told of.
+    fn page_state_of<'a>(&'a self, page: u64, entry: &'a PageRecords) -> PageState<'a> {
+        PageState {
+            image_lsn: entry.materialized,
+            records: &entry.records,
+            spilled: Spilled { page, to: self.spill_to, records: &entry.spilled },
+        }
     }
 
     /// The page as reads see it: the store's image, at `stored_image_lsn` (the page's LSN in
@@ -255,7 +376,10 @@ impl PageVersions {
                 "page {page}: the store's image at {stored_image_lsn:?} is older than the one materialized at {known}"
             );
         }
-        PageState { image_lsn: stored_image_lsn, records: self.records(page) }
+        match self.pages.get(&page) {
+            Some(entry) => PageState { image_lsn: stored_image_lsn, ..self.page_state_of(page, entry) },
+            None => PageState { image_lsn: stored_image_lsn, ..PageState::default() },
+        }
     }
 
     /// The watermarks reads are decided against.
@@ -313,57 +437,20 @@ impl PageVersions {
         self.cached_records
     }
 
+    /// Records that left memory and are not materialized yet (a stub of each is kept here).
+    pub fn spilled_records(&self) -> u64 {
+        self.spilled_records
+    }
+
     /// Pages that have records not yet materialized.
     pub fn pages_with_records(&self) -> usize {
         self.pages.len()
     }
-
-    /// What is wrong with the index, if anything: every relation between its parts, checked
-    /// the slow way (tests and simulation call it after every event).
-    pub fn invariant_problem(&self) -> Option<String> {
-        if self.complete_lsn > self.durable_lsn {
-            return Some(format!("complete LSN {} above durable {}", self.complete_lsn, self.durable_lsn));
-        }
-        let (mut bytes, mut count) = (0u64, 0u64);
-        for (&page, entry) in &self.pages {
-            if let Some(problem) = self.page_problem(page, entry) {
-                return Some(problem);
-            }
-            bytes += entry.records.iter().map(|r| record_cost_bytes(r)).sum::<u64>();
-            count += entry.records.len() as u64;
-        }
-        let expected: BTreeSet<(Lsn, u64)> = self.pages.iter().map(|(&page, e)| (e.records[0].lsn, page)).collect();
-        if expected != self.oldest {
-            return Some(format!("the flush list {:?} is not the pages' oldest records {expected:?}", self.oldest));
-        }
-        if (bytes, count) != (self.cached_bytes, self.cached_records) {
-            return Some(format!(
-                "counted {} records of {} bytes, hold {count} of {bytes}",
-                self.cached_records, self.cached_bytes
-            ));
-        }
-        None
-    }
-
-    fn page_problem(&self, page: u64, entry: &PageRecords) -> Option<String> {
-        let (Some(first), Some(last)) = (entry.records.first(), entry.records.last()) else {
-            return Some(format!("page {page} has an entry and no records"));
-        };
-        if entry.records.windows(2).any(|pair| pair[0].lsn >= pair[1].lsn) {
-            return Some(format!("page {page}: records out of LSN order"));
-        }
-        if let Some(bad) = entry.records.iter().find(|r| r.page != page) {
-            return Some(format!("page {page} holds a record of page {}", bad.page));
-        }
-        if entry.materialized.is_some_and(|m| first.lsn <= m) {
-            return Some(format!("page {page}: a record at {} is already in its image", first.lsn));
-        }
-        if last.lsn > self.complete_lsn || page >= self.page_count {
-            return Some(format!("page {page}: a record at {} past the stream or the volume", last.lsn));
-        }
-        None
-    }
 }
 
+mod check;
+mod spill;
+
+pub use spill::SpillTask;
 #[cfg(test)]
 mod tests;

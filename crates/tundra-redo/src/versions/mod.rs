@@ -7,20 +7,26 @@
 //! - `apply.rs`: a record's payload applied to a page buffer, every range checked against the
 //!   page size, and [`reconstruct`], a page as of an LSN from an image and records.
 //! - `index.rs`: [`PageVersions`], per page the records not yet folded into the store's image,
-//!   the watermarks (durable, complete, LSN_min) and the fold decisions (rule D6).
+//!   the watermarks (durable, complete, LSN_min) and the fold decisions (rule D6); `index/`
+//!   holds its spill decisions and events (`spill.rs`) and its invariant check (`check.rs`).
+//! - `spilled.rs`: records that left memory before their page was materialized: [`SpillTo`]
+//!   (slots, or only the redo log), the stub kept of each, and [`SpillRead`], how a plan
+//!   names the one slot read or the log ranges that bring them back.
 //! - `serve.rs`: the GetPage@LSN decision ([`decide`], [`decide_many`]): serve at an LSN with a
 //!   read plan, or `TooOld`, `NotYet`, `BadRequest`.
 
 mod apply;
 mod index;
 mod serve;
+mod spilled;
 
 #[cfg(test)]
 mod model_tests;
 
 pub use apply::{apply, check_payload, reconstruct};
-pub use index::{FoldTask, PageVersions, record_cost_bytes};
-pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, decide, decide_many};
+pub use index::{FoldTask, PageVersions, SlotCleanup, SpillTask, record_cost_bytes};
+pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, Spilled, decide, decide_many};
+pub use spilled::{LsnRange, SpillRead, SpillTo, SpilledRecord};
 
 /// Bugs the tests inject on purpose, to show that their oracles catch what they guard against:
 /// each test that injects one expects its model check to fail. Never injected outside tests.
@@ -35,6 +41,12 @@ pub(crate) enum Bug {
     ServeAnyImage,
     /// LSN_min follows the durable LSN, passing the readers' leases.
     LsnMinPassesReaders,
+    /// Records that leave memory are dropped without a stub: reads no longer know they need
+    /// the page's slot.
+    SpillForgetsRecords,
+    /// The stream counts as materialized up to the oldest record in memory, passing spilled
+    /// ones that only the log holds (with slots off) or that a damaged slot would need.
+    TruncatePastSpilled,
 }
 
 /// True when a test injected `bug` on this thread; always false outside tests.

@@ -8,7 +8,7 @@ use tundra_store::store::Watermarks;
 
 use super::*;
 use crate::ErrorKind;
-use crate::versions::GetPage;
+use crate::versions::{GetPage, SpillTo};
 
 const PAGE: usize = 16;
 
@@ -161,4 +161,136 @@ fn record_cost_counts_payload_bytes() {
     let image = RedoRecord { lsn: Lsn(1), page: 0, payload: Payload::Image(vec![0; 8192]) };
     assert!(record_cost_bytes(&image) >= 8192);
     assert!(record_cost_bytes(&image) > record_cost_bytes(&small));
+}
+
+fn sized(lsn: u64, page: u64, len: usize) -> Arc<RedoRecord> {
+    Arc::new(RedoRecord { lsn: Lsn(lsn), page, payload: Payload::Ranges(vec![(0, vec![lsn as u8; len])]) })
+}
+
+fn cost(records: &[Arc<RedoRecord>]) -> u64 {
+    records.iter().map(|r| record_cost_bytes(r)).sum()
+}
+
+#[test]
+fn nothing_spills_while_the_cache_is_within_its_bound() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 3)], Lsn(2)).unwrap();
+    assert!(versions.spill_candidates(versions.cached_bytes()).is_empty());
+    assert!(!versions.spill_candidates(versions.cached_bytes() - 1).is_empty());
+}
+
+#[test]
+fn pages_spill_by_their_oldest_record_in_memory_until_the_cache_is_under_its_bound() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 3), delta(3, 5), delta(4, 7), delta(6, 3)], Lsn(8)).unwrap();
+    let total = versions.cached_bytes();
+    let page_5 = cost(versions.records(5));
+    // Just under: the page with the oldest record (5) spills whole, which is enough.
+    let tasks = versions.spill_candidates(total - 1);
+    let got: Vec<(u64, u64, usize)> = tasks.iter().map(|t| (t.page, t.through_lsn.0, t.records.len())).collect();
+    assert_eq!(got, [(5, 3, 2)]);
+    // Bound at zero: every page, oldest first.
+    let pages: Vec<u64> = versions.spill_candidates(0).iter().map(|t| t.page).collect();
+    assert_eq!(pages, [5, 3, 7]);
+    versions.spilled(5, Lsn(3));
+    assert_eq!(versions.cached_bytes(), total - page_5, "spilled records leave the cache's count");
+    assert_eq!((versions.records(5).len(), versions.spilled_of(5).len(), versions.spilled_records()), (0, 2, 2));
+    // Page 5 has nothing left in memory: next comes page 3.
+    assert_eq!(versions.spill_candidates(0).iter().map(|t| t.page).collect::<Vec<_>>(), [3, 7]);
+    // The flush list still starts at page 5's record at 1: it is not materialized.
+    assert_eq!(versions.materialized_through(), Lsn(0));
+    // A new record of page 5 lands in memory after the spilled ones, and spills after them.
+    versions.records_durable(vec![delta(9, 5)], Lsn(9)).unwrap();
+    assert_eq!(versions.spill_candidates(0).iter().map(|t| t.page).collect::<Vec<_>>(), [3, 7, 5]);
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+fn a_page_spills_only_what_its_slot_has_room_for_and_none_once_full() {
+    let mut versions = fresh_large();
+    // Records of about 1 KiB: three fit a slot's 4048 bytes, a fourth does not.
+    let records: Vec<Arc<RedoRecord>> = (1..=5).map(|lsn| sized(lsn, 2, 1000)).collect();
+    versions.records_durable(records, Lsn(5)).unwrap();
+    let tasks = versions.spill_candidates(0);
+    assert_eq!(tasks.iter().map(|t| (t.page, t.records.len())).collect::<Vec<_>>(), [(2, 3)]);
+    versions.spilled(2, tasks[0].through_lsn);
+    assert!(versions.spill_candidates(0).is_empty(), "the slot has no room for the next record");
+    // The owner's merge overflowed for some other reason (a slot not cleared): no more asks.
+    versions.records_durable(vec![sized(6, 4, 10)], Lsn(6)).unwrap();
+    versions.slot_full(4);
+    assert!(versions.spill_candidates(0).is_empty());
+    assert_eq!(versions.pages_with_full_slots().collect::<Vec<_>>(), [4]);
+    // A fold frees the slot: the page may spill again.
+    versions.set_lsn_min(Lsn(6));
+    for task in versions.fold_candidates(10) {
+        let _ = versions.materialized(task.page, task.through_lsn);
+    }
+    versions.records_durable(vec![sized(7, 4, 10)], Lsn(7)).unwrap();
+    assert_eq!(versions.spill_candidates(0).iter().map(|t| t.page).collect::<Vec<_>>(), [4]);
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+fn fresh_large() -> PageVersions {
+    PageVersions::new(8192, 10, Watermarks::default())
+}
+
+#[test]
+fn with_slots_off_a_page_spills_all_its_records() {
+    let mut versions = fresh_large().spilling_to(SpillTo::Log);
+    let records: Vec<Arc<RedoRecord>> = (1..=5).map(|lsn| sized(lsn, 2, 1000)).collect();
+    versions.records_durable(records, Lsn(5)).unwrap();
+    let tasks = versions.spill_candidates(0);
+    assert_eq!(tasks.iter().map(|t| (t.page, t.records.len())).collect::<Vec<_>>(), [(2, 5)]);
+    versions.spilled(2, Lsn(5));
+    assert_eq!((versions.cached_bytes(), versions.spilled_records()), (0, 5));
+    // A fold with slots off leaves no slot to clean.
+    versions.set_lsn_min(Lsn(5));
+    let task = versions.fold_candidates(1).remove(0);
+    assert!(matches!(task.spilled, Some(crate::versions::SpillRead::Log { .. })));
+    assert_eq!(versions.materialized(2, Lsn(5)), SlotCleanup::Keep);
+    assert_eq!(versions.pages_with_records(), 0);
+}
+
+#[test]
+fn materializing_answers_what_to_clear_of_the_slot() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 5), delta(3, 5), delta(4, 5)], Lsn(4)).unwrap();
+    versions.spilled(5, Lsn(3));
+    versions.set_lsn_min(Lsn(4));
+    assert_eq!(versions.materialized(5, Lsn(2)), SlotCleanup::ClearThrough(Lsn(2)));
+    assert_eq!(versions.spilled_of(5).iter().map(|s| s.lsn.0).collect::<Vec<_>>(), [3]);
+    assert_eq!(versions.materialized_through(), Lsn(2));
+    assert_eq!(versions.materialized(5, Lsn(4)), SlotCleanup::Clear);
+    assert_eq!((versions.pages_with_records(), versions.spilled_records()), (0, 0));
+    // A page that never spilled has no slot to clean.
+    versions.records_durable(vec![delta(5, 6)], Lsn(5)).unwrap();
+    versions.set_lsn_min(Lsn(5));
+    assert_eq!(versions.materialized(6, Lsn(5)), SlotCleanup::Keep);
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+fn a_late_spill_report_moves_only_what_is_still_in_memory() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5), delta(2, 5), delta(3, 5)], Lsn(3)).unwrap();
+    let task = versions.spill_candidates(0).remove(0);
+    // The page is materialized at 2 before the spill is reported.
+    versions.set_lsn_min(Lsn(2));
+    let _ = versions.materialized(5, Lsn(2));
+    versions.spilled(5, task.through_lsn);
+    assert_eq!(versions.spilled_of(5).iter().map(|s| s.lsn.0).collect::<Vec<_>>(), [3]);
+    assert_eq!(versions.cached_records(), 0);
+    // Reported twice, or for a page with nothing in memory: nothing changes.
+    versions.spilled(5, task.through_lsn);
+    versions.spilled(8, Lsn(3));
+    assert_eq!(versions.spilled_records(), 1);
+    assert_eq!(versions.invariant_problem(), None);
+}
+
+#[test]
+#[should_panic(expected = "chosen before they arrive")]
+fn where_records_spill_is_chosen_before_any_arrives() {
+    let mut versions = fresh();
+    versions.records_durable(vec![delta(1, 5)], Lsn(1)).unwrap();
+    let _ = versions.spilling_to(SpillTo::Log);
 }

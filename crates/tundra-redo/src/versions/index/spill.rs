@@ -1,0 +1,135 @@
+//! Records leaving memory before their page is materialized (seed 000 §3.3.3): which pages'
+//! records leave when the cache passes its bound ([`PageVersions::spill_candidates`]), and the
+//! events that say where they went ([`PageVersions::spilled`], [`PageVersions::slot_full`]).
+
+use std::sync::Arc;
+
+use tundra_store::ids::Lsn;
+
+use super::{PageRecords, PageVersions, record_cost_bytes};
+use crate::codec::encoded_record_len;
+use crate::record::RedoRecord;
+use crate::slots::SLOT_RECORD_BYTES;
+use crate::versions::spilled::{SpillTo, SpilledRecord};
+use crate::versions::{Bug, injected};
+
+/// A page's oldest records in memory, to move out of it. With slots on, merge `records` into
+/// the page's slot (`SlotArea::merge`), then report [`PageVersions::spilled`] with
+/// `through_lsn`, or [`PageVersions::slot_full`] if the merge overflowed. With slots off the
+/// records are already in the redo log: report `spilled` at once. The owner does a page's slot
+/// I/O and its reports here in order (one lock per page), so the index never names a record
+/// its slot does not hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpillTask {
+    pub page: u64,
+    /// The LSN of the last record that leaves memory.
+    pub through_lsn: Lsn,
+    pub records: Vec<Arc<RedoRecord>>,
+}
+
+impl PageVersions {
+    /// The records to move out of memory so the cache holds at most `max_bytes` (none while it
+    /// does): for page after page, its oldest records in memory, as many as its slot has room
+    /// for (all of them with slots off). A page whose slot is full, or whose oldest record in
+    /// memory does not fit what is left of its slot, is passed over: folding it is what frees
+    /// memory, and until then the writer's backpressure (D8) bounds the cache. Pages may be
+    /// passed over until no task is left, so the bound is a target, not a promise.
+    ///
+    /// Pages go in the order of their oldest record in memory, oldest first, rather than the
+    /// largest first. The newest records are what readers near the head read (the writer and
+    /// readers that keep up), and keeping them in memory keeps their reads free of slot reads;
+    /// the oldest are needed only by lagging readers and by the next fold, which read the slot
+    /// once either way. Within a page, only a prefix of its records can spill, since the slot
+    /// and the memory list each hold an LSN-ordered run of them; taking the oldest pages first
+    /// follows that grain. And the order is kept as records arrive, so a call costs the pages it
+    /// looks at, not a sort of every page. Largest first would bring the cache under its bound
+    /// with fewer slot writes, but it picks the hottest pages, whose slots fill soonest and
+    /// whose newest versions are read most.
+    pub fn spill_candidates(&self, max_bytes: u64) -> Vec<SpillTask> {
+        let mut projected = self.cached_bytes;
+        let mut tasks = Vec::new();
+        for &(_, page) in &self.oldest_in_memory {
+            if projected <= max_bytes {
+                break;
+            }
+            let entry = &self.pages[&page];
+            let take = if entry.slot_full { 0 } else { self.spillable(entry) };
+            if take == 0 {
+                continue;
+            }
+            let records = &entry.records[..take];
+            projected -= records.iter().map(|r| record_cost_bytes(r)).sum::<u64>();
+            tasks.push(SpillTask { page, through_lsn: records[take - 1].lsn, records: records.to_vec() });
+        }
+        tasks
+    }
+
+    /// How many of the page's oldest records in memory may leave it: all of them with slots
+    /// off; with slots on, as many as fit what its slot has left.
+    fn spillable(&self, entry: &PageRecords) -> usize {
+        if self.spill_to == SpillTo::Log {
+            return entry.records.len();
+        }
+        let mut room = (SLOT_RECORD_BYTES as u64).saturating_sub(entry.slot_bytes());
+        let mut take = 0;
+        for record in &entry.records {
+            let len = encoded_record_len(record) as u64;
+            if len > room {
+                break;
+            }
+            room -= len;
+            take += 1;
+        }
+        take
+    }
+
+    /// The page's records in memory up to `through_lsn` are now in its slot (or, with slots
+    /// off, left to the redo log): they leave memory, so the cache's byte count falls, and a
+    /// stub of each is kept so reads know when they need them. Records already materialized
+    /// meanwhile are gone and simply not moved; a report for records no longer in memory
+    /// changes nothing.
+    pub fn spilled(&mut self, page: u64, through_lsn: Lsn) {
+        let Some(entry) = self.pages.get_mut(&page) else { return };
+        let moved = entry.records.partition_point(|r| r.lsn <= through_lsn);
+        if moved == 0 {
+            return;
+        }
+        let oldest_before = entry.oldest().expect("a page entry holds records");
+        self.oldest.remove(&(oldest_before, page));
+        self.oldest_in_memory.remove(&(entry.records[0].lsn, page));
+        for record in entry.records.drain(..moved) {
+            self.cached_bytes -= record_cost_bytes(&record);
+            self.cached_records -= 1;
+            if !injected(Bug::SpillForgetsRecords) {
+                entry.spilled.push(SpilledRecord::of(&record));
+                self.spilled_records += 1;
+            }
+        }
+        if let Some(first) = entry.records.first() {
+            self.oldest_in_memory.insert((first.lsn, page));
+        }
+        match entry.oldest() {
+            Some(oldest) => {
+                self.oldest.insert((oldest, page));
+            }
+            None => {
+                self.pages.remove(&page);
+            }
+        }
+    }
+
+    /// A merge into the page's slot overflowed: its records stay in memory, and it is not asked
+    /// to spill again until a fold frees room in its slot. The owner folds it when the fold
+    /// bound allows.
+    pub fn slot_full(&mut self, page: u64) {
+        if let Some(entry) = self.pages.get_mut(&page) {
+            entry.slot_full = true;
+        }
+    }
+
+    /// Pages whose slot overflowed and that still hold records in memory: the ones a fold, or
+    /// an extra image above LSN_min for lagging readers, would relieve.
+    pub fn pages_with_full_slots(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pages.iter().filter(|(_, e)| e.slot_full && !e.records.is_empty()).map(|(&page, _)| page)
+    }
+}
