@@ -381,3 +381,6 @@ impl<S: PageStorage + ?Sized> PagesMut for Txn<'_, S> {
         self.dirty.insert(number, Arc::new(page));
     }
 }
+
+#[cfg(test)]
+mod tests;

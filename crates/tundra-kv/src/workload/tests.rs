@@ -23,9 +23,9 @@ fn storage(config: LocalConfig, seed: u64) -> Arc<LocalStorage> {
 fn small(seed: u64) -> WorkloadConfig {
     WorkloadConfig {
         seed,
-        key_space: 3_000,
-        initial_keys: 1_500,
-        transactions: 300,
+        key_space: 5_000,
+        initial_keys: 2_500,
+        transactions: 1_000,
         writes_per_txn: 4,
         reads_per_txn: 8,
         ro_nodes: 3,
