@@ -17,7 +17,7 @@ use tundra_proto::{
     AppendOutcome, BatchLsns, HeavyResult, LeaseRenewal, PageLsns, ReaderLease, RedoAppend, RedoStatus, Server,
     Service, ServiceError, VolumeInfo, VolumeMode, VolumeSpec, WriteMode,
 };
-use tundra_redo::{LeaseId, ReaderId, WriterEpoch, codec};
+use tundra_redo::{LeaseId, ReaderId, RedoBatch, WriterEpoch, codec};
 use tundra_store::ids::{Lsn, VolumeId};
 
 const VOLUME: VolumeId = VolumeId(4);
@@ -90,17 +90,16 @@ impl Service for LocalService {
     }
 
     fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
-        // The records arrive back to back with a count; the codec decodes whole batches, so
-        // the batch's header is put in front of them (docs/format.md, "Batch").
-        let mut bytes = Vec::with_capacity(codec::BATCH_HEADER_BYTES + append.records.len());
-        bytes.extend_from_slice(&[codec::BATCH_VERSION, 0, 0, 0]);
-        bytes.extend_from_slice(&append.volume.to_le_bytes());
-        bytes.extend_from_slice(&append.writer_epoch.to_le_bytes());
-        bytes.extend_from_slice(&append.prev_lsn.to_le_bytes());
-        bytes.extend_from_slice(&append.end_lsn.to_le_bytes());
-        bytes.extend_from_slice(&append.record_count.to_le_bytes());
-        bytes.extend_from_slice(append.records);
-        let batch = codec::decode_batch(&bytes, PAGE_SIZE as u32).map_err(|e| ServiceError::invalid(e.to_string()))?;
+        let records = codec::decode_records(append.records, append.record_count, PAGE_SIZE as u32)
+            .map_err(|e| ServiceError::invalid(e.to_string()))?;
+        let batch = RedoBatch {
+            volume: VolumeId(append.volume),
+            epoch: WriterEpoch(append.writer_epoch),
+            prev_lsn: Lsn(append.prev_lsn),
+            end_lsn: Lsn(append.end_lsn),
+            records,
+        };
+        codec::check_batch(&batch, PAGE_SIZE as u32).map_err(|e| ServiceError::invalid(e.to_string()))?;
         Ok(match self.storage.append_redo(&batch).map_err(refused)? {
             tundra_redo::AppendOutcome::Ok { durable_lsn } => AppendOutcome::Ok { durable_lsn: durable_lsn.0 },
             tundra_redo::AppendOutcome::Gap { expected_prev_lsn } => {
