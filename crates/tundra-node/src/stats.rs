@@ -59,7 +59,7 @@ impl Node {
                     page_read: v.latency.page_read.summary(),
                     page_write: v.latency.page_write.summary(),
                     flush: v.latency.flush.summary(),
-                    redo: self.redo_status(&v).ok(),
+                    redo: self.redo.stream(v.volume.id).and_then(|_| self.redo_status(&v).ok()),
                 }
             })
             .collect();

@@ -255,9 +255,20 @@ impl Node {
         Ok(held)
     }
 
-    /// The stream's watermarks and what it holds in memory.
+    /// The stream's watermarks and what it holds in memory. A volume whose writer has sent
+    /// nothing yet has an empty stream: every LSN is 0, and its writer starts from there.
     pub fn redo_status(&self, volume: &VolumeRef) -> Result<RedoWatermarks> {
-        let stream = self.stream_of(volume)?;
+        volume.check_live()?;
+        let Some(stream) = self.redo.stream(volume.volume.id) else {
+            return Ok(RedoWatermarks {
+                writer_epoch: 0,
+                durable_lsn: 0,
+                complete_lsn: 0,
+                lsn_min: 0,
+                unfolded_bytes: 0,
+                leases: 0,
+            });
+        };
         let mut state = stream.state.lock();
         Ok(RedoWatermarks {
             writer_epoch: stream.log.fence().0,
