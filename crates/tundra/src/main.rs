@@ -5,6 +5,7 @@
 mod analyze;
 mod analyze_report;
 mod drive;
+mod kv;
 mod repair;
 mod serve;
 mod volume;
@@ -37,6 +38,10 @@ enum Command {
     /// Check a stopped node's data directory: every page read and verified, no block used twice,
     /// no leaked space.
     Fsck(serve::FsckArgs),
+    /// The reference compute node (a B+tree key-value database that sends redo) against a
+    /// running node.
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
     /// Repair a stopped node whose journal is damaged: without --accept-loss, report what would
     /// be dropped; with it, truncate the log at the damage and list the pages that then fail.
     Repair(repair::RepairArgs),
@@ -52,6 +57,7 @@ fn main() {
         Command::Stats(args) => volume::stats(args),
         Command::Fsck(args) => serve::fsck(args),
         Command::Repair(args) => repair::repair(args),
+        Command::Kv(command) => kv::run(command),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");
