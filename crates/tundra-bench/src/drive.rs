@@ -16,7 +16,7 @@ use tundra_device::size::{format_size, parse_size};
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 use tundra_env::Rng;
 
-use crate::measure::{Latencies, process_cpu_time};
+use crate::measure::{Latencies, machine_description, process_cpu_time};
 
 #[derive(Args, Clone)]
 pub struct DriveArgs {
@@ -452,18 +452,4 @@ fn print_gc(points: &[GcPoint]) {
         );
     }
     println!();
-}
-
-fn machine_description() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cores} x {cpu}, Linux {}", kernel.trim())
 }

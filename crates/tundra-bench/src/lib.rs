@@ -7,7 +7,10 @@
 //!   once per way of compressing, against the drive alone (`tundra-bench store`);
 //! - [`protocol`]: a real node's native protocol against in-process calls on it
 //!   (`tundra-bench protocol`), through [`overhead`], which runs on any `Service`;
-//! - [`measure`]: latency percentiles and the process's CPU time, which the others share.
+//! - [`redo`]: a redo commit through the redo log at queue depth 1, plain and with compressed
+//!   batches, against `pwrite` and `fdatasync` of the same bytes (`tundra-bench redo`);
+//! - [`measure`]: latency percentiles, the process's CPU time and the machine's description,
+//!   which the others share.
 //!
 //! Every command runs at a tiny size in the crate's tests, so that none of them can rot. The
 //! command names, flags and JSON keys are a contract (docs/bench-cli.md): bench/eval and
@@ -17,4 +20,5 @@ pub mod drive;
 pub mod measure;
 pub mod overhead;
 pub mod protocol;
+pub mod redo;
 pub mod store;

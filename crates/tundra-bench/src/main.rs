@@ -2,7 +2,7 @@
 //! names, flags and JSON keys are a contract documented in docs/bench-cli.md.
 
 use clap::{Parser, Subcommand};
-use tundra_bench::{drive, protocol, store};
+use tundra_bench::{drive, protocol, redo, store};
 
 #[derive(Parser)]
 #[command(
@@ -25,6 +25,9 @@ enum Command {
     Store(store::StoreArgs),
     /// Per-request overhead of the native protocol against in-process calls on a real node.
     Protocol(protocol::ProtocolArgs),
+    /// Redo commit latency at queue depth 1: the redo log, and the redo log with compressed
+    /// batches, against pwrite and fdatasync of the same bytes on the same filesystem.
+    Redo(redo::RedoArgs),
 }
 
 fn main() {
@@ -33,6 +36,7 @@ fn main() {
         Command::Drive(args) => drive::run(args),
         Command::Store(args) => store::run(args),
         Command::Protocol(args) => protocol::run(args),
+        Command::Redo(args) => redo::run(args),
     };
     if let Err(error) = result {
         eprintln!("tundra-bench: {error:#}");

@@ -1,4 +1,5 @@
-//! Small measuring tools shared by the benchmarks: latency percentiles and CPU time.
+//! Small measuring tools shared by the benchmarks: latency percentiles, CPU time and a line that
+//! names the machine.
 
 use std::time::Duration;
 
@@ -22,6 +23,22 @@ impl Latencies {
         let rank = ((p / 100.0) * self.samples_ns.len() as f64).ceil() as usize;
         self.samples_ns[rank.clamp(1, self.samples_ns.len()) - 1] as f64 / 1000.0
     }
+
+    /// The mean in microseconds.
+    pub fn mean_us(&self) -> f64 {
+        if self.samples_ns.is_empty() {
+            return 0.0;
+        }
+        self.samples_ns.iter().map(|&ns| ns as f64).sum::<f64>() / self.samples_ns.len() as f64 / 1000.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples_ns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples_ns.is_empty()
+    }
 }
 
 /// CPU time used by this process so far (user + system), from getrusage.
@@ -34,6 +51,21 @@ pub fn process_cpu_time() -> Duration {
     };
     let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+/// Core count, CPU model and Linux version, for the reports.
+pub fn machine_description() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} x {cpu}, Linux {}", kernel.trim())
 }
 
 #[cfg(test)]
@@ -49,6 +81,7 @@ mod tests {
         assert_eq!(l.percentile_us(50.0), 50.0);
         assert_eq!(l.percentile_us(99.0), 99.0);
         assert_eq!(l.percentile_us(100.0), 100.0);
+        assert_eq!(l.mean_us(), 50.5);
     }
 
     #[test]

@@ -1,0 +1,470 @@
+//! `tundra-bench redo`: what a redo commit costs on the fast device against a plain
+//! `fdatasync` of the same bytes (Opt#1, seed 000 §3.3.1), and what compressing the redo first
+//! would add (Figure 13c).
+//!
+//! Three ways of making one batch of redo durable at queue depth 1, on files in one directory,
+//! interleaved commit by commit (each round runs the three in a rotated order) so that whatever
+//! the machine does meanwhile hits all of them alike:
+//!
+//! - `fdatasync`, the baseline: the encoded batch written with `pwrite` at the next offset of a
+//!   plain file and `fdatasync`, as a database's write-ahead log does. The file is filled with
+//!   zeros and synced first, as such logs preallocate their segments, so no commit allocates.
+//! - `redo_log`: [`RedoLog::append`] on a [`FileDevice`] (`O_DIRECT` where the filesystem
+//!   allows it, like the node's fast device): what the node does for AppendRedo once the request
+//!   is decoded, minus the network.
+//! - `redo_log_zstd`: the same, but the encoded batch compressed with zstd level 1 first and the
+//!   compressed bytes appended (carried as one record of byte ranges, the way a log of
+//!   compressed batches would frame them), encoding and compression timed in.
+//!
+//! Each run makes its files afresh and, before timing anything, appends one lap of the ring to
+//! each redo log (so every log block is allocated, as on a node that has run a while); the logs
+//! are truncated between rounds, outside the timings, as folding would. Workload and reports are
+//! in [`workload`] and [`report`].
+
+mod report;
+mod workload;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use tundra_codec::{Algorithm, PageCodec};
+use tundra_device::file::FileDevice;
+use tundra_device::size::parse_size;
+use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice, Lba, Usage};
+use tundra_redo::codec::{encode_batch, encoded_batch_len};
+use tundra_redo::{AppendOutcome, LogGeometry, Payload, RedoBatch, RedoLog, RedoRecord};
+
+use crate::measure::{Latencies, machine_description};
+pub use report::{MethodReport, Report, RunStats, SizeReport, Storage};
+use report::{MethodRun, method_report};
+use workload::{MIN_BATCH_BYTES, VOLUME, Workload};
+
+#[derive(Args, Clone)]
+pub struct RedoArgs {
+    /// Directory the scratch files are made in (a new directory inside it, removed afterwards);
+    /// defaults to the build's target/ directory. It decides the filesystem and device measured.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Timed commits per method and batch size in each run.
+    #[arg(long, default_value_t = 2000)]
+    commits: usize,
+    /// Encoded batch sizes, comma-separated.
+    #[arg(long, default_value = "512,4KiB,16KiB", value_delimiter = ',')]
+    batch_bytes: Vec<String>,
+    /// Times the whole interleaved measurement is repeated; the report gives medians over them.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Page size of the volume the redo belongs to.
+    #[arg(long, default_value = "16KiB")]
+    page_size: String,
+    /// Size of each redo log's ring and of the baseline's file (the node's streams take 16 MiB).
+    #[arg(long, default_value = "16MiB")]
+    ring: String,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// The methods in their report order, the baseline first.
+const METHODS: [&str; 3] = ["fdatasync", "redo_log", "redo_log_zstd"];
+/// Pages the redo's records touch.
+const VOLUME_PAGES: u64 = 4096;
+/// Batches of the warm-up lap: large, so a lap takes few flushes.
+const LAP_BATCH_BYTES: usize = 256 * 1024;
+
+/// The command's checked settings.
+struct Settings {
+    commits: usize,
+    warmup_commits: usize,
+    runs: usize,
+    batch_sizes: Vec<usize>,
+    page_size: u32,
+    ring_bytes: u64,
+}
+
+pub fn run(args: RedoArgs) -> Result<()> {
+    let settings = settings(&args)?;
+    let parent = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => default_parent(),
+    };
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let scratch = tempfile::Builder::new()
+        .prefix("tundra-bench-redo.")
+        .tempdir_in(&parent)
+        .with_context(|| format!("making a scratch directory in {}", parent.display()))?;
+    let report = measure(&args, &settings, scratch.path())?;
+    report::print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn settings(args: &RedoArgs) -> Result<Settings> {
+    ensure!(args.commits >= 1 && args.runs >= 1, "--commits and --runs must be at least 1");
+    let page_size = parse_size(&args.page_size).with_context(|| format!("--page-size {}", args.page_size))?;
+    ensure!(
+        page_size.is_power_of_two() && (4096..=65536).contains(&page_size),
+        "--page-size must be a power of two from 4KiB to 64KiB, not {}",
+        args.page_size
+    );
+    let ring_bytes = parse_size(&args.ring).with_context(|| format!("--ring {}", args.ring))?;
+    ensure!(
+        ring_bytes.is_multiple_of(BLOCK_SIZE_BYTES) && ring_bytes >= 1 << 20,
+        "--ring must be a multiple of 4KiB of at least 1MiB, not {}",
+        args.ring
+    );
+    let mut batch_sizes = Vec::new();
+    for text in &args.batch_bytes {
+        let size = parse_size(text).with_context(|| format!("--batch-bytes {text}"))? as usize;
+        ensure!(
+            (MIN_BATCH_BYTES..=(ring_bytes / 8) as usize).contains(&size),
+            "--batch-bytes {text}: a batch takes from {MIN_BATCH_BYTES} bytes to an eighth of the ring"
+        );
+        batch_sizes.push(size);
+    }
+    Ok(Settings {
+        commits: args.commits,
+        warmup_commits: (args.commits / 20).clamp(1, 50),
+        runs: args.runs,
+        batch_sizes,
+        page_size: page_size as u32,
+        ring_bytes,
+    })
+}
+
+/// The `target` directory this binary was built into, where the scratch files go by default
+/// (the system temporary directory may be a memory filesystem); else the temporary directory.
+fn default_parent() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().find(|a| a.file_name() == Some("target".as_ref())).map(Path::to_path_buf))
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+fn measure(args: &RedoArgs, settings: &Settings, dir: &Path) -> Result<Report> {
+    let configuration = format!(
+        "tundra-bench redo --commits {} --batch-bytes {} --runs {} --page-size {} --ring {}",
+        settings.commits,
+        args.batch_bytes.join(","),
+        settings.runs,
+        args.page_size,
+        args.ring
+    );
+    let storage = Storage::of(dir);
+    let load_average_before = load_average();
+    eprintln!("tundra-bench redo: {} runs in {}", settings.runs, storage.describe());
+    let mut runs = Vec::with_capacity(settings.runs);
+    let mut direct_io = false;
+    for run in 0..settings.runs {
+        let run_dir = dir.join(format!("run-{run}"));
+        std::fs::create_dir(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+        let (sizes, direct) = measure_run(settings, &run_dir).with_context(|| format!("run {}", run + 1))?;
+        direct_io = direct;
+        std::fs::remove_dir_all(&run_dir).with_context(|| format!("removing {}", run_dir.display()))?;
+        runs.push(sizes);
+    }
+    let sizes = settings
+        .batch_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &batch_bytes)| size_report(batch_bytes, runs.iter().map(|run| &run[i]).collect()))
+        .collect();
+    Ok(Report {
+        configuration,
+        machine: machine_description(),
+        load_average_before,
+        load_average_after: load_average(),
+        storage,
+        direct_io,
+        commits: settings.commits,
+        warmup_commits: settings.warmup_commits,
+        runs: settings.runs,
+        page_size: settings.page_size,
+        ring_bytes: settings.ring_bytes,
+        sizes,
+    })
+}
+
+/// The first three fields of /proc/loadavg: the machine is shared, and a busy one shows in the
+/// runs' spread.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split(' ').take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// What one run measured at one batch size.
+struct SizeRun {
+    methods: Vec<MethodRun>,
+    records: u64,
+    encoded_bytes: u64,
+    compressed_bytes: u64,
+    compress_us_p50: f64,
+}
+
+fn size_report(batch_bytes: usize, runs: Vec<&SizeRun>) -> SizeReport {
+    let commits: usize = runs.iter().map(|r| r.methods[0].commits).sum();
+    let per_method: Vec<Vec<MethodRun>> =
+        (0..METHODS.len()).map(|m| runs.iter().map(|r| r.methods[m]).collect()).collect();
+    let methods = METHODS.iter().zip(&per_method).map(|(name, m)| method_report(name, m, &per_method[0])).collect();
+    SizeReport {
+        batch_bytes,
+        records_per_batch: runs.iter().map(|r| r.records).sum::<u64>() as f64 / commits.max(1) as f64,
+        zstd_ratio: runs.iter().map(|r| r.encoded_bytes).sum::<u64>() as f64
+            / runs.iter().map(|r| r.compressed_bytes).sum::<u64>().max(1) as f64,
+        compress_us_p50: report::median(runs.iter().map(|r| r.compress_us_p50).collect()),
+        methods,
+    }
+}
+
+/// One run: fresh files, the logs' warm-up lap, then every batch size in turn. Answers each
+/// size's numbers and whether the logs' files use O_DIRECT.
+fn measure_run(settings: &Settings, dir: &Path) -> Result<(Vec<SizeRun>, bool)> {
+    let mut baseline = PlainLog::create(&dir.join("fdatasync.wal"), settings.ring_bytes)?;
+    let redo_log = TundraLog::create(&dir.join("redo.log"), settings)?;
+    let zstd_log = TundraLog::create(&dir.join("redo-zstd.log"), settings)?;
+    let direct = redo_log.direct && zstd_log.direct;
+    let mut workload = Workload::new(0x5EED_0013, settings.page_size, VOLUME_PAGES, redo_log.log.durable_lsn());
+    let mut lapped = 0;
+    while lapped < settings.ring_bytes + LAP_BATCH_BYTES as u64 {
+        let batch = workload.batch(LAP_BATCH_BYTES);
+        for log in [&redo_log, &zstd_log] {
+            log.append(&batch)?;
+            log.log.truncate_through(log.log.durable_lsn())?;
+        }
+        lapped += LAP_BATCH_BYTES as u64;
+    }
+    let codec = PageCodec::new(PageCodec::DEFAULT_ZSTD_LEVEL)?;
+    let mut sizes = Vec::with_capacity(settings.batch_sizes.len());
+    for &batch_bytes in &settings.batch_sizes {
+        let mut rounds = Rounds::new(settings);
+        for round in 0..settings.warmup_commits + settings.commits {
+            let timed = round >= settings.warmup_commits;
+            let batch = workload.batch(batch_bytes);
+            let mut encoded = Vec::with_capacity(batch_bytes);
+            encode_batch(&batch, &mut encoded);
+            for k in 0..METHODS.len() {
+                let method = (round + k) % METHODS.len();
+                let begun = Instant::now();
+                let (payload_bytes, device_bytes) = match method {
+                    0 => (encoded.len(), baseline.commit(&encoded)?),
+                    1 => (encoded.len(), redo_log.append(&batch)?),
+                    _ => {
+                        let (wrapped, compressed_bytes) = compress(&codec, &batch, settings.page_size)?;
+                        if timed {
+                            rounds.compress.record(begun.elapsed());
+                            rounds.encoded_bytes += encoded.len() as u64;
+                            rounds.compressed_bytes += compressed_bytes as u64;
+                        }
+                        (encoded_batch_len(&wrapped), zstd_log.append(&wrapped)?)
+                    }
+                };
+                if timed {
+                    rounds.latencies[method].record(begun.elapsed());
+                    rounds.payload_bytes[method] += payload_bytes as u64;
+                    rounds.device_bytes[method] += device_bytes;
+                }
+            }
+            if timed {
+                rounds.records += batch.records.len() as u64;
+            }
+            redo_log.truncate_if_half_full()?;
+            zstd_log.truncate_if_half_full()?;
+        }
+        sizes.push(rounds.finish()?);
+    }
+    Ok((sizes, direct))
+}
+
+/// What the rounds at one batch size gather.
+struct Rounds {
+    latencies: [Latencies; 3],
+    payload_bytes: [u64; 3],
+    device_bytes: [u64; 3],
+    compress: Latencies,
+    records: u64,
+    encoded_bytes: u64,
+    compressed_bytes: u64,
+    commits: usize,
+}
+
+impl Rounds {
+    fn new(settings: &Settings) -> Rounds {
+        Rounds {
+            latencies: Default::default(),
+            payload_bytes: [0; 3],
+            device_bytes: [0; 3],
+            compress: Latencies::default(),
+            records: 0,
+            encoded_bytes: 0,
+            compressed_bytes: 0,
+            commits: settings.commits,
+        }
+    }
+
+    fn finish(mut self) -> Result<SizeRun> {
+        ensure!(self.latencies.iter().all(|l| l.len() == self.commits), "every method timed every commit");
+        let methods = (0..METHODS.len())
+            .map(|m| MethodRun {
+                stats: RunStats::of(&mut self.latencies[m]),
+                payload_bytes: self.payload_bytes[m],
+                device_bytes: self.device_bytes[m],
+                commits: self.commits,
+            })
+            .collect();
+        Ok(SizeRun {
+            methods,
+            records: self.records,
+            encoded_bytes: self.encoded_bytes,
+            compressed_bytes: self.compressed_bytes,
+            compress_us_p50: self.compress.percentile_us(50.0),
+        })
+    }
+}
+
+/// Encodes the batch, compresses it and wraps the compressed bytes in a batch of the same LSNs:
+/// one record whose ranges carry them, a page's worth each. Answers the wrapping batch and the
+/// compressed length.
+fn compress(codec: &PageCodec, batch: &RedoBatch, page_size: u32) -> Result<(RedoBatch, usize)> {
+    let mut encoded = Vec::new();
+    encode_batch(batch, &mut encoded);
+    let compressed = codec.compress_bytes(Algorithm::Zstd, &encoded)?;
+    let ranges = compressed.chunks(page_size as usize).map(|piece| (0, piece.to_vec())).collect();
+    let record = RedoRecord { lsn: batch.end_lsn, page: 0, payload: Payload::Ranges(ranges) };
+    let wrapped = RedoBatch { records: vec![record], ..batch.clone() };
+    Ok((wrapped, compressed.len()))
+}
+
+/// The baseline: a preallocated plain file written at the next offset and synced, wrapping
+/// to its start when a batch would pass its end, as a log reusing its segments does.
+struct PlainLog {
+    file: File,
+    size: u64,
+    offset: u64,
+}
+
+impl PlainLog {
+    fn create(path: &Path, size: u64) -> Result<PlainLog> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < size {
+            let len = zeros.len().min((size - at) as usize);
+            pwrite_all(&file, &zeros[..len], at)?;
+            at += len as u64;
+        }
+        rustix::fs::fsync(&file).context("syncing the baseline's file")?;
+        Ok(PlainLog { file, size, offset: 0 })
+    }
+
+    /// Writes and syncs one batch; answers the bytes of the 4 KiB pages it dirtied, which is
+    /// what the kernel writes back.
+    fn commit(&mut self, bytes: &[u8]) -> Result<u64> {
+        let len = bytes.len() as u64;
+        if self.offset + len > self.size {
+            self.offset = 0;
+        }
+        pwrite_all(&self.file, bytes, self.offset)?;
+        rustix::fs::fdatasync(&self.file).context("fdatasync of the baseline's file")?;
+        let pages = (self.offset + len).div_ceil(BLOCK_SIZE_BYTES) - self.offset / BLOCK_SIZE_BYTES;
+        self.offset += len;
+        Ok(pages * BLOCK_SIZE_BYTES)
+    }
+}
+
+fn pwrite_all(file: &File, mut bytes: &[u8], mut offset: u64) -> Result<()> {
+    while !bytes.is_empty() {
+        let written = rustix::io::pwrite(file, bytes, offset).context("pwrite to the baseline's file")?;
+        ensure!(written > 0, "pwrite wrote nothing");
+        bytes = &bytes[written..];
+        offset += written as u64;
+    }
+    Ok(())
+}
+
+/// A redo log on a file device, as the node keeps each volume's stream on the fast device.
+struct TundraLog {
+    log: RedoLog,
+    device: Arc<Counting>,
+    direct: bool,
+}
+
+impl TundraLog {
+    fn create(path: &Path, settings: &Settings) -> Result<TundraLog> {
+        let geometry = LogGeometry {
+            volume: VOLUME,
+            page_size: settings.page_size,
+            log_blocks: settings.ring_bytes / BLOCK_SIZE_BYTES,
+        };
+        let file = FileDevice::create(path, geometry.total_blocks() * BLOCK_SIZE_BYTES)?;
+        let direct = file.is_direct();
+        let device = Arc::new(Counting { inner: file, written_bytes: AtomicU64::new(0) });
+        RedoLog::format(device.as_ref(), geometry)?;
+        let (log, _) = RedoLog::open(device.clone())?;
+        Ok(TundraLog { log, device, direct })
+    }
+
+    /// Appends one batch; answers the bytes the log wrote to its device for it.
+    fn append(&self, batch: &RedoBatch) -> Result<u64> {
+        let before = self.device.written_bytes.load(Ordering::Relaxed);
+        match self.log.append(batch)? {
+            AppendOutcome::Ok { .. } => {}
+            refused => bail!("the redo log refused a batch of the benchmark's one writer: {refused:?}"),
+        }
+        Ok(self.device.written_bytes.load(Ordering::Relaxed) - before)
+    }
+
+    /// Frees the ring behind the durable end once half of it is held, as folding would.
+    fn truncate_if_half_full(&self) -> Result<()> {
+        let (held, ring) = self.log.usage_blocks();
+        if held * 2 > ring {
+            self.log.truncate_through(self.log.durable_lsn())?;
+        }
+        Ok(())
+    }
+}
+
+/// A file device that counts the bytes written to it.
+struct Counting {
+    inner: FileDevice,
+    written_bytes: AtomicU64,
+}
+
+impl BlockDevice for Counting {
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+
+    fn read(&self, lba: Lba, buf: &mut [u8]) -> tundra_device::Result<()> {
+        self.inner.read(lba, buf)
+    }
+
+    fn write(&self, lba: Lba, data: &[u8]) -> tundra_device::Result<()> {
+        self.written_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.write(lba, data)
+    }
+
+    fn trim(&self, lba: Lba, block_count: u64) -> tundra_device::Result<()> {
+        self.inner.trim(lba, block_count)
+    }
+
+    fn flush(&self) -> tundra_device::Result<()> {
+        self.inner.flush()
+    }
+
+    fn usage(&self) -> Usage {
+        self.inner.usage()
+    }
+}
