@@ -16,11 +16,15 @@
 //!   compressed bytes appended (carried as one record of byte ranges, the way a log of
 //!   compressed batches would frame them), encoding and compression timed in.
 //!
+//! - `node_protocol`, with `--node` only: the same batch as AppendRedo over the native
+//!   protocol on 127.0.0.1 to a real node on files in the same directory ([`node`]).
+//!
 //! Each run makes its files afresh and, before timing anything, appends one lap of the ring to
 //! each redo log (so every log block is allocated, as on a node that has run a while); the logs
 //! are truncated between rounds, outside the timings, as folding would. Workload and reports are
 //! in [`workload`] and [`report`].
 
+mod node;
 mod report;
 mod workload;
 
@@ -28,7 +32,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
@@ -40,6 +44,7 @@ use tundra_redo::codec::{encode_batch, encoded_batch_len};
 use tundra_redo::{AppendOutcome, LogGeometry, Payload, RedoBatch, RedoLog, RedoRecord};
 
 use crate::measure::{Latencies, machine_description};
+use node::NodeLog;
 pub use report::{MethodReport, Report, RunStats, SizeReport, Storage};
 use report::{MethodRun, method_report};
 use workload::{MIN_BATCH_BYTES, VOLUME, Workload};
@@ -65,20 +70,27 @@ pub struct RedoArgs {
     /// Size of each redo log's ring and of the baseline's file (the node's streams take 16 MiB).
     #[arg(long, default_value = "16MiB")]
     ring: String,
+    /// Also send each batch to a real node over the native protocol on 127.0.0.1.
+    #[arg(long)]
+    node: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
-/// The methods in their report order, the baseline first.
-const METHODS: [&str; 3] = ["fdatasync", "redo_log", "redo_log_zstd"];
-/// Pages the redo's records touch.
-const VOLUME_PAGES: u64 = 4096;
+/// The methods in their report order, the baseline first; the last runs with `--node` only.
+const METHODS: [&str; 4] = ["fdatasync", "redo_log", "redo_log_zstd", "node_protocol"];
+/// The method whose device bytes are not counted: the node's devices are its own.
+const NODE: usize = 3;
+/// Pages the redo's records touch: few enough that the node's folds stay short.
+const VOLUME_PAGES: u64 = 1024;
 /// Batches of the warm-up lap: large, so a lap takes few flushes.
 const LAP_BATCH_BYTES: usize = 256 * 1024;
 
 /// The command's checked settings.
 struct Settings {
+    /// How many of [`METHODS`] run: three, or four with `--node`.
+    methods: usize,
     commits: usize,
     warmup_commits: usize,
     runs: usize,
@@ -131,6 +143,7 @@ fn settings(args: &RedoArgs) -> Result<Settings> {
         batch_sizes.push(size);
     }
     Ok(Settings {
+        methods: if args.node { 4 } else { 3 },
         commits: args.commits,
         warmup_commits: (args.commits / 20).clamp(1, 50),
         runs: args.runs,
@@ -151,12 +164,13 @@ fn default_parent() -> PathBuf {
 
 fn measure(args: &RedoArgs, settings: &Settings, dir: &Path) -> Result<Report> {
     let configuration = format!(
-        "tundra-bench redo --commits {} --batch-bytes {} --runs {} --page-size {} --ring {}",
+        "tundra-bench redo --commits {} --batch-bytes {} --runs {} --page-size {} --ring {}{}",
         settings.commits,
         args.batch_bytes.join(","),
         settings.runs,
         args.page_size,
-        args.ring
+        args.ring,
+        if args.node { " --node" } else { "" }
     );
     let storage = Storage::of(dir);
     let load_average_before = load_average();
@@ -175,7 +189,7 @@ fn measure(args: &RedoArgs, settings: &Settings, dir: &Path) -> Result<Report> {
         .batch_sizes
         .iter()
         .enumerate()
-        .map(|(i, &batch_bytes)| size_report(batch_bytes, runs.iter().map(|run| &run[i]).collect()))
+        .map(|(i, &batch_bytes)| size_report(settings, batch_bytes, runs.iter().map(|run| &run[i]).collect()))
         .collect();
     Ok(Report {
         configuration,
@@ -209,10 +223,10 @@ struct SizeRun {
     compress_us_p50: f64,
 }
 
-fn size_report(batch_bytes: usize, runs: Vec<&SizeRun>) -> SizeReport {
+fn size_report(settings: &Settings, batch_bytes: usize, runs: Vec<&SizeRun>) -> SizeReport {
     let commits: usize = runs.iter().map(|r| r.methods[0].commits).sum();
     let per_method: Vec<Vec<MethodRun>> =
-        (0..METHODS.len()).map(|m| runs.iter().map(|r| r.methods[m]).collect()).collect();
+        (0..settings.methods).map(|m| runs.iter().map(|r| r.methods[m]).collect()).collect();
     let methods = METHODS.iter().zip(&per_method).map(|(name, m)| method_report(name, m, &per_method[0])).collect();
     SizeReport {
         batch_bytes,
@@ -227,21 +241,10 @@ fn size_report(batch_bytes: usize, runs: Vec<&SizeRun>) -> SizeReport {
 /// One run: fresh files, the logs' warm-up lap, then every batch size in turn. Answers each
 /// size's numbers and whether the logs' files use O_DIRECT.
 fn measure_run(settings: &Settings, dir: &Path) -> Result<(Vec<SizeRun>, bool)> {
-    let mut baseline = PlainLog::create(&dir.join("fdatasync.wal"), settings.ring_bytes)?;
-    let redo_log = TundraLog::create(&dir.join("redo.log"), settings)?;
-    let zstd_log = TundraLog::create(&dir.join("redo-zstd.log"), settings)?;
-    let direct = redo_log.direct && zstd_log.direct;
-    let mut workload = Workload::new(0x5EED_0013, settings.page_size, VOLUME_PAGES, redo_log.log.durable_lsn());
-    let mut lapped = 0;
-    while lapped < settings.ring_bytes + LAP_BATCH_BYTES as u64 {
-        let batch = workload.batch(LAP_BATCH_BYTES);
-        for log in [&redo_log, &zstd_log] {
-            log.append(&batch)?;
-            log.log.truncate_through(log.log.durable_lsn())?;
-        }
-        lapped += LAP_BATCH_BYTES as u64;
-    }
-    let codec = PageCodec::new(PageCodec::DEFAULT_ZSTD_LEVEL)?;
+    let mut methods = Methods::create(settings, dir)?;
+    let direct = methods.redo_log.direct && methods.zstd_log.direct;
+    let mut workload = Workload::new(0x5EED_0013, settings.page_size, VOLUME_PAGES, methods.redo_log.log.durable_lsn());
+    methods.lap(&mut workload, settings.ring_bytes)?;
     let mut sizes = Vec::with_capacity(settings.batch_sizes.len());
     for &batch_bytes in &settings.batch_sizes {
         let mut rounds = Rounds::new(settings);
@@ -250,44 +253,127 @@ fn measure_run(settings: &Settings, dir: &Path) -> Result<(Vec<SizeRun>, bool)> 
             let batch = workload.batch(batch_bytes);
             let mut encoded = Vec::with_capacity(batch_bytes);
             encode_batch(&batch, &mut encoded);
-            for k in 0..METHODS.len() {
-                let method = (round + k) % METHODS.len();
+            for k in 0..settings.methods {
+                let method = (round + k) % settings.methods;
                 let begun = Instant::now();
-                let (payload_bytes, device_bytes) = match method {
-                    0 => (encoded.len(), baseline.commit(&encoded)?),
-                    1 => (encoded.len(), redo_log.append(&batch)?),
-                    _ => {
-                        let (wrapped, compressed_bytes) = compress(&codec, &batch, settings.page_size)?;
-                        if timed {
-                            rounds.compress.record(begun.elapsed());
-                            rounds.encoded_bytes += encoded.len() as u64;
-                            rounds.compressed_bytes += compressed_bytes as u64;
-                        }
-                        (encoded_batch_len(&wrapped), zstd_log.append(&wrapped)?)
-                    }
-                };
-                if timed {
-                    rounds.latencies[method].record(begun.elapsed());
-                    rounds.payload_bytes[method] += payload_bytes as u64;
-                    rounds.device_bytes[method] += device_bytes;
+                let (payload_bytes, device_bytes, compressed) = methods.commit(method, &batch, &encoded)?;
+                let elapsed = begun.elapsed();
+                if !timed {
+                    continue;
+                }
+                rounds.latencies[method].record(elapsed);
+                rounds.payload_bytes[method] += payload_bytes as u64;
+                rounds.device_bytes[method] += device_bytes;
+                if let Some((compress_time, compressed_bytes)) = compressed {
+                    rounds.compress.record(compress_time);
+                    rounds.encoded_bytes += encoded.len() as u64;
+                    rounds.compressed_bytes += compressed_bytes as u64;
                 }
             }
             if timed {
                 rounds.records += batch.records.len() as u64;
             }
-            redo_log.truncate_if_half_full()?;
-            zstd_log.truncate_if_half_full()?;
+            methods.make_room()?;
         }
-        sizes.push(rounds.finish()?);
+        sizes.push(rounds.finish(settings.methods)?);
     }
+    methods.close()?;
     Ok((sizes, direct))
 }
 
-/// What the rounds at one batch size gather.
+/// The files (and the node) of one run, one per method.
+struct Methods {
+    baseline: PlainLog,
+    redo_log: TundraLog,
+    zstd_log: TundraLog,
+    node: Option<NodeLog>,
+    codec: PageCodec,
+}
+
+/// What one commit wrote: the bytes handed to the write, the bytes that reached the device and,
+/// for the compressed log, the time encoding and compression took and the compressed length.
+type Committed = (usize, u64, Option<(Duration, usize)>);
+
+impl Methods {
+    fn create(settings: &Settings, dir: &Path) -> Result<Methods> {
+        Ok(Methods {
+            baseline: PlainLog::create(&dir.join("fdatasync.wal"), settings.ring_bytes)?,
+            redo_log: TundraLog::create(&dir.join("redo.log"), settings)?,
+            zstd_log: TundraLog::create(&dir.join("redo-zstd.log"), settings)?,
+            node: if settings.methods > NODE {
+                Some(NodeLog::open(&dir.join("node"), settings.page_size, VOLUME_PAGES)?)
+            } else {
+                None
+            },
+            codec: PageCodec::new(PageCodec::DEFAULT_ZSTD_LEVEL)?,
+        })
+    }
+
+    /// Appends a lap of every ring, so no timed commit writes where nothing was written before.
+    fn lap(&mut self, workload: &mut Workload, ring_bytes: u64) -> Result<()> {
+        // The node's stream is 16 MiB whatever --ring says.
+        let lap_bytes = ring_bytes.max(16 << 20) + LAP_BATCH_BYTES as u64;
+        let mut lapped = 0;
+        while lapped < lap_bytes {
+            let batch = workload.batch(LAP_BATCH_BYTES);
+            for log in [&self.redo_log, &self.zstd_log] {
+                log.append(&batch)?;
+                log.log.truncate_through(log.log.durable_lsn())?;
+            }
+            if let Some(node) = &mut self.node {
+                let mut encoded = Vec::with_capacity(LAP_BATCH_BYTES);
+                encode_batch(&batch, &mut encoded);
+                node.append(&batch, &encoded)?;
+                node.fold_if_due()?;
+            }
+            lapped += LAP_BATCH_BYTES as u64;
+        }
+        Ok(())
+    }
+
+    /// Makes one batch durable the way of `method`; the caller times it.
+    fn commit(&mut self, method: usize, batch: &RedoBatch, encoded: &[u8]) -> Result<Committed> {
+        Ok(match method {
+            0 => (encoded.len(), self.baseline.commit(encoded)?, None),
+            1 => (encoded.len(), self.redo_log.append(batch)?, None),
+            2 => {
+                let begun = Instant::now();
+                let (wrapped, compressed_bytes) = compress(&self.codec, batch, self.zstd_log.log.geometry().page_size)?;
+                let compress_time = begun.elapsed();
+                let written = self.zstd_log.append(&wrapped)?;
+                (encoded_batch_len(&wrapped), written, Some((compress_time, compressed_bytes)))
+            }
+            _ => {
+                let node = self.node.as_mut().expect("the node method runs only with a node");
+                node.append(batch, encoded)?;
+                (encoded.len(), 0, None)
+            }
+        })
+    }
+
+    /// Frees room in the logs between rounds, outside the timings, as folding would.
+    fn make_room(&mut self) -> Result<()> {
+        self.redo_log.truncate_if_half_full()?;
+        self.zstd_log.truncate_if_half_full()?;
+        if let Some(node) = &mut self.node {
+            node.fold_if_due()?;
+        }
+        Ok(())
+    }
+
+    fn close(self) -> Result<()> {
+        match self.node {
+            Some(node) => node.close(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What the rounds at one batch size gather, per method.
 struct Rounds {
-    latencies: [Latencies; 3],
-    payload_bytes: [u64; 3],
-    device_bytes: [u64; 3],
+    latencies: [Latencies; 4],
+    payload_bytes: [u64; 4],
+    device_bytes: [u64; 4],
     compress: Latencies,
     records: u64,
     encoded_bytes: u64,
@@ -299,8 +385,8 @@ impl Rounds {
     fn new(settings: &Settings) -> Rounds {
         Rounds {
             latencies: Default::default(),
-            payload_bytes: [0; 3],
-            device_bytes: [0; 3],
+            payload_bytes: [0; 4],
+            device_bytes: [0; 4],
             compress: Latencies::default(),
             records: 0,
             encoded_bytes: 0,
@@ -309,16 +395,18 @@ impl Rounds {
         }
     }
 
-    fn finish(mut self) -> Result<SizeRun> {
-        ensure!(self.latencies.iter().all(|l| l.len() == self.commits), "every method timed every commit");
-        let methods = (0..METHODS.len())
-            .map(|m| MethodRun {
-                stats: RunStats::of(&mut self.latencies[m]),
-                payload_bytes: self.payload_bytes[m],
-                device_bytes: self.device_bytes[m],
-                commits: self.commits,
+    fn finish(mut self, methods: usize) -> Result<SizeRun> {
+        let methods = (0..methods)
+            .map(|m| {
+                ensure!(self.latencies[m].len() == self.commits, "{} timed every commit", METHODS[m]);
+                Ok(MethodRun {
+                    stats: RunStats::of(&mut self.latencies[m]),
+                    payload_bytes: self.payload_bytes[m],
+                    device_bytes: (m != NODE).then_some(self.device_bytes[m]),
+                    commits: self.commits,
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(SizeRun {
             methods,
             records: self.records,

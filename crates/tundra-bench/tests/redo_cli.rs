@@ -60,6 +60,25 @@ fn a_tiny_run_reports_every_method_against_the_baseline() {
 }
 
 #[test]
+fn a_tiny_run_with_a_node_adds_the_protocol_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("redo.json");
+    let dir_arg = dir.path().to_str().unwrap();
+    let args = ["redo", "--commits", "10", "--runs", "1", "--batch-bytes", "4KiB", "--ring", "1MiB", "--node"];
+    let out = succeeds(&[&args[..], &["--dir", dir_arg, "--json", json.to_str().unwrap()]].concat());
+    let out = String::from_utf8(out.stdout).expect("utf-8 output");
+    assert!(out.contains("--ring 1MiB --node`"), "{out}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let methods = report["sizes"][0]["methods"].as_array().unwrap();
+    let names: Vec<&str> = methods.iter().map(|m| m["method"].as_str().unwrap()).collect();
+    assert_eq!(names, ["fdatasync", "redo_log", "redo_log_zstd", "node_protocol"]);
+    // The node's devices are its own: their bytes are not counted.
+    assert!(methods[3]["device_bytes_per_commit"].is_null(), "{}", methods[3]);
+    assert_eq!(methods[3]["payload_bytes_per_commit"], 4096.0);
+    assert!(methods[3]["latency_us_p50"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn bad_sizes_are_refused() {
     fails(&["redo", "--batch-bytes", "16"], "--batch-bytes 16: a batch takes from");
     fails(&["redo", "--page-size", "3000"], "--page-size must be a power of two");

@@ -32,7 +32,7 @@ impl RunStats {
 /// One method at one batch size over every run.
 #[derive(Clone, Debug, Serialize)]
 pub struct MethodReport {
-    /// `fdatasync`, `redo_log` or `redo_log_zstd`.
+    /// `fdatasync`, `redo_log`, `redo_log_zstd` or `node_protocol`.
     pub method: &'static str,
     /// Medians over the runs of each run's percentile or mean.
     pub latency_us_p50: f64,
@@ -53,8 +53,9 @@ pub struct MethodReport {
     /// encoded batch that carries the compressed bytes.
     pub payload_bytes_per_commit: f64,
     /// Bytes that reach the device per commit: the 4 KiB pages the plain write dirties, or the
-    /// log blocks the redo log writes (the partly filled last block rewritten included).
-    pub device_bytes_per_commit: f64,
+    /// log blocks the redo log writes (the partly filled last block rewritten included); null
+    /// for `node_protocol`, whose devices are the node's.
+    pub device_bytes_per_commit: Option<f64>,
     pub runs: Vec<RunStats>,
 }
 
@@ -156,7 +157,8 @@ impl Storage {
 pub struct MethodRun {
     pub stats: RunStats,
     pub payload_bytes: u64,
-    pub device_bytes: u64,
+    /// None where the device is not the benchmark's to count (the node's).
+    pub device_bytes: Option<u64>,
     pub commits: usize,
 }
 
@@ -171,7 +173,7 @@ pub fn method_report(method: &'static str, runs: &[MethodRun], baseline: &[Metho
     let p50s: Vec<f64> = runs.iter().map(|r| r.stats.latency_us_p50).collect();
     let p50_ratios = ratios(p50);
     let commits: usize = runs.iter().map(|r| r.commits).sum();
-    let per_commit = |f: fn(&MethodRun) -> u64| runs.iter().map(f).sum::<u64>() as f64 / commits.max(1) as f64;
+    let per_commit = |bytes: u64| bytes as f64 / commits.max(1) as f64;
     MethodReport {
         method,
         latency_us_p50: stat(p50),
@@ -185,8 +187,8 @@ pub fn method_report(method: &'static str, runs: &[MethodRun], baseline: &[Metho
         ratio_p50_max: p50_ratios.iter().copied().fold(0.0, f64::max),
         ratio_p99: median(ratios(|s| s.latency_us_p99)),
         ratio_mean: median(ratios(|s| s.latency_us_mean)),
-        payload_bytes_per_commit: per_commit(|r| r.payload_bytes),
-        device_bytes_per_commit: per_commit(|r| r.device_bytes),
+        payload_bytes_per_commit: per_commit(runs.iter().map(|r| r.payload_bytes).sum()),
+        device_bytes_per_commit: runs.iter().map(|r| r.device_bytes).sum::<Option<u64>>().map(per_commit),
         runs: runs.iter().map(|r| r.stats).collect(),
     }
 }
@@ -229,7 +231,7 @@ pub fn print(report: &Report) {
     for size in &report.sizes {
         for m in &size.methods {
             println!(
-                "| {} | {:.1} | {} | {:.1} ({:.1}–{:.1}) | {:.1} | {:.1} | {:.1} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.0} |",
+                "| {} | {:.1} | {} | {:.1} ({:.1}–{:.1}) | {:.1} | {:.1} | {:.1} | {:.3} ({:.3}–{:.3}) | {:.3} | {} |",
                 tundra_device::size::format_size(size.batch_bytes as u64),
                 size.records_per_batch,
                 m.method,
@@ -243,7 +245,7 @@ pub fn print(report: &Report) {
                 m.ratio_p50_min,
                 m.ratio_p50_max,
                 m.ratio_p99,
-                m.device_bytes_per_commit,
+                m.device_bytes_per_commit.map_or("–".to_string(), |b| format!("{b:.0}")),
             );
         }
     }
@@ -275,7 +277,7 @@ mod tests {
         let run = |p50: f64| MethodRun {
             stats: RunStats { latency_us_p50: p50, latency_us_p95: p50, latency_us_p99: p50, latency_us_mean: p50 },
             payload_bytes: 100,
-            device_bytes: 4096,
+            device_bytes: Some(4096),
             commits: 1,
         };
         let baseline = [run(100.0), run(200.0), run(100.0)];
@@ -283,6 +285,6 @@ mod tests {
         let report = method_report("redo_log", &method, &baseline);
         assert_eq!(report.latency_us_p50, 150.0);
         assert_eq!((report.ratio_p50, report.ratio_p50_min, report.ratio_p50_max), (1.1, 1.0, 1.5));
-        assert_eq!(report.device_bytes_per_commit, 4096.0);
+        assert_eq!(report.device_bytes_per_commit, Some(4096.0));
     }
 }
