@@ -2,13 +2,17 @@
 //! `fdatasync` of the same bytes (Opt#1, seed 000 §3.3.1), and what compressing the redo first
 //! would add (Figure 13c).
 //!
-//! Three ways of making one batch of redo durable at queue depth 1, on files in one directory,
-//! interleaved commit by commit (each round runs the three in a rotated order) so that whatever
+//! Four ways of making one batch of redo durable at queue depth 1, on files in one directory,
+//! interleaved commit by commit (each round runs them in a rotated order) so that whatever
 //! the machine does meanwhile hits all of them alike:
 //!
 //! - `fdatasync`, the baseline: the encoded batch written with `pwrite` at the next offset of a
 //!   plain file and `fdatasync`, as a database's write-ahead log does. The file is filled with
 //!   zeros and synced first, as such logs preallocate their segments, so no commit allocates.
+//!   The ratios are taken against its median in the same run.
+//! - `fdatasync_direct`: the same bytes written with `O_DIRECT` in whole blocks, the partly
+//!   filled last one written again, and `fdatasync` ([`plain`]): how the redo log reaches the
+//!   device, without its framing, so the page cache's share and the framing's show apart.
 //! - `redo_log`: [`RedoLog::append`] on a [`FileDevice`] (`O_DIRECT` where the filesystem
 //!   allows it, like the node's fast device): what the node does for AppendRedo once the request
 //!   is decoded, minus the network.
@@ -25,10 +29,10 @@
 //! in [`workload`] and [`report`].
 
 mod node;
+mod plain;
 mod report;
 mod workload;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +49,7 @@ use tundra_redo::{AppendOutcome, LogGeometry, Payload, RedoBatch, RedoLog, RedoR
 
 use crate::measure::{Latencies, machine_description};
 use node::NodeLog;
+use plain::{DirectPlainLog, PlainLog};
 pub use report::{MethodReport, Report, RunStats, SizeReport, Storage};
 use report::{MethodRun, method_report};
 use workload::{MIN_BATCH_BYTES, VOLUME, Workload};
@@ -79,9 +84,9 @@ pub struct RedoArgs {
 }
 
 /// The methods in their report order, the baseline first; the last runs with `--node` only.
-const METHODS: [&str; 4] = ["fdatasync", "redo_log", "redo_log_zstd", "node_protocol"];
+const METHODS: [&str; 5] = ["fdatasync", "fdatasync_direct", "redo_log", "redo_log_zstd", "node_protocol"];
 /// The method whose device bytes are not counted: the node's devices are its own.
-const NODE: usize = 3;
+const NODE: usize = 4;
 /// Pages the redo's records touch: few enough that the node's folds stay short.
 const VOLUME_PAGES: u64 = 1024;
 /// Batches of the warm-up lap: large, so a lap takes few flushes.
@@ -89,7 +94,7 @@ const LAP_BATCH_BYTES: usize = 256 * 1024;
 
 /// The command's checked settings.
 struct Settings {
-    /// How many of [`METHODS`] run: three, or four with `--node`.
+    /// How many of [`METHODS`] run: four, or five with `--node`.
     methods: usize,
     commits: usize,
     warmup_commits: usize,
@@ -143,7 +148,7 @@ fn settings(args: &RedoArgs) -> Result<Settings> {
         batch_sizes.push(size);
     }
     Ok(Settings {
-        methods: if args.node { 4 } else { 3 },
+        methods: if args.node { 5 } else { 4 },
         commits: args.commits,
         warmup_commits: (args.commits / 20).clamp(1, 50),
         runs: args.runs,
@@ -242,7 +247,7 @@ fn size_report(settings: &Settings, batch_bytes: usize, runs: Vec<&SizeRun>) -> 
 /// size's numbers and whether the logs' files use O_DIRECT.
 fn measure_run(settings: &Settings, dir: &Path) -> Result<(Vec<SizeRun>, bool)> {
     let mut methods = Methods::create(settings, dir)?;
-    let direct = methods.redo_log.direct && methods.zstd_log.direct;
+    let direct = methods.redo_log.direct && methods.zstd_log.direct && methods.direct_baseline.is_direct();
     let mut workload = Workload::new(0x5EED_0013, settings.page_size, VOLUME_PAGES, methods.redo_log.log.durable_lsn());
     methods.lap(&mut workload, settings.ring_bytes)?;
     let mut sizes = Vec::with_capacity(settings.batch_sizes.len());
@@ -284,6 +289,7 @@ fn measure_run(settings: &Settings, dir: &Path) -> Result<(Vec<SizeRun>, bool)> 
 /// The files (and the node) of one run, one per method.
 struct Methods {
     baseline: PlainLog,
+    direct_baseline: DirectPlainLog,
     redo_log: TundraLog,
     zstd_log: TundraLog,
     node: Option<NodeLog>,
@@ -298,6 +304,7 @@ impl Methods {
     fn create(settings: &Settings, dir: &Path) -> Result<Methods> {
         Ok(Methods {
             baseline: PlainLog::create(&dir.join("fdatasync.wal"), settings.ring_bytes)?,
+            direct_baseline: DirectPlainLog::create(&dir.join("fdatasync-direct.wal"), settings.ring_bytes)?,
             redo_log: TundraLog::create(&dir.join("redo.log"), settings)?,
             zstd_log: TundraLog::create(&dir.join("redo-zstd.log"), settings)?,
             node: if settings.methods > NODE {
@@ -335,8 +342,9 @@ impl Methods {
     fn commit(&mut self, method: usize, batch: &RedoBatch, encoded: &[u8]) -> Result<Committed> {
         Ok(match method {
             0 => (encoded.len(), self.baseline.commit(encoded)?, None),
-            1 => (encoded.len(), self.redo_log.append(batch)?, None),
-            2 => {
+            1 => (encoded.len(), self.direct_baseline.commit(encoded)?, None),
+            2 => (encoded.len(), self.redo_log.append(batch)?, None),
+            3 => {
                 let begun = Instant::now();
                 let (wrapped, compressed_bytes) = compress(&self.codec, batch, self.zstd_log.log.geometry().page_size)?;
                 let compress_time = begun.elapsed();
@@ -371,9 +379,9 @@ impl Methods {
 
 /// What the rounds at one batch size gather, per method.
 struct Rounds {
-    latencies: [Latencies; 4],
-    payload_bytes: [u64; 4],
-    device_bytes: [u64; 4],
+    latencies: [Latencies; 5],
+    payload_bytes: [u64; 5],
+    device_bytes: [u64; 5],
     compress: Latencies,
     records: u64,
     encoded_bytes: u64,
@@ -385,8 +393,8 @@ impl Rounds {
     fn new(settings: &Settings) -> Rounds {
         Rounds {
             latencies: Default::default(),
-            payload_bytes: [0; 4],
-            device_bytes: [0; 4],
+            payload_bytes: [0; 5],
+            device_bytes: [0; 5],
             compress: Latencies::default(),
             records: 0,
             encoded_bytes: 0,
@@ -428,58 +436,6 @@ fn compress(codec: &PageCodec, batch: &RedoBatch, page_size: u32) -> Result<(Red
     let record = RedoRecord { lsn: batch.end_lsn, page: 0, payload: Payload::Ranges(ranges) };
     let wrapped = RedoBatch { records: vec![record], ..batch.clone() };
     Ok((wrapped, compressed.len()))
-}
-
-/// The baseline: a preallocated plain file written at the next offset and synced, wrapping
-/// to its start when a batch would pass its end, as a log reusing its segments does.
-struct PlainLog {
-    file: File,
-    size: u64,
-    offset: u64,
-}
-
-impl PlainLog {
-    fn create(path: &Path, size: u64) -> Result<PlainLog> {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        let zeros = vec![0u8; 1 << 20];
-        let mut at = 0;
-        while at < size {
-            let len = zeros.len().min((size - at) as usize);
-            pwrite_all(&file, &zeros[..len], at)?;
-            at += len as u64;
-        }
-        rustix::fs::fsync(&file).context("syncing the baseline's file")?;
-        Ok(PlainLog { file, size, offset: 0 })
-    }
-
-    /// Writes and syncs one batch; answers the bytes of the 4 KiB pages it dirtied, which is
-    /// what the kernel writes back.
-    fn commit(&mut self, bytes: &[u8]) -> Result<u64> {
-        let len = bytes.len() as u64;
-        if self.offset + len > self.size {
-            self.offset = 0;
-        }
-        pwrite_all(&self.file, bytes, self.offset)?;
-        rustix::fs::fdatasync(&self.file).context("fdatasync of the baseline's file")?;
-        let pages = (self.offset + len).div_ceil(BLOCK_SIZE_BYTES) - self.offset / BLOCK_SIZE_BYTES;
-        self.offset += len;
-        Ok(pages * BLOCK_SIZE_BYTES)
-    }
-}
-
-fn pwrite_all(file: &File, mut bytes: &[u8], mut offset: u64) -> Result<()> {
-    while !bytes.is_empty() {
-        let written = rustix::io::pwrite(file, bytes, offset).context("pwrite to the baseline's file")?;
-        ensure!(written > 0, "pwrite wrote nothing");
-        bytes = &bytes[written..];
-        offset += written as u64;
-    }
-    Ok(())
 }
 
 /// A redo log on a file device, as the node keeps each volume's stream on the fast device.

@@ -35,7 +35,7 @@ fn a_tiny_run_reports_every_method_against_the_baseline() {
     for size in sizes {
         let methods = size["methods"].as_array().unwrap();
         let names: Vec<&str> = methods.iter().map(|m| m["method"].as_str().unwrap()).collect();
-        assert_eq!(names, ["fdatasync", "redo_log", "redo_log_zstd"]);
+        assert_eq!(names, ["fdatasync", "fdatasync_direct", "redo_log", "redo_log_zstd"]);
         assert_eq!(methods[0]["ratio_p50"], 1.0, "the baseline against itself");
         for method in methods {
             assert_eq!(method["runs"].as_array().unwrap().len(), 2);
@@ -45,15 +45,20 @@ fn a_tiny_run_reports_every_method_against_the_baseline() {
             let device = method["device_bytes_per_commit"].as_f64().unwrap();
             assert!(device >= 4096.0, "{method}");
         }
-        // The same batch bytes for the baseline and the redo log; fewer once compressed.
+        // The same batch bytes for the baselines and the redo log; fewer once compressed.
         let payload = |m: usize| methods[m]["payload_bytes_per_commit"].as_f64().unwrap();
         assert_eq!(payload(0), size["batch_bytes"].as_f64().unwrap());
         assert_eq!(payload(1), payload(0));
+        assert_eq!(payload(2), payload(0));
+        // Whole blocks: the direct baseline writes at least the pages the plain one dirties, and
+        // the redo log at least as many blocks as the direct baseline (its headers take room).
+        let device = |m: usize| methods[m]["device_bytes_per_commit"].as_f64().unwrap();
+        assert!(device(1) >= device(0) && device(2) >= device(1), "{size}");
         assert!(size["zstd_ratio"].as_f64().unwrap() > 1.0, "{size}");
     }
     // Text-like redo compresses at 16 KiB, so the compressed log writes fewer bytes there.
     let big = &sizes[1]["methods"];
-    assert!(big[2]["payload_bytes_per_commit"].as_f64() < big[1]["payload_bytes_per_commit"].as_f64());
+    assert!(big[3]["payload_bytes_per_commit"].as_f64() < big[2]["payload_bytes_per_commit"].as_f64());
     // The scratch files are gone; the given directory stays with the JSON in it.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, [std::ffi::OsString::from("redo.json")]);
@@ -71,11 +76,11 @@ fn a_tiny_run_with_a_node_adds_the_protocol_method() {
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let methods = report["sizes"][0]["methods"].as_array().unwrap();
     let names: Vec<&str> = methods.iter().map(|m| m["method"].as_str().unwrap()).collect();
-    assert_eq!(names, ["fdatasync", "redo_log", "redo_log_zstd", "node_protocol"]);
+    assert_eq!(names, ["fdatasync", "fdatasync_direct", "redo_log", "redo_log_zstd", "node_protocol"]);
     // The node's devices are its own: their bytes are not counted.
-    assert!(methods[3]["device_bytes_per_commit"].is_null(), "{}", methods[3]);
-    assert_eq!(methods[3]["payload_bytes_per_commit"], 4096.0);
-    assert!(methods[3]["latency_us_p50"].as_f64().unwrap() > 0.0);
+    assert!(methods[4]["device_bytes_per_commit"].is_null(), "{}", methods[4]);
+    assert_eq!(methods[4]["payload_bytes_per_commit"], 4096.0);
+    assert!(methods[4]["latency_us_p50"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
