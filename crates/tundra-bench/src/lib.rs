@@ -8,7 +8,8 @@
 //! - [`protocol`]: a real node's native protocol against in-process calls on it
 //!   (`tundra-bench protocol`), through [`overhead`], which runs on any `Service`;
 //! - [`redo`]: a redo commit through the redo log at queue depth 1, plain and with compressed
-//!   batches, against `pwrite` and `fdatasync` of the same bytes (`tundra-bench redo`);
+//!   batches (and optionally through a real node's protocol), against `pwrite` and `fdatasync`
+//!   of the same bytes, buffered and with `O_DIRECT` (`tundra-bench redo`);
 //! - [`measure`]: latency percentiles, the process's CPU time and the machine's description,
 //!   which the others share.
 //!
