@@ -1,4 +1,4 @@
-//! The reference compute node (issue 13 item 6): a small transactional key-value database whose
+//! The reference compute node: a small transactional key-value database whose
 //! data is a B+tree of 8 KiB pages on a Tundra volume. One read-write (RW) node turns every page
 //! change into a redo record and commits a transaction by appending one redo batch; it never
 //! writes a page, storage builds pages from redo. Any number of read-only (RO) nodes follow the

@@ -1,4 +1,4 @@
-//! Reader leases and LSN_min (seed 000 §2.1; issue 13 item 5): each read-only node holds a lease
+//! Reader leases and LSN_min (seed 000 §2.1): each read-only node holds a lease
 //! on the LSN it reads at, and LSN_min, the oldest LSN any reader may still read at, is the
 //! minimum over live leases and the durable LSN. Pages are folded only up to LSN_min, so a
 //! lease is what keeps a reader's versions buildable.

@@ -956,7 +956,7 @@ fn overcommit_is_an_explicit_choice_with_a_warning() {
     node.stop();
 }
 
-/// Issue 11, item 1, through a real NBD client: a connection to a volume that is deleted, then
+/// Through a real NBD client: a connection to a volume that is deleted, then
 /// replaced by a new volume, is closed by the node (a request already on its way gets
 /// ESHUTDOWN, any later one finds the connection gone), and never sees or changes the new
 /// volume's data.
