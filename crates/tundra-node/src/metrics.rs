@@ -84,6 +84,22 @@ pub fn render(node: &Node) -> String {
                 "The drive's physical bytes attributed to the volume by its software bytes",
                 ConstGauge::new(v.physical_bytes_attributed as f64),
             );
+            if let Some(redo) = v.redo {
+                let redo_gauges = [
+                    ("redo_durable_lsn", "The end of the volume's last durable redo batch", redo.durable_lsn),
+                    ("redo_complete_lsn", "The newest LSN the volume's pages can be read at", redo.complete_lsn),
+                    ("redo_lsn_min", "The lowest LSN a reader of the volume may still read at", redo.lsn_min),
+                    (
+                        "redo_unfolded_bytes",
+                        "Redo records held in memory, not yet folded into pages",
+                        redo.unfolded_bytes,
+                    ),
+                    ("redo_leases", "Live reader leases of the volume", redo.leases),
+                ];
+                for (name, help, value) in redo_gauges {
+                    sub.register(name, help, ConstGauge::new(value as f64));
+                }
+            }
         }
         sub.register("page_read_seconds", "Page read latency", volume.latency.page_read.clone());
         sub.register("page_write_seconds", "Page write latency", volume.latency.page_write.clone());

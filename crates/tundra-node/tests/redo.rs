@@ -191,6 +191,9 @@ fn pages_read_at_every_lsn_match_the_model_through_folds_and_a_rebuild() {
     let stats = node.stats();
     let redo = stats.volumes.iter().find(|v| v.name == "kv").and_then(|v| v.redo).expect("the stream's stats");
     assert_eq!(redo.durable_lsn, end + 1);
+    let metrics = tundra_node::metrics::render(&node);
+    let durable = format!("tundra_redo_durable_lsn{{volume=\"kv\"}} {}", end + 1);
+    assert!(metrics.contains(&durable), "no {durable:?} in the metrics:\n{metrics}");
     // Reads ahead of the stream wait, then answer NotYet.
     match node.read_page_at(&volume, 0, end + 100, end + 100, &mut out) {
         Err(RedoRefusal::NotYet { complete_lsn }) => assert_eq!(complete_lsn, Lsn(end + 1)),
