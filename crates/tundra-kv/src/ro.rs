@@ -24,8 +24,8 @@ use tundra_store::ids::{Lsn, VolumeId};
 
 use crate::page::Page;
 use crate::pool::PagePool;
-use crate::rw::read_retrying;
-use crate::storage::{PageStorage, ReadAt, ReaderLease, VolumeGeometry, check_served};
+use crate::rw::read_page;
+use crate::storage::{PageStorage, ReadAt, ReaderLease, VolumeGeometry};
 use crate::tree::{self, Pages};
 use crate::{Bug, Error, ErrorKind, Result, injected};
 
@@ -277,22 +277,12 @@ impl<S: PageStorage + ?Sized> RoNode<S> {
         let request_lsn = if injected(Bug::ReadsLatest) { Lsn(u64::MAX) } else { self.apply_lsn };
         let at =
             ReadAt { request_lsn, not_modified_since: self.not_modified_since(number), lease: Some(self.lease.id) };
-        let served = read_retrying(self.storage.as_ref(), self.volume, number, at)?;
-        check_served(&served, at, self.geometry.page_size, number)?;
+        let (page, served_lsn) = read_page(self.storage.as_ref(), self.volume, number, at, self.geometry.page_size)?;
         self.stats.page_reads += 1;
-        let page = Page::decode(served.data, number)?
-            .ok_or_else(|| Error::corrupted(format!("page {number} is in use but was never written")))?;
-        if page.lsn() != served.page_lsn {
-            return Err(Error::corrupted(format!(
-                "page {number} says it is as of LSN {}, storage says {}",
-                page.lsn(),
-                served.page_lsn
-            )));
-        }
         // Storage may serve the page as of an LSN below the node's (the read promised no change
         // since `not_modified_since`): then no record the node holds for it may lie above the
         // page's LSN, or storage served a version the node knows to be stale.
-        if served.served_lsn < self.apply_lsn {
+        if served_lsn < self.apply_lsn {
             self.stats.pages_served_older += 1;
         }
         let page_lsn = page.lsn();
@@ -305,7 +295,7 @@ impl<S: PageStorage + ?Sized> RoNode<S> {
         if let Some(record) = missed {
             return Err(Error::corrupted(format!(
                 "page {number} served as of LSN {} lacks the record at LSN {} the node applied",
-                served.served_lsn, record.lsn
+                served_lsn, record.lsn
             )));
         }
         let page = Arc::new(page);

@@ -192,18 +192,8 @@ impl<S: PageStorage + ?Sized> RwNode<S> {
             not_modified_since: self.pool.last_written(number).min(self.committed_lsn),
             lease: None,
         };
-        let served = read_retrying(self.storage.as_ref(), self.volume, number, at)?;
-        check_served(&served, at, self.geometry.page_size, number)?;
+        let (page, _) = read_page(self.storage.as_ref(), self.volume, number, at, self.geometry.page_size)?;
         self.stats.page_reads += 1;
-        let page = Page::decode(served.data, number)?
-            .ok_or_else(|| Error::corrupted(format!("page {number} is in use but was never written")))?;
-        if page.lsn() != served.page_lsn {
-            return Err(Error::corrupted(format!(
-                "page {number} says it is as of LSN {}, storage says {}",
-                page.lsn(),
-                served.page_lsn
-            )));
-        }
         let page = Arc::new(page);
         self.pool.insert(number, page.clone());
         Ok(page)
@@ -226,6 +216,31 @@ pub(crate) fn read_retrying<S: PageStorage + ?Sized>(
             other => return other.map_err(|e| e.context(format_args!("reading page {number}"))),
         }
     }
+}
+
+/// Reads a page in use at `at` ([`read_retrying`]) and checks it: the answer fits the request,
+/// the bytes are a page of this number, and the page's own LSN is the one storage says it
+/// served. Returns the page and the LSN it was served as of.
+pub(crate) fn read_page<S: PageStorage + ?Sized>(
+    storage: &S,
+    volume: VolumeId,
+    number: u64,
+    at: ReadAt,
+    page_size: usize,
+) -> Result<(Page, Lsn)> {
+    let served = read_retrying(storage, volume, number, at)?;
+    check_served(&served, at, page_size, number)?;
+    let served_lsn = served.served_lsn;
+    let page_lsn = served.page_lsn;
+    let page = Page::decode(served.data, number)?
+        .ok_or_else(|| Error::corrupted(format!("page {number} is in use but was never written")))?;
+    if page.lsn() != page_lsn {
+        return Err(Error::corrupted(format!(
+            "page {number} says it is as of LSN {}, storage says {page_lsn}",
+            page.lsn()
+        )));
+    }
+    Ok((page, served_lsn))
 }
 
 /// The committed pages, read-only.
