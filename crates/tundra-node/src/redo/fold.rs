@@ -5,7 +5,7 @@
 
 use tundra_redo::reconstruct;
 
-use super::{Stream, image_lsn, redo_error};
+use super::{Stream, redo_error, stored_lsn};
 use crate::node::{Node, VolumeRef};
 use crate::{Error, Result};
 
@@ -39,7 +39,7 @@ impl Node {
             let (chunk, page_no) = volume.volume.locate(task.page)?;
             // Readers of this stream wait from the image's write to the versions' update.
             let _exclusive = stream.fold_gate.write();
-            let stored = image_lsn(volume, task.page)?;
+            let stored = stored_lsn(volume, chunk, page_no);
             let image = match stored {
                 Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
                 None => None,

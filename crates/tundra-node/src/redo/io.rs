@@ -9,7 +9,7 @@ use tundra_redo::codec::decode_records;
 use tundra_redo::{AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, WriterEpoch};
 use tundra_store::ids::Lsn;
 
-use super::{MAX_CACHED_BYTES, Stream, image_lsn, redo_error};
+use super::{MAX_CACHED_BYTES, Stream, redo_error, stored_lsn};
 use crate::node::{Node, VolumeRef};
 use crate::{Error, Result};
 
@@ -161,6 +161,7 @@ impl Node {
             ))
             .into());
         }
+        let (chunk, page_no) = volume.volume.locate(page).map_err(Error::from)?;
         let request = GetPage { request_lsn: Lsn(request_lsn), not_modified_since: Lsn(not_modified_since) };
         // Bounded in turns of a real-time wait, not by the environment's clock: a simulated clock
         // may never move while a reader waits.
@@ -169,15 +170,12 @@ impl Node {
         loop {
             let _no_fold = stream.fold_gate.read();
             let mut state = stream.state.lock();
-            let stored = image_lsn(volume, page)?;
+            let stored = stored_lsn(volume, chunk, page_no);
             match state.versions.get_page(page, stored, request) {
                 Decision::Serve { at_lsn, page_lsn, plan } => {
                     drop(state);
                     let image = match plan.image_lsn {
-                        Some(_) => {
-                            let (chunk, page_no) = volume.volume.locate(page).map_err(Error::from)?;
-                            volume.pages.read_page(chunk, page_no).map_err(Error::from)?
-                        }
+                        Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
                         None => None,
                     };
                     let content = plan.rebuild(image.as_deref(), volume.page_size()).map_err(redo_error)?;

@@ -25,7 +25,7 @@ use tundra_device::slice::SliceDevice;
 use tundra_device::{BlockDevice, Lba};
 use tundra_env::Env;
 use tundra_redo::{LeaseConfig, Leases, LogGeometry, PageVersions, RedoLog};
-use tundra_store::ids::{Lsn, VolumeId};
+use tundra_store::ids::{ChunkId, Lsn, PageNo, VolumeId};
 use tundra_store::store::Watermarks;
 
 use crate::layout::{Layout, REDO_DIRECTORY_BLOCKS};
@@ -226,7 +226,12 @@ impl Redo {
 /// The LSN of the image the store holds of a volume's page (`None`: no image).
 pub(crate) fn image_lsn(volume: &VolumeRef, page: u64) -> Result<Option<Lsn>> {
     let (chunk, page_no) = volume.volume.locate(page)?;
-    Ok(volume.pages.store().entry(chunk, page_no).map(|entry| entry.lsn))
+    Ok(stored_lsn(volume, chunk, page_no))
+}
+
+/// [`image_lsn`] of a page already located in its chunk.
+pub(crate) fn stored_lsn(volume: &VolumeRef, chunk: ChunkId, page: PageNo) -> Option<Lsn> {
+    volume.pages.store().entry(chunk, page).map(|entry| entry.lsn)
 }
 
 /// The redo crate's errors in the node's classes.
