@@ -7,10 +7,10 @@
 
 use tundra_device::BLOCK_SIZE;
 
-use super::{HEAVY_HEADER_BYTES, PageImage, Store, TrimPolicy, Watermarks, check_image};
+use super::{HEAVY_HEADER_BYTES, Store, TrimPolicy, Watermarks, check_image};
 use crate::buf::with_scratch;
 use crate::command::{HeavyPage, PagePut, StoreCommand};
-use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, Lsn, PageNo, VolumeId};
+use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
 use crate::journal::Record;
 use crate::volume::{Volume, VolumeMode};
@@ -48,13 +48,22 @@ impl Store {
     }
 
     /// Stores an encoded page (a [`StoreCommand::PutPages`] of one page). `lsn` is the LSN of
-    /// the change the image carries.
-    pub fn apply_write(&self, chunk: ChunkId, page: PageNo, image: &PageImage, lsn: Lsn) -> Result<()> {
+    /// the change the image carries. For tests: the product builds commands.
+    #[cfg(test)]
+    pub(crate) fn apply_write(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        image: &super::PageImage,
+        lsn: crate::ids::Lsn,
+    ) -> Result<()> {
         self.put_pages(chunk, &[PagePut { page, image: image.clone(), lsn }])
     }
 
-    /// Removes a page: it reads as absent, and its blocks are freed and trimmed.
-    pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
+    /// Removes a page: it reads as absent, and its blocks are freed and trimmed. For tests: the
+    /// product builds commands.
+    #[cfg(test)]
+    pub(crate) fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
         self.trim_pages(chunk, &[page])
     }
 
