@@ -37,6 +37,7 @@ pub use storage::{
     ClientStorage, LocalConfig, LocalStorage, PageStorage, ReadAt, ReaderLease, RedoStatus, Renewal, ServedPage,
     VolumeGeometry,
 };
+pub use workload::lagging::{LaggingConfig, LaggingReport, run_lagging};
 pub use workload::{Mix, WorkloadConfig, WorkloadReport, run_workload};
 
 /// Bugs the tests inject on purpose, to show that the workload's checker catches what it

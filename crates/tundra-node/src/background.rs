@@ -1,5 +1,6 @@
 //! The node's periodic upkeep: once a second the write-back cache is written to the store,
-//! redo is folded into pages, each store checkpoints when its journal is half full, and pages
+//! redo is folded into pages (and records past the redo cache leave memory for their log
+//! slots), each store checkpoints when its journal is half full, and pages
 //! that partial writes left raw are compressed again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ impl Node {
     pub fn background(&self) -> Result<()> {
         self.flush_dirty()?;
         self.fold_redo(crate::redo::FOLD_PAGES_PER_PASS)?;
+        self.spill_redo()?;
         self.data.maybe_checkpoint()?;
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {

@@ -23,6 +23,7 @@ pub struct Config {
     pub fast: FastConfig,
     pub compression: CompressionConfig,
     pub cache: CacheConfig,
+    pub redo: RedoConfig,
     pub limits: LimitsConfig,
 }
 
@@ -35,6 +36,7 @@ impl Default for Config {
             fast: FastConfig::default(),
             compression: CompressionConfig::default(),
             cache: CacheConfig::default(),
+            redo: RedoConfig::default(),
             limits: LimitsConfig::default(),
         }
     }
@@ -188,6 +190,32 @@ impl Default for CacheConfig {
     }
 }
 
+/// Volumes' redo streams (seed 000 §2.1, §3.3).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedoConfig {
+    /// Redo records of each stream kept in memory until their page is materialized; past it the
+    /// oldest leave memory for their page's log slot (or, with `log_slots` off, for the redo
+    /// log alone), so a reader lagging behind LSN_min never holds the whole stream in memory.
+    pub cache: String,
+    /// Per-page log slots (Opt#3, §3.3.3): a page rebuilt from records that left memory costs
+    /// one slot read. Off, such records are read back from the redo log (the paper's baseline);
+    /// the choice applies to streams as the node opens them.
+    pub log_slots: bool,
+}
+
+impl Default for RedoConfig {
+    fn default() -> RedoConfig {
+        RedoConfig { cache: "16MiB".into(), log_slots: true }
+    }
+}
+
+impl RedoConfig {
+    pub fn cache_bytes(&self) -> Result<u64> {
+        parse_size(&self.cache).map_err(|e| Error::Invalid(format!("[redo] cache = {:?}: {}", self.cache, e.message())))
+    }
+}
+
 /// What clients may hold of the node, on each of the NBD and native listeners: connections,
 /// time and buffered bytes. A client that stalls or idles is the first to go when room is
 /// needed, so a valid client is always served.
@@ -299,6 +327,7 @@ impl Config {
                 parse_size(text).map_err(|e| Error::Invalid(format!("[drive] {key} = {text:?}: {}", e.message())))?;
             }
         }
+        self.redo.cache_bytes()?;
         if let Some(text) = &self.fast.volumes {
             parse_size(text).map_err(|e| Error::Invalid(format!("[fast] volumes = {text:?}: {}", e.message())))?;
         }

@@ -42,6 +42,13 @@ pub struct Layout {
     pub redo_streams: u32,
     #[serde(default)]
     pub redo_stream_blocks: u64,
+    /// Per-page log slots (seed 000 §3.3.3): each redo stream owns this many blocks of the
+    /// drive's logical space after `drive_logical_bytes`, one per page of its volume. The drive
+    /// stores a block that was never written (or was trimmed) for free and compresses the rest,
+    /// so the region costs media only for the records it holds. Zero in directories set up
+    /// before slots existed: their streams keep spilled records only in the redo log.
+    #[serde(default)]
+    pub redo_slot_blocks: u64,
 }
 
 /// (first block, block count) of each slice of the fast device.
@@ -56,6 +63,10 @@ pub struct FastSlices {
 /// Redo streams a new directory gets, and the blocks of each (16 MiB).
 const REDO_STREAMS: u32 = 8;
 const REDO_STREAM_BLOCKS: u64 = 4096;
+/// Log slots a stream gets at most: 1 GiB of the drive's logical space, enough for every page
+/// of a 4 GiB volume of 16 KiB pages. A volume with more pages keeps its further pages'
+/// spilled records in memory (and in the log) only.
+const REDO_SLOT_BLOCKS: u64 = 1 << 18;
 /// Blocks of the redo area's directory: two copies.
 pub const REDO_DIRECTORY_BLOCKS: u64 = 2;
 
@@ -70,8 +81,24 @@ fn pages_in(blocks: u64) -> u64 {
 }
 
 impl Layout {
+    /// The drive's format: the store's logical space, then the streams' log slots.
     pub fn drive_format(&self) -> FormatOptions {
-        FormatOptions::new(self.drive_logical_bytes, self.drive_physical_bytes)
+        FormatOptions::new(self.drive_logical_bytes + self.slot_region_bytes(), self.drive_physical_bytes)
+    }
+
+    /// Blocks of the drive's logical space the page store owns: everything before the slots.
+    pub fn store_drive_blocks(&self) -> u64 {
+        self.drive_logical_bytes / BLOCK_SIZE_BYTES
+    }
+
+    /// The first block of redo stream `stream`'s log slots on the drive, and how many it has
+    /// (zero without slots).
+    pub fn slot_region(&self, stream: u32) -> (u64, u64) {
+        (self.store_drive_blocks() + u64::from(stream) * self.redo_slot_blocks, self.redo_slot_blocks)
+    }
+
+    fn slot_region_bytes(&self) -> u64 {
+        u64::from(self.redo_streams) * self.redo_slot_blocks * BLOCK_SIZE_BYTES
     }
 
     pub fn data_journal_geometry(&self) -> JournalGeometry {
@@ -149,7 +176,8 @@ impl Layout {
         }
         let block = |bytes: u64| bytes / BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES;
         let fast_volume_bytes = block(fast_volume_bytes);
-        check_map_memory(logical)?;
+        let slot_blocks = (block(logical) / BLOCK_SIZE_BYTES / u64::from(REDO_STREAMS)).min(REDO_SLOT_BLOCKS);
+        check_map_memory(logical + u64::from(REDO_STREAMS) * slot_blocks * BLOCK_SIZE_BYTES)?;
         let layout = Layout {
             format: FORMAT,
             drive_logical_bytes: block(logical),
@@ -162,6 +190,7 @@ impl Layout {
             fast_volume_bytes,
             redo_streams: REDO_STREAMS,
             redo_stream_blocks: REDO_STREAM_BLOCKS,
+            redo_slot_blocks: slot_blocks,
         };
         let needed = layout.drive_format().geometry()?.total_bytes() + layout.fast_bytes();
         if needed > free {

@@ -95,6 +95,22 @@ pub fn render(node: &Node) -> String {
                         redo.unfolded_bytes,
                     ),
                     ("redo_leases", "Live reader leases of the volume", redo.leases),
+                    (
+                        "redo_spilled_records",
+                        "Records not yet folded that left memory for their page's log slot or the redo log",
+                        redo.spilled_records,
+                    ),
+                    (
+                        "redo_slot_physical_bytes",
+                        "The drive's physical bytes holding the volume's per-page log slots",
+                        redo.slot_physical_bytes,
+                    ),
+                    ("redo_rebuilt_pages", "Page reads that applied redo records", redo.rebuilt_pages),
+                    (
+                        "redo_rebuild_device_reads",
+                        "Device reads (images, log slots, redo log batches) those rebuilds took",
+                        redo.rebuild_device_reads,
+                    ),
                 ];
                 for (name, help, value) in redo_gauges {
                     sub.register(name, help, ConstGauge::new(value as f64));

@@ -186,7 +186,13 @@ impl Node {
         let parts = devices.fast_parts(&layout)?;
         progress("recovering the page store");
         let [data_place, fast_place] = repair::journal_places(&layout.fast_slices());
-        let data = repair::open_store(devices.drive.clone(), parts.data_journal, data_place, accept_loss, progress)?;
+        // The store owns the drive's blocks before the redo streams' log slots.
+        let store_drive: Arc<dyn BlockDevice> = if layout.redo_slot_blocks > 0 {
+            Arc::new(SliceDevice::new(devices.drive.clone(), Lba(0), layout.store_drive_blocks())?)
+        } else {
+            devices.drive.clone()
+        };
+        let data = repair::open_store(store_drive, parts.data_journal, data_place, accept_loss, progress)?;
         let data = Arc::new(data);
         // The fast device does not compress: a trim there only gives space back to the
         // filesystem holding fast.img, at a cost per rewritten page, so freed blocks are
@@ -210,6 +216,7 @@ impl Node {
             }
         }
         let write_back_bytes = config.cache.write_back_bytes()?;
+        let redo_options = crate::redo::RedoOptions::of(config)?;
         let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.lsn.0).max();
         let mut node = Node {
             data_dir: config.data_dir.clone(),
@@ -235,11 +242,20 @@ impl Node {
             started: environment.env.clock.now(),
             clock: environment.env.clock.clone(),
             flush_writers: environment.flush_writers.max(1),
-            redo: crate::redo::Redo::empty(&environment.env),
+            redo: crate::redo::Redo::empty(&environment.env, redo_options),
         };
         node.refresh_volumes();
         let volumes = node.volumes.read().clone();
-        node.redo = crate::redo::Redo::open(&node.layout, &node.fast_device, &environment.env, &volumes, progress)?;
+        let drive: Arc<dyn BlockDevice> = node.drive.clone();
+        node.redo = crate::redo::Redo::open(
+            &node.layout,
+            &node.fast_device,
+            drive,
+            &environment.env,
+            redo_options,
+            &volumes,
+            progress,
+        )?;
         Ok(node)
     }
 }

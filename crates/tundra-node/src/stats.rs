@@ -32,12 +32,17 @@ impl Node {
             }
             volumes.push((v, space));
         }
-        let drive_physical = drive.physical_used_bytes;
+        let redo: Vec<Option<crate::redo::RedoWatermarks>> =
+            volumes.iter().map(|(v, _)| self.redo.stream(v.volume.id).and_then(|_| self.redo_status(v).ok())).collect();
+        // The log slots' media is the redo streams', not the pages'.
+        let slot_physical: u64 = redo.iter().flatten().map(|r| r.slot_physical_bytes).sum();
+        let drive_physical = drive.physical_used_bytes.saturating_sub(slot_physical);
         let volumes = volumes
             .into_iter()
-            .map(|(v, space)| {
-                // The drive does not know volumes: its physical bytes are shared out in
-                // proportion to the blocks each volume's pages take.
+            .zip(redo)
+            .map(|((v, space), redo)| {
+                // The drive does not know volumes: its physical bytes (less the log slots') are
+                // shared out in proportion to the blocks each volume's pages take.
                 let physical = match v.device {
                     Device::Drive if node.software_bytes > 0 => {
                         (drive_physical as u128 * space.software_bytes as u128 / node.software_bytes as u128) as u64
@@ -59,7 +64,7 @@ impl Node {
                     page_read: v.latency.page_read.summary(),
                     page_write: v.latency.page_write.summary(),
                     flush: v.latency.flush.summary(),
-                    redo: self.redo.stream(v.volume.id).and_then(|_| self.redo_status(&v).ok()),
+                    redo,
                 }
             })
             .collect();
@@ -74,7 +79,8 @@ impl Node {
             ratio: ratio(node.logical_bytes, drive.physical_used_bytes),
             compressed: node,
             drive: DriveStats {
-                logical_capacity_bytes: drive.logical_capacity_bytes,
+                logical_capacity_bytes: self.layout.drive_logical_bytes,
+                redo_slot_logical_bytes: drive.logical_capacity_bytes.saturating_sub(self.layout.drive_logical_bytes),
                 physical_capacity_bytes: drive.physical_capacity_bytes,
                 mapped_bytes: drive.mapped_bytes,
                 physical_used_bytes: drive.physical_used_bytes,
@@ -140,7 +146,10 @@ impl SpaceStats {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct DriveStats {
+    /// The drive's logical space for volumes' pages (`drive.logical`).
     pub logical_capacity_bytes: u64,
+    /// The drive's logical space after it that holds the redo streams' per-page log slots.
+    pub redo_slot_logical_bytes: u64,
     pub physical_capacity_bytes: u64,
     pub mapped_bytes: u64,
     pub physical_used_bytes: u64,

@@ -31,7 +31,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use lease::{Lease, LeaseConfig, LeaseId, LeaseRefusal, Leases, ReaderId, Renewed};
 pub use log::{BatchReader, LogGeometry, Recovered, RedoLog, Submitted, Ticket};
 pub use record::{AppendOutcome, Payload, RedoBatch, RedoRecord, WriterEpoch};
-pub use slots::{Merge, SlotArea};
+pub use slots::{Fetched, Merge, SlotArea, SlotStats, fetch};
 pub use versions::{
     Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup, SpillRead, SpillTask,
     SpillTo, decide, decide_many, reconstruct,

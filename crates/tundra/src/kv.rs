@@ -1,20 +1,64 @@
 //! `tundra kv bench`: the reference compute node (tundra-kv) against a running node. Its RW node
 //! sends redo and its RO nodes read pages at their own LSNs over the native protocol, and every
 //! RO read is checked against a model of the committed data at that reader's LSN.
+//!
+//! `tundra kv lagging`: RO nodes reading about a second behind a write-only RW node (seed 000
+//! Figure 15), their read-only transactions' latency measured.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use tundra_client::Client;
-use tundra_kv::{ClientStorage, PAGE_SIZE, RoConfig, RwConfig, WorkloadConfig, run_workload};
-use tundra_proto::{VolumeMode, VolumeSpec};
+use tundra_kv::{
+    ClientStorage, LaggingConfig, PAGE_SIZE, RoConfig, RwConfig, WorkloadConfig, run_lagging, run_workload,
+};
+use tundra_proto::{VolumeInfo, VolumeMode, VolumeSpec};
 
 #[derive(Subcommand)]
 pub enum KvCommand {
     /// Run the reference compute node's workload against a running node and check every read.
     Bench(BenchArgs),
+    /// RO nodes lagging behind a write-only RW node: the latency of their read-only
+    /// transactions (seed 000 Figure 15), for comparing per-page log slots on and off.
+    Lagging(LaggingArgs),
+}
+
+#[derive(Args)]
+pub struct LaggingArgs {
+    /// The node's native protocol address.
+    #[arg(long, default_value = tundra_node::config::DEFAULT_NATIVE_ADDR, value_name = "HOST:PORT")]
+    addr: String,
+    /// The volume the database lives on; made (8 KiB pages) if it does not exist. Use a new
+    /// volume for each run: the load inserts every key.
+    #[arg(long, default_value = "lagging")]
+    volume: String,
+    /// Size of the volume when it is made.
+    #[arg(long, default_value = "256MiB")]
+    size: String,
+    /// Keys loaded before the run.
+    #[arg(long, default_value_t = 50_000)]
+    keys: u64,
+    /// RO threads, each an RO node with its own connection, lease and page cache.
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// How far behind the newest commit the RO nodes read, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    lag_ms: u64,
+    /// Pages each RO node caches.
+    #[arg(long, default_value_t = 64)]
+    ro_cache_pages: usize,
+    /// Seconds of warm-up, then of measurement.
+    #[arg(long, default_value_t = 3)]
+    warmup_secs: u64,
+    #[arg(long, default_value_t = 10)]
+    measure_secs: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -56,32 +100,190 @@ pub struct BenchArgs {
 pub fn run(command: KvCommand) -> Result<()> {
     match command {
         KvCommand::Bench(args) => bench(args),
+        KvCommand::Lagging(args) => lagging(args),
     }
 }
 
-fn bench(args: BenchArgs) -> Result<()> {
-    let connect = || {
-        Client::connect(args.addr.as_str())
-            .with_context(|| format!("connecting to the node at {} (is `tundra serve` running?)", args.addr))
-    };
-    let mut admin = connect()?;
-    let volume = match admin.volume_lookup(&args.volume) {
+fn connect(addr: &str) -> Result<Client> {
+    Client::connect(addr).with_context(|| format!("connecting to the node at {addr} (is `tundra serve` running?)"))
+}
+
+/// The database's volume, made if it does not exist.
+fn database_volume(addr: &str, name: &str, size: &str) -> Result<VolumeInfo> {
+    let mut admin = connect(addr)?;
+    let volume = match admin.volume_lookup(name) {
         Ok(volume) => volume,
         Err(_) => {
-            let size_bytes = tundra_device::size::parse_size(&args.size)
-                .map_err(|e| anyhow::anyhow!("--size {:?}: {}", args.size, e.message()))?;
+            let size_bytes = tundra_device::size::parse_size(size)
+                .map_err(|e| anyhow::anyhow!("--size {size:?}: {}", e.message()))?;
             let spec = VolumeSpec {
-                name: args.volume.clone(),
+                name: name.to_string(),
                 size_bytes,
                 page_size: PAGE_SIZE as u32,
                 mode: VolumeMode::Normal,
             };
-            admin.volume_create(&spec).with_context(|| format!("creating volume {:?}", args.volume))?
+            admin.volume_create(&spec).with_context(|| format!("creating volume {name:?}"))?
         }
     };
     if volume.page_size as usize != PAGE_SIZE {
-        bail!("volume {:?} has {}-byte pages; the database uses {PAGE_SIZE}", args.volume, volume.page_size);
+        bail!("volume {name:?} has {}-byte pages; the database uses {PAGE_SIZE}", volume.page_size);
     }
+    Ok(volume)
+}
+
+fn lagging(args: LaggingArgs) -> Result<()> {
+    let volume = database_volume(&args.addr, &args.volume, &args.size)?;
+    let config = LaggingConfig {
+        seed: args.seed,
+        keys: args.keys,
+        threads: args.threads,
+        lag: Duration::from_millis(args.lag_ms),
+        warmup: Duration::from_secs(args.warmup_secs),
+        measure: Duration::from_secs(args.measure_secs),
+        ro: RoConfig { cache_pages: args.ro_cache_pages, ..LaggingConfig::default().ro },
+        ..LaggingConfig::default()
+    };
+    if !args.json {
+        eprintln!(
+            "tundra kv lagging: volume {:?} (id {}) at {}, {} keys, {} RO thread(s) {} ms behind, {} pages cached              per RO node, {} s warm-up, {} s measured, seed {}",
+            args.volume,
+            volume.id,
+            args.addr,
+            args.keys,
+            args.threads,
+            args.lag_ms,
+            args.ro_cache_pages,
+            args.warmup_secs,
+            args.measure_secs,
+            args.seed
+        );
+    }
+    let addr = args.addr.clone();
+    let storage = move || -> tundra_kv::Result<Arc<ClientStorage>> {
+        let client = Client::connect(addr.as_str())
+            .map_err(|e| tundra_kv::Error::new(tundra_kv::ErrorKind::Unavailable, e.to_string()))?;
+        Ok(Arc::new(ClientStorage::new(client)?))
+    };
+    // The node's own view while the run goes: what the volume's log slots cost the drive at
+    // their fullest, against the volume's pages, and how many device reads a rebuilt page took.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (report, node_view) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch_redo(&args.addr, &args.volume, &done));
+        let report = run_lagging(&storage, tundra_store::ids::VolumeId(volume.id), &config);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (report, watcher.join())
+    });
+    let report = report.map_err(|e| anyhow::anyhow!("the run stopped: {e}"))?;
+    let node_view = match node_view {
+        Ok(view) => view?,
+        Err(_) => bail!("the stats watcher panicked"),
+    };
+    if args.json {
+        let mut json = serde_json::to_value(&report)?;
+        if let (Some(object), serde_json::Value::Object(view)) =
+            (json.as_object_mut(), serde_json::to_value(&node_view)?)
+        {
+            object.extend(view);
+        }
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        println!(
+            "RO transactions: {} ({:.0}/s), p50 {:.0} µs, p95 {:.0} µs, p99 {:.0} µs, {:.2} page reads each; RW: {} \
+             commits, {:.2} MB/s of redo; RO lag {:.0} KB of LSN; {} resyncs",
+            report.ro_txns,
+            report.ro_txns_per_s,
+            report.ro_p50_us,
+            report.ro_p95_us,
+            report.ro_p99_us,
+            report.ro_page_reads_per_txn,
+            report.rw_commits,
+            report.redo_bytes_per_s / 1e6,
+            report.ro_lag_lsn_bytes / 1e3,
+            report.ro_resyncs
+        );
+        println!(
+            "node: log slots {}, {:.2} device reads per rebuilt page ({} pages rebuilt), slots at most {} physical \
+             bytes ({:.1}% of the volume's {})",
+            if node_view.log_slots { "on" } else { "off" },
+            node_view.reads_per_rebuilt_page,
+            node_view.rebuilt_pages,
+            node_view.slot_physical_bytes_peak,
+            100.0 * node_view.slot_space_fraction,
+            node_view.volume_physical_bytes
+        );
+    }
+    Ok(())
+}
+
+/// What the node said of the run's volume.
+#[derive(Default, serde::Serialize)]
+struct NodeView {
+    log_slots: bool,
+    rebuilt_pages: u64,
+    rebuild_device_reads: u64,
+    reads_per_rebuilt_page: f64,
+    spilled_records_total: u64,
+    slot_overflows: u64,
+    /// The most the volume's log slots held on the drive at one time, logical and physical.
+    slot_mapped_bytes_peak: u64,
+    slot_physical_bytes_peak: u64,
+    /// The drive's physical bytes attributed to the volume's pages at that time (the slots'
+    /// own bytes are not among them).
+    volume_physical_bytes: u64,
+    /// `slot_physical_bytes_peak / volume_physical_bytes`: what slots cost on this drive, where
+    /// a conventional drive would need a 4 KiB slot per page.
+    slot_space_fraction: f64,
+    /// The same bound on a conventional drive: one block per page of the volume's size.
+    conventional_slot_fraction: f64,
+}
+
+/// Polls the node's stats twice a second until `done`, keeping the peak of the volume's slot
+/// space and the last counters.
+fn watch_redo(addr: &str, volume: &str, done: &std::sync::atomic::AtomicBool) -> Result<NodeView> {
+    let mut client = connect(addr)?;
+    let mut view = NodeView::default();
+    loop {
+        let finished = done.load(std::sync::atomic::Ordering::Relaxed);
+        let stats: serde_json::Value =
+            serde_json::from_str(&client.stats(None)?).context("the node's stats are not JSON")?;
+        let found = stats["volumes"].as_array().into_iter().flatten().find(|v| v["name"].as_str() == Some(volume));
+        if let Some(v) = found
+            && v["redo"].is_object()
+        {
+            let redo = &v["redo"];
+            let n = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
+            view.log_slots = redo["log_slots"].as_bool().unwrap_or(false);
+            view.rebuilt_pages = n(&redo["rebuilt_pages"]);
+            view.rebuild_device_reads = n(&redo["rebuild_device_reads"]);
+            view.reads_per_rebuilt_page = redo["reads_per_rebuilt_page"].as_f64().unwrap_or(0.0);
+            view.spilled_records_total = n(&redo["spilled_records_total"]);
+            view.slot_overflows = n(&redo["slot_overflows"]);
+            view.slot_mapped_bytes_peak = view.slot_mapped_bytes_peak.max(n(&redo["slot_mapped_bytes"]));
+            if n(&redo["slot_physical_bytes"]) >= view.slot_physical_bytes_peak {
+                view.slot_physical_bytes_peak = n(&redo["slot_physical_bytes"]);
+                view.volume_physical_bytes = n(&v["physical_bytes_attributed"]);
+            }
+            let pages = n(&v["size_bytes"]) / u64::from(PAGE_SIZE as u32);
+            let logical = n(&v["logical_bytes"]).max(1);
+            // A conventional drive stores a slot per page whatever it holds: 4 KiB per page
+            // written, against the pages' own bytes.
+            let written_pages = logical / PAGE_SIZE as u64;
+            view.conventional_slot_fraction = (written_pages.min(pages) * 4096) as f64 / logical as f64;
+        }
+        if finished {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    if view.volume_physical_bytes > 0 {
+        view.slot_space_fraction = view.slot_physical_bytes_peak as f64 / view.volume_physical_bytes as f64;
+    }
+    Ok(view)
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    let volume = database_volume(&args.addr, &args.volume, &args.size)?;
+    let connect = || connect(&args.addr);
     let storage = Arc::new(ClientStorage::new(connect()?).context("the node's protocol")?);
     let config = WorkloadConfig {
         seed: args.seed,

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::{BLOCK_SIZE, BlockDevice, Error, Lba, Result, Usage, check_io, check_range};
+use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Error, Lba, Result, Usage, check_io, check_range};
 
 use super::layout::Geometry;
 use super::read::READ_BATCH_BLOCKS;
@@ -77,6 +77,23 @@ impl CsdDevice {
         self.shared.stats()
     }
 
+    /// What the `count` blocks at `lba` hold: their mapped bytes (4 KiB per block holding
+    /// data) and the payload bytes those take on the media, counted as
+    /// [`CsdStats::physical_used_bytes`] counts them. A walk of the range's map entries, for
+    /// statistics: how much of the drive a region of its logical space really costs.
+    pub fn range_usage(&self, lba: Lba, count: u64) -> Result<RangeUsage> {
+        check_range(self.shared.geometry.logical_blocks, lba, count)?;
+        let state = self.shared.state.lock();
+        let mut usage = RangeUsage::default();
+        for block in lba.0..lba.0 + count {
+            if let Some(entry) = state.map.get(block) {
+                usage.mapped_bytes += BLOCK_SIZE_BYTES;
+                usage.physical_bytes += entry.payload_bytes();
+            }
+        }
+        Ok(usage)
+    }
+
     /// Runs garbage collection until no segment would free space or `max_segments` were
     /// collected; returns how many were.
     pub fn collect_garbage(&self, max_segments: usize) -> Result<usize> {
@@ -125,6 +142,13 @@ impl Drop for CsdDevice {
     }
 }
 
+/// What a range of the drive's logical space holds ([`CsdDevice::range_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RangeUsage {
+    pub mapped_bytes: u64,
+    pub physical_bytes: u64,
+}
+
 impl BlockDevice for CsdDevice {
     fn block_count(&self) -> u64 {
         self.shared.geometry.logical_blocks
@@ -157,6 +181,10 @@ impl BlockDevice for CsdDevice {
 
     fn flush(&self) -> Result<()> {
         self.shared.flush()
+    }
+
+    fn mapped_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        self.range_usage(lba, count).ok().map(|usage| usage.mapped_bytes)
     }
 
     fn usage(&self) -> Usage {

@@ -46,7 +46,7 @@ use crate::BlockDevice;
 
 pub use config::{CompressionMode, CsdConfig, GcPolicy};
 pub use deflate::{DEFLATE_LEVEL, stored_payload_bytes};
-pub use device::CsdDevice;
+pub use device::{CsdDevice, RangeUsage};
 use layout::Geometry;
 use read::Wanted;
 pub use recovery::FormatOptions;

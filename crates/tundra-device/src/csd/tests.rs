@@ -194,6 +194,24 @@ fn zero_blocks_cost_nothing() {
 }
 
 #[test]
+fn a_range_reports_its_own_blocks_only() {
+    let drive = new_drive(256, 1 << 20, quiet());
+    // A mostly empty block, as a log slot with a few records is, and a full one elsewhere.
+    let mut sparse = vec![0u8; 4096];
+    sparse[..100].copy_from_slice(&[7u8; 100]);
+    drive.write(Lba(10), &sparse).unwrap();
+    drive.write(Lba(200), &block_content(5, 1)).unwrap();
+    let range = drive.range_usage(Lba(0), 100).unwrap();
+    assert_eq!(range.mapped_bytes, 4096);
+    assert!(range.physical_bytes > 0 && range.physical_bytes < 512, "{range:?}");
+    let whole = drive.range_usage(Lba(0), 256).unwrap();
+    assert_eq!(whole.mapped_bytes, drive.stats().mapped_bytes);
+    assert_eq!(whole.physical_bytes, drive.stats().physical_used_bytes);
+    assert_eq!(drive.mapped_bytes_in(Lba(100), 100), Some(0));
+    assert!(drive.range_usage(Lba(200), 57).is_err(), "a range past the end is refused");
+}
+
+#[test]
 fn drive_full_changes_nothing() {
     let drive = new_drive(1024, 256 * 1024, quiet());
     let mut written = 0u64;

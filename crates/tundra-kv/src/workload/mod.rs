@@ -11,6 +11,7 @@
 //! transactions: the new node recovers from storage, the old one must then be fenced, and the
 //! recovered state is checked against the model.
 
+pub mod lagging;
 pub mod model;
 
 use std::collections::BTreeMap;

@@ -1,9 +1,10 @@
 //! Folding redo into pages (rule D6 of the design notes): the oldest pages with records at or
 //! below min(LSN_min, durable) are rebuilt from the store's image and their records, stored
 //! through the compressed page path (Algorithm 1, both layers) as the page at the last record's
-//! LSN, and only then dropped from memory; the log is truncated behind every page's image.
+//! LSN, and only then dropped from memory (and from the page's log slot); the log is truncated
+//! behind every page's image.
 
-use tundra_redo::reconstruct;
+use tundra_redo::{SlotCleanup, fetch};
 
 use super::{Stream, redo_error, stored_lsn};
 use crate::node::{Node, VolumeRef};
@@ -27,6 +28,7 @@ impl Node {
     /// Expires leases, then folds up to `limit` of the stream's oldest pages and truncates the
     /// log behind them.
     pub(crate) fn fold_stream(&self, stream: &Stream, volume: &VolumeRef, limit: usize) -> Result<usize> {
+        let _upkeep = stream.upkeep.lock();
         let tasks = {
             let mut state = stream.state.lock();
             state.leases.expire();
@@ -45,9 +47,22 @@ impl Node {
                 None => None,
             };
             let base = stored.zip(image.as_deref());
-            let content = reconstruct(base, &task.records, task.through_lsn, page_size).map_err(redo_error)?;
+            let fetched = match &task.spilled {
+                Some(read) => fetch(read, stream.slots.as_ref(), &stream.log).map_err(redo_error)?.records,
+                None => Vec::new(),
+            };
+            let content = task.rebuild(base, &fetched, page_size).map_err(redo_error)?;
             volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
-            stream.state.lock().versions.materialized(task.page, task.through_lsn);
+            let cleanup = stream.state.lock().versions.materialized(task.page, task.through_lsn);
+            if let Some(slots) = &stream.slots {
+                match cleanup {
+                    SlotCleanup::Keep => {}
+                    SlotCleanup::Clear => slots.clear(task.page).map_err(redo_error)?,
+                    SlotCleanup::ClearThrough(lsn) => {
+                        slots.clear_through(task.page, lsn).map_err(redo_error)?;
+                    }
+                }
+            }
         }
         let through = stream.state.lock().versions.materialized_through();
         stream.log.truncate_through(through).map_err(redo_error)?;

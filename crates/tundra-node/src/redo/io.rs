@@ -3,13 +3,14 @@
 //! reader leases that hold LSN_min back, and the stream's watermarks.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tundra_redo::codec::decode_records;
-use tundra_redo::{AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, WriterEpoch};
+use tundra_redo::{AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, WriterEpoch, fetch};
 use tundra_store::ids::Lsn;
 
-use super::{MAX_CACHED_BYTES, Stream, redo_error, stored_lsn};
+use super::{Stream, StreamCounters, redo_error, stored_lsn};
 use crate::node::{Node, VolumeRef};
 use crate::{Error, Result};
 
@@ -17,6 +18,8 @@ use crate::{Error, Result};
 pub const NOT_YET_WAIT: Duration = Duration::from_millis(500);
 /// One turn of that wait.
 const WAIT_TURN: Duration = Duration::from_millis(50);
+/// How long an append waits for room in a full redo log before it is refused.
+pub const LOG_FULL_WAIT: Duration = Duration::from_secs(10);
 
 /// A page served at an LSN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,15 +59,34 @@ pub struct LeaseGrant {
     pub lsn_min: Lsn,
 }
 
-/// A stream's watermarks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// A stream's watermarks, and what its memory cache, log slots and rebuilt reads hold and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct RedoWatermarks {
     pub writer_epoch: u64,
     pub durable_lsn: u64,
     pub complete_lsn: u64,
     pub lsn_min: u64,
+    /// Bytes of records held in memory, not yet folded into pages.
     pub unfolded_bytes: u64,
     pub leases: u64,
+    /// Records not yet folded that left memory (into slots, or only in the log).
+    pub spilled_records: u64,
+    /// Records moved out of memory since the node opened the stream.
+    pub spilled_records_total: u64,
+    /// Whether the stream has per-page log slots.
+    pub log_slots: bool,
+    /// Slot merges that found no room since the node opened the stream.
+    pub slot_overflows: u64,
+    /// Logical bytes of the stream's slot region holding data, and the drive's physical bytes
+    /// for them: what the slots really cost.
+    pub slot_mapped_bytes: u64,
+    pub slot_physical_bytes: u64,
+    /// Reads that rebuilt a page from records, and the device reads they took (images, slots,
+    /// redo log batches).
+    pub rebuilt_pages: u64,
+    pub rebuild_device_reads: u64,
+    /// `rebuild_device_reads / rebuilt_pages` (0 before any rebuild).
+    pub reads_per_rebuilt_page: f64,
 }
 
 impl Node {
@@ -91,10 +113,16 @@ impl Node {
             )));
         }
         let stream = self.redo.stream_or_create(volume)?;
-        // Backpressure: the writer waits while too much redo is unfolded.
-        while stream.state.lock().versions.cached_bytes() > MAX_CACHED_BYTES {
-            if self.fold_stream(&stream, volume, 64)? == 0 {
-                break;
+        // Backpressure (D8): past the cache's bound the writer first moves the oldest records
+        // out of memory; what slots cannot take (full slots, pages past the slot region) it
+        // folds, as far as LSN_min allows. The log's own capacity is the hard bound.
+        let bound = self.redo.options().cache_bytes;
+        if stream.state.lock().versions.cached_bytes() > bound {
+            self.spill_stream(&stream)?;
+            while stream.state.lock().versions.cached_bytes() > bound.saturating_mul(2) {
+                if self.fold_stream(&stream, volume, 64)? == 0 {
+                    break;
+                }
             }
         }
         let batch = RedoBatch {
@@ -104,7 +132,7 @@ impl Node {
             end_lsn: Lsn(end_lsn),
             records,
         };
-        let outcome = stream.log.append(&batch).map_err(redo_error)?;
+        let outcome = self.append_waiting_for_room(&stream, volume, &batch)?;
         if let AppendOutcome::Ok { .. } = outcome {
             let mut state = stream.state.lock();
             let records = batch.records.into_iter().map(Arc::new).collect();
@@ -118,6 +146,26 @@ impl Node {
             stream.advanced.notify_all();
         }
         Ok(outcome)
+    }
+
+    /// Appends `batch` to the stream's log. A full log is backpressure (D8), not yet an error:
+    /// the log frees room as pages fold, which waits for LSN_min, so the writer waits up to
+    /// [`LOG_FULL_WAIT`] for readers to move on (or for their leases to lapse), folding as it
+    /// goes, and only then hears that the stream is full.
+    fn append_waiting_for_room(&self, stream: &Stream, volume: &VolumeRef, batch: &RedoBatch) -> Result<AppendOutcome> {
+        let turns = (LOG_FULL_WAIT.as_millis() / WAIT_TURN.as_millis()).max(1) as u32;
+        let mut turn = 0;
+        loop {
+            match stream.log.append(batch) {
+                Err(error) if error.kind() == tundra_redo::ErrorKind::Full && turn < turns => {
+                    turn += 1;
+                    if self.fold_stream(stream, volume, 1024)? == 0 {
+                        std::thread::sleep(WAIT_TURN);
+                    }
+                }
+                outcome => return outcome.map_err(redo_error),
+            }
+        }
     }
 
     /// Refuses a write that is not redo to a volume whose pages redo makes: its pages carry
@@ -178,7 +226,24 @@ impl Node {
                         Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
                         None => None,
                     };
-                    let content = plan.rebuild(image.as_deref(), volume.page_size()).map_err(redo_error)?;
+                    let (fetched, spill_reads) = match &plan.spilled {
+                        Some(read) => {
+                            let fetched = fetch(read, stream.slots.as_ref(), &stream.log).map_err(redo_error)?;
+                            let reads = u64::from(fetched.slot_reads) + u64::from(fetched.log_batches);
+                            (fetched.records, reads)
+                        }
+                        None => (Vec::new(), 0),
+                    };
+                    let content =
+                        plan.rebuild_with(image.as_deref(), &fetched, volume.page_size()).map_err(redo_error)?;
+                    if !plan.records.is_empty() || plan.spilled.is_some() {
+                        let counters = &stream.counters;
+                        StreamCounters::add(&counters.rebuilt_pages, 1);
+                        StreamCounters::add(
+                            &counters.rebuild_device_reads,
+                            u64::from(plan.image_reads()) + spill_reads,
+                        );
+                    }
                     out.copy_from_slice(&content);
                     return Ok(ServedPage { served_lsn: at_lsn, page_lsn });
                 }
@@ -258,15 +323,18 @@ impl Node {
     pub fn redo_status(&self, volume: &VolumeRef) -> Result<RedoWatermarks> {
         volume.check_live()?;
         let Some(stream) = self.redo.stream(volume.volume.id) else {
-            return Ok(RedoWatermarks {
-                writer_epoch: 0,
-                durable_lsn: 0,
-                complete_lsn: 0,
-                lsn_min: 0,
-                unfolded_bytes: 0,
-                leases: 0,
-            });
+            return Ok(RedoWatermarks { log_slots: self.redo.options().log_slots, ..RedoWatermarks::default() });
         };
+        let slot_usage = match &stream.slots {
+            Some(slots) => {
+                let (first, count) = slots.region();
+                Some(self.drive.range_usage(first, count)?)
+            }
+            None => None,
+        };
+        let counters = &stream.counters;
+        let rebuilt_pages = counters.rebuilt_pages.load(Ordering::Relaxed);
+        let rebuild_device_reads = counters.rebuild_device_reads.load(Ordering::Relaxed);
         let mut state = stream.state.lock();
         Ok(RedoWatermarks {
             writer_epoch: stream.log.fence().0,
@@ -275,6 +343,19 @@ impl Node {
             lsn_min: state.versions.lsn_min().0,
             unfolded_bytes: state.versions.cached_bytes(),
             leases: state.leases.live_count() as u64,
+            spilled_records: state.versions.spilled_records(),
+            spilled_records_total: counters.spilled_records.load(Ordering::Relaxed),
+            log_slots: stream.slots.is_some(),
+            slot_overflows: counters.slot_overflows.load(Ordering::Relaxed),
+            slot_mapped_bytes: slot_usage.map_or(0, |u| u.mapped_bytes),
+            slot_physical_bytes: slot_usage.map_or(0, |u| u.physical_bytes),
+            rebuilt_pages,
+            rebuild_device_reads,
+            reads_per_rebuilt_page: if rebuilt_pages == 0 {
+                0.0
+            } else {
+                rebuild_device_reads as f64 / rebuilt_pages as f64
+            },
         })
     }
 }

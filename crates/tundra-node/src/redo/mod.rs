@@ -4,27 +4,32 @@
 //! stream and the volume it belongs to.
 //!
 //! Per stream the node keeps the durable log (`tundra_redo::RedoLog`), the page versions not
-//! yet folded into the store (`PageVersions`) and the reader leases (`Leases`). `io.rs` serves
-//! appends, reads at an LSN and leases; `fold.rs` materializes pages through the compressed
-//! page path, never above min(LSN_min, durable), and truncates the log behind them.
+//! yet folded into the store (`PageVersions`), the reader leases (`Leases`) and the per-page
+//! log slots (`SlotArea`, Opt#3 of seed 000 §3.3.3) in the stream's region of the drive's
+//! logical space, after the store's. `io.rs` serves appends, reads at an LSN and leases;
+//! `fold.rs` materializes pages through the compressed page path, never above
+//! min(LSN_min, durable), and truncates the log behind them; `spill.rs` moves records out of
+//! memory into their pages' slots when the stream's cache passes its bound.
 //!
 //! A stream is created by the volume's first AppendRedo and lives as long as the volume.
 
 mod directory;
 mod fold;
 mod io;
+mod spill;
 
 pub use fold::FOLD_PAGES_PER_PASS;
 pub use io::{LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use tundra_device::slice::SliceDevice;
 use tundra_device::{BlockDevice, Lba};
 use tundra_env::Env;
-use tundra_redo::{LeaseConfig, Leases, LogGeometry, PageVersions, RedoLog};
+use tundra_redo::{LeaseConfig, Leases, LogGeometry, PageVersions, RedoLog, SlotArea, SpillTo};
 use tundra_store::ids::{ChunkId, Lsn, PageNo, VolumeId};
 use tundra_store::store::Watermarks;
 
@@ -41,10 +46,37 @@ pub(crate) struct Stream {
     pub state: Mutex<StreamState>,
     /// Signalled when the complete LSN moves, for reads waiting on `NotYet`.
     pub advanced: Condvar,
-    /// Reads hold it shared from their decision to their image read; a fold holds it
-    /// exclusively from its image write to telling the versions, so a read never pairs a plan
-    /// with an image newer than the plan expects.
+    /// Reads hold it shared from their decision to their image and slot reads; a fold holds
+    /// it exclusively from its image write to telling the versions and cleaning the slot, so a
+    /// read never pairs a plan with an image newer than the plan expects, nor finds the
+    /// records its plan names gone from the slot.
     pub fold_gate: RwLock<()>,
+    /// The page's log slots; `None` with slots off (or a layout without them): records that
+    /// leave memory are then read back from the log.
+    pub slots: Option<SlotArea>,
+    /// Held by a fold pass and a spill pass for their whole run, so the two never interleave
+    /// on a slot: a spill's merge never lands behind a fold's cleanup of the same records.
+    pub upkeep: Mutex<()>,
+    pub counters: StreamCounters,
+}
+
+/// What a stream's reads and spills did since the node opened it.
+#[derive(Default)]
+pub(crate) struct StreamCounters {
+    /// Reads served that applied at least one record (a page rebuilt, not just an image).
+    pub rebuilt_pages: AtomicU64,
+    /// Device reads those rebuilds took: images, slots and redo log batches.
+    pub rebuild_device_reads: AtomicU64,
+    /// Records moved out of memory (into slots, or left to the log).
+    pub spilled_records: AtomicU64,
+    /// Slot merges that found no room: the page's records stay in memory until a fold.
+    pub slot_overflows: AtomicU64,
+}
+
+impl StreamCounters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct StreamState {
@@ -58,47 +90,76 @@ pub(crate) struct Redo {
     streams: RwLock<BTreeMap<VolumeId, Arc<Stream>>>,
     env: Env,
     lease_config: LeaseConfig,
+    options: RedoOptions,
+}
+
+/// How the node runs its streams (`[redo]` in the configuration).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RedoOptions {
+    /// Record bytes a stream keeps in memory before the oldest spill.
+    pub cache_bytes: u64,
+    pub log_slots: bool,
+}
+
+impl RedoOptions {
+    pub fn of(config: &crate::Config) -> Result<RedoOptions> {
+        Ok(RedoOptions { cache_bytes: config.redo.cache_bytes()?, log_slots: config.redo.log_slots })
+    }
+}
+
+/// Where the streams' log slots live: regions of the drive after the store's blocks.
+struct SlotRegions {
+    drive: Arc<dyn BlockDevice>,
+    /// (first block, blocks) of stream `i`'s region is `layout.slot_region(i)`.
+    layout: Layout,
 }
 
 struct Area {
     device: Arc<dyn BlockDevice>,
     stream_blocks: u64,
     directory: Mutex<Directory>,
+    slots: Option<SlotRegions>,
 }
-
-/// Records the node keeps in memory for unfolded redo before an append waits for folds.
-pub(crate) const MAX_CACHED_BYTES: u64 = 64 << 20;
 
 impl Redo {
     /// No area and no stream: a node before its streams are recovered.
-    pub fn empty(env: &Env) -> Redo {
+    pub fn empty(env: &Env, options: RedoOptions) -> Redo {
         Redo {
             area: None,
             streams: RwLock::new(BTreeMap::new()),
             env: env.clone(),
             lease_config: LeaseConfig::default(),
+            options,
         }
+    }
+
+    pub fn options(&self) -> RedoOptions {
+        self.options
     }
 
     /// The redo area of `layout` on the fast device, its directory read and every stream whose
     /// volume still exists recovered: the durable records the store's images do not hold yet
-    /// are back in memory. `volumes` are the node's volumes.
+    /// are back in memory. `volumes` are the node's volumes; `drive` holds the log slots
+    /// after the store's blocks, if the layout has them.
     pub fn open(
         layout: &Layout,
         fast: &Arc<dyn BlockDevice>,
+        drive: Arc<dyn BlockDevice>,
         env: &Env,
+        options: RedoOptions,
         volumes: &BTreeMap<VolumeId, VolumeRef>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Redo> {
-        let lease_config = LeaseConfig::default();
         let (first, count) = layout.fast_slices().redo;
-        let mut redo = Redo { area: None, streams: RwLock::new(BTreeMap::new()), env: env.clone(), lease_config };
+        let mut redo = Redo::empty(env, options);
         if layout.redo_streams == 0 {
             return Ok(redo);
         }
         let device: Arc<dyn BlockDevice> = Arc::new(SliceDevice::new(fast.clone(), Lba(first), count)?);
         let directory = Directory::read(device.as_ref(), layout.redo_streams)?;
-        let area = Area { device, stream_blocks: layout.redo_stream_blocks, directory: Mutex::new(directory) };
+        let slots =
+            (options.log_slots && layout.redo_slot_blocks > 0).then(|| SlotRegions { drive, layout: layout.clone() });
+        let area = Area { device, stream_blocks: layout.redo_stream_blocks, directory: Mutex::new(directory), slots };
         let mut streams = BTreeMap::new();
         let owners: Vec<(u32, VolumeId)> = area.directory.lock().owners();
         for (slot, volume_id) in owners {
@@ -138,8 +199,21 @@ impl Redo {
                 volume.volume.id.0
             )));
         }
+        let slots = match &area.slots {
+            Some(regions) => {
+                let (first, count) = regions.layout.slot_region(slot);
+                let slots = SlotArea::new(regions.drive.clone(), Lba(first), count, volume.volume.page_size)
+                    .map_err(redo_error)?;
+                // The index is rebuilt from the log below; what the slots held before is stale.
+                slots.clear_all().map_err(redo_error)?;
+                Some(slots)
+            }
+            None => None,
+        };
+        let spill_to = if slots.is_some() { SpillTo::Slots } else { SpillTo::Log };
         let marks = Watermarks { durable_lsn: recovered.start_lsn, min_reader_lsn: recovered.start_lsn };
-        let mut versions = PageVersions::new(volume.page_size(), volume.volume.page_count(), marks);
+        let mut versions =
+            PageVersions::new(volume.page_size(), volume.volume.page_count(), marks).spilling_to(spill_to);
         for batch in log.read_after(recovered.start_lsn).map_err(redo_error)? {
             let batch = batch.map_err(redo_error)?;
             let mut records = Vec::with_capacity(batch.records.len());
@@ -161,6 +235,9 @@ impl Redo {
             state: Mutex::new(StreamState { versions, leases }),
             advanced: Condvar::new(),
             fold_gate: RwLock::new(()),
+            slots,
+            upkeep: Mutex::new(()),
+            counters: StreamCounters::default(),
         })
     }
 
@@ -219,6 +296,9 @@ impl Redo {
         let device = self.stream_device(area, stream.slot)?;
         area.directory.lock().set(area.device.as_ref(), stream.slot, None)?;
         device.trim(Lba(0), device.block_count())?;
+        if let Some(slots) = &stream.slots {
+            slots.clear_all().map_err(redo_error)?;
+        }
         Ok(())
     }
 }

@@ -31,6 +31,7 @@ pub fn layout() -> Layout {
         fast_volume_bytes,
         redo_streams: 4,
         redo_stream_blocks: 1024,
+        redo_slot_blocks: 4096,
     }
 }
 

@@ -24,10 +24,14 @@ pub struct Fetched {
 }
 
 /// Reads what `read` names: from `slots` for a slot read (falling back on the log's ranges
-/// when the slot fails its checks), from `log` for a log read.
-pub fn fetch(read: &SpillRead, slots: &SlotArea, log: &RedoLog) -> Result<Fetched> {
+/// when the slot fails its checks), from `log` for a log read. An owner without slots (`None`)
+/// only ever plans log reads; a slot read then is a caller's bug, answered `Invalid`.
+pub fn fetch(read: &SpillRead, slots: Option<&SlotArea>, log: &RedoLog) -> Result<Fetched> {
     match read {
-        SpillRead::Slot { page, .. } => match slots.read(*page) {
+        SpillRead::Slot { page, .. } => match slots
+            .ok_or_else(|| Error::invalid(format!("a read of page {page}'s log slot, but the stream has no slots")))?
+            .read(*page)
+        {
             Ok(records) => Ok(Fetched { records, slot_reads: 1, ..Fetched::default() }),
             Err(error) => {
                 let mut fetched = from_log(*page, &read.log_ranges(), log)?;

@@ -100,6 +100,11 @@ impl SlotArea {
         self.slot_count
     }
 
+    /// The area's first block on its device and its block count.
+    pub fn region(&self) -> (Lba, u64) {
+        (self.first_lba, self.slot_count)
+    }
+
     /// The block holding `page`'s slot.
     pub fn lba(&self, page: u64) -> Result<Lba> {
         if page >= self.slot_count {

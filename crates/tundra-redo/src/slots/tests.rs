@@ -195,7 +195,7 @@ fn a_damaged_slot_is_recovered_from_the_redo_log() {
         let bit = rng.below(BLOCK_SIZE as u64 * 8) as usize;
         flipped[bit / 8] ^= 1 << (bit % 8);
         device.write(lba, &flipped).unwrap();
-        let fetched = fetch(&read, &area, &log).unwrap();
+        let fetched = fetch(&read, Some(&area), &log).unwrap();
         let error = fetched.slot_error.as_ref().expect("the flip was noticed");
         assert_eq!(error.kind(), ErrorKind::Corrupted);
         let picked: Vec<RedoRecord> = read.pick(&fetched.records).unwrap().into_iter().cloned().collect();
@@ -412,7 +412,7 @@ fn a_page_rebuilt_from_its_image_and_its_slot_costs_two_device_reads_and_without
         assert_eq!(spilled.lsns().len(), 8);
         let (before_slots, before_log) = (device.reads(), log_device.reads());
         let image = block_at(device.as_ref(), Lba(0));
-        let fetched = fetch(spilled, &area, &log).unwrap();
+        let fetched = fetch(spilled, Some(&area), &log).unwrap();
         let page = plan.rebuild_with(Some(&image), &fetched.records, PAGE_SIZE as usize).unwrap();
         let expected = crate::versions::reconstruct(Some((Lsn(0), &image[..])), &hot[..8], read_at, PAGE_SIZE as usize);
         assert_eq!(page, expected.unwrap(), "{to:?}");

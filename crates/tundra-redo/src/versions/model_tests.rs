@@ -385,7 +385,7 @@ impl World {
     /// The records a spilled read names, as the owner fetches them: the slot (which must pass
     /// its checks here: nothing damages it) or the log ranges.
     fn fetch(&self, read: &SpillRead) -> Result<Vec<crate::RedoRecord>, String> {
-        let fetched = fetch(read, &self.slots, &self.log).map_err(|e| format!("fetching {read:?}: {e}"))?;
+        let fetched = fetch(read, Some(&self.slots), &self.log).map_err(|e| format!("fetching {read:?}: {e}"))?;
         if let Some(error) = fetched.slot_error {
             return Err(format!("page {}'s slot: {error}", read.page()));
         }

@@ -1,0 +1,57 @@
+//! Records leaving memory before their page is materialized (seed 000 §3.3.3, Opt#3): when a
+//! stream holds more record bytes than `[redo] cache`, the oldest pages' oldest records are
+//! merged into those pages' log slots on the drive (one read and one write of a 4 KiB block
+//! each), or, with slots off, simply dropped from memory since the redo log still holds them.
+//! A slot with no room keeps its page's records in memory until a fold frees it; a page past
+//! the stream's slot region is treated the same way.
+
+use std::sync::atomic::Ordering;
+
+use tundra_redo::Merge;
+
+use super::{Stream, StreamCounters, redo_error};
+use crate::Result;
+use crate::node::Node;
+
+impl Node {
+    /// Spills on every stream whose cache is past its bound; returns the records moved.
+    pub fn spill_redo(&self) -> Result<u64> {
+        let mut moved = 0;
+        for stream in self.redo.streams() {
+            moved += self.spill_stream(&stream)?;
+        }
+        Ok(moved)
+    }
+
+    /// Moves the stream's oldest records out of memory until its cache holds at most
+    /// `[redo] cache` bytes, as far as slots have room; returns how many records moved.
+    pub(crate) fn spill_stream(&self, stream: &Stream) -> Result<u64> {
+        let bound = self.redo.options().cache_bytes;
+        if stream.state.lock().versions.cached_bytes() <= bound {
+            return Ok(0);
+        }
+        let _upkeep = stream.upkeep.lock();
+        let tasks = stream.state.lock().versions.spill_candidates(bound);
+        let mut moved = 0;
+        for task in &tasks {
+            let merged = match &stream.slots {
+                None => true,
+                Some(slots) if task.page >= slots.slot_count() => false,
+                Some(slots) => match slots.merge(task.page, &task.records).map_err(redo_error)? {
+                    Merge::Merged { .. } => true,
+                    Merge::Overflow { .. } => false,
+                },
+            };
+            let mut state = stream.state.lock();
+            if merged {
+                state.versions.spilled(task.page, task.through_lsn);
+                moved += task.records.len() as u64;
+            } else {
+                state.versions.slot_full(task.page);
+                StreamCounters::add(&stream.counters.slot_overflows, 1);
+            }
+        }
+        stream.counters.spilled_records.fetch_add(moved, Ordering::Relaxed);
+        Ok(moved)
+    }
+}
