@@ -49,6 +49,10 @@ pub struct LaggingArgs {
     /// Pages each RO node caches.
     #[arg(long, default_value_t = 64)]
     ro_cache_pages: usize,
+    /// RW commits per second at most; 0: as fast as the node takes them. Comparing storage
+    /// settings at one fixed rate gives both the same write load.
+    #[arg(long, default_value_t = 0)]
+    rw_commits_per_s: u32,
     /// Seconds of warm-up, then of measurement.
     #[arg(long, default_value_t = 3)]
     warmup_secs: u64,
@@ -140,6 +144,7 @@ fn lagging(args: LaggingArgs) -> Result<()> {
         lag: Duration::from_millis(args.lag_ms),
         warmup: Duration::from_secs(args.warmup_secs),
         measure: Duration::from_secs(args.measure_secs),
+        rw_commits_per_s: args.rw_commits_per_s,
         ro: RoConfig { cache_pages: args.ro_cache_pages, ..LaggingConfig::default().ro },
         ..LaggingConfig::default()
     };

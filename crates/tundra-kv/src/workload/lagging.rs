@@ -41,6 +41,9 @@ pub struct LaggingConfig {
     pub lag: Duration,
     pub warmup: Duration,
     pub measure: Duration,
+    /// RW commits per second at most (0: as fast as storage takes them). A fixed rate gives
+    /// runs that compare storage settings the same write load.
+    pub rw_commits_per_s: u32,
     pub point_selects: u32,
     pub range_rows: u32,
     pub rw: RwConfig,
@@ -58,6 +61,7 @@ impl Default for LaggingConfig {
             lag: Duration::from_secs(1),
             warmup: Duration::from_secs(3),
             measure: Duration::from_secs(10),
+            rw_commits_per_s: 0,
             point_selects: 10,
             range_rows: 100,
             rw: RwConfig::default(),
@@ -166,7 +170,17 @@ pub fn run_lagging<S: PageStorage + ?Sized + 'static>(
             scope.spawn(move || -> Result<(u64, u64)> {
                 let mut commits = 0;
                 let mut window_start_lsn = None;
+                let mut window_end_lsn = Lsn(0);
+                let paced = Instant::now();
+                let mut made = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    if config.rw_commits_per_s > 0 {
+                        let due = paced + Duration::from_secs_f64(made as f64 / f64::from(config.rw_commits_per_s));
+                        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
+                    made += 1;
                     let mut txn = rw.begin()?;
                     for _ in 0..config.writes_per_txn {
                         let id = rng.below(config.keys);
@@ -178,9 +192,10 @@ pub fn run_lagging<S: PageStorage + ?Sized + 'static>(
                     if now >= measure_from && now < end {
                         commits += 1;
                         window_start_lsn.get_or_insert(lsn);
+                        window_end_lsn = lsn;
                     }
                 }
-                let redo = rw.committed_lsn().0.saturating_sub(window_start_lsn.map_or(0, |l| l.0));
+                let redo = window_end_lsn.0.saturating_sub(window_start_lsn.map_or(window_end_lsn.0, |l| l.0));
                 Ok((commits, redo))
             })
         };

@@ -23,21 +23,24 @@ impl Node {
         Ok(moved)
     }
 
-    /// Moves the stream's oldest records out of memory until its cache holds at most
-    /// `[redo] cache` bytes, as far as slots have room; returns how many records moved.
+    /// Once the stream's cache holds more than `[redo] cache` bytes, moves its oldest records
+    /// out of memory until it holds three quarters of that, as far as slots have room; returns
+    /// how many records moved. Spilling to below the bound, not just to it, lets records
+    /// gather before they go: each slot merge (a read and a write of the slot's block) then
+    /// carries several of a page's records rather than one.
     pub(crate) fn spill_stream(&self, stream: &Stream) -> Result<u64> {
         let bound = self.redo.options().cache_bytes;
         if stream.state.lock().versions.cached_bytes() <= bound {
             return Ok(0);
         }
         let _upkeep = stream.upkeep.lock();
-        let tasks = stream.state.lock().versions.spill_candidates(bound);
+        let tasks = stream.state.lock().versions.spill_candidates(bound / 4 * 3);
         let mut moved = 0;
         for task in &tasks {
             let merged = match &stream.slots {
                 None => true,
                 Some(slots) if task.page >= slots.slot_count() => false,
-                Some(slots) => match slots.merge(task.page, &task.records).map_err(redo_error)? {
+                Some(slots) => match slots.merge(task.page, &task.slot_records()).map_err(redo_error)? {
                     Merge::Merged { .. } => true,
                     Merge::Overflow { .. } => false,
                 },

@@ -4,7 +4,7 @@
 //! (it keeps every record until its page is materialized), so they are read from there.
 
 use crate::log::RedoLog;
-use crate::versions::{LsnRange, SpillRead};
+use crate::versions::{LsnRange, SpillRead, log_ranges};
 use crate::{Error, RedoRecord, Result};
 
 use super::SlotArea;
@@ -28,11 +28,17 @@ pub struct Fetched {
 /// only ever plans log reads; a slot read then is a caller's bug, answered `Invalid`.
 pub fn fetch(read: &SpillRead, slots: Option<&SlotArea>, log: &RedoLog) -> Result<Fetched> {
     match read {
-        SpillRead::Slot { page, .. } => match slots
+        SpillRead::Slot { page, from_log: in_log, .. } => match slots
             .ok_or_else(|| Error::invalid(format!("a read of page {page}'s log slot, but the stream has no slots")))?
             .read(*page)
         {
-            Ok(records) => Ok(Fetched { records, slot_reads: 1, ..Fetched::default() }),
+            Ok(records) => {
+                // Whole pages too large for the slot come from the log, beside it.
+                let mut fetched = from_log(*page, &log_ranges(in_log), log)?;
+                fetched.records.extend(records);
+                fetched.slot_reads = 1;
+                Ok(fetched)
+            }
             Err(error) => {
                 let mut fetched = from_log(*page, &read.log_ranges(), log)?;
                 fetched.slot_reads = 1;

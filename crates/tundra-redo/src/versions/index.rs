@@ -122,7 +122,7 @@ impl PageRecords {
 
     /// Bytes of records the page's slot holds, as far as this index knows.
     fn slot_bytes(&self) -> u64 {
-        self.spilled.iter().map(|s| u64::from(s.encoded_bytes)).sum()
+        self.spilled.iter().filter(|s| !s.in_log).map(|s| u64::from(s.encoded_bytes)).sum()
     }
 }
 

@@ -26,7 +26,8 @@ mod model_tests;
 pub use apply::{apply, check_payload, reconstruct};
 pub use index::{FoldTask, PageVersions, SlotCleanup, SpillTask, record_cost_bytes};
 pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, Spilled, decide, decide_many};
-pub use spilled::{LsnRange, SpillRead, SpillTo, SpilledRecord};
+pub(crate) use spilled::log_ranges;
+pub use spilled::{LsnRange, SpillRead, SpillTo, SpilledRecord, spills_to_log};
 
 /// Bugs the tests inject on purpose, to show that their oracles catch what they guard against:
 /// each test that injects one expects its model check to fail. Never injected outside tests.

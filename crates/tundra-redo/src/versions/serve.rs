@@ -221,8 +221,7 @@ pub(super) fn plan_through(page: PageState<'_>, lsn: Lsn) -> ReadPlan {
         Some(i) => (None, &spilled[i..]),
         None => (page.image_lsn, spilled),
     };
-    let spilled = (!spilled.is_empty())
-        .then(|| SpillRead::new(page.spilled.to, page.spilled.page, spilled.iter().map(|s| s.lsn).collect()));
+    let spilled = (!spilled.is_empty()).then(|| SpillRead::new(page.spilled.page, spilled));
     ReadPlan { image_lsn, records: memory.to_vec(), spilled, lsn }
 }
 

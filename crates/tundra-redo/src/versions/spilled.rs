@@ -2,7 +2,10 @@
 //! went, what the index keeps of each, and how a read or a fold names the ones it needs.
 //!
 //! With slots on ([`SpillTo::Slots`]) a page's spilled records sit together in its log slot
-//! (`crate::slots`), and a rebuild fetches all of them with one read. With slots off
+//! (`crate::slots`), and a rebuild fetches all of them with one read. A whole-page record too
+//! large for a slot (an 8 or 16 KiB image) leaves memory for the redo log alone: a rebuild
+//! starts from the newest whole-page record, so it reads that one record from the log and the
+//! records after it from the slot, two reads, and needs no stored image. With slots off
 //! ([`SpillTo::Log`], the paper's baseline) they are only in the redo log, and a rebuild reads
 //! them back range by range, record by record in the worst case (Figure 6a). Either way the
 //! index keeps a small stub of each spilled record (its LSN, whether it is a whole page, its
@@ -32,17 +35,27 @@ pub struct SpilledRecord {
     pub will_init: bool,
     /// Its encoded length ([`crate::codec::encoded_record_len`]): what it takes in a slot.
     pub encoded_bytes: u32,
+    /// It left memory for the redo log alone, even with slots on ([`spills_to_log`]).
+    pub in_log: bool,
 }
 
 impl SpilledRecord {
-    pub fn of(record: &RedoRecord) -> SpilledRecord {
+    pub fn of(to: SpillTo, record: &RedoRecord) -> SpilledRecord {
         let encoded_bytes = crate::codec::encoded_record_len(record);
         SpilledRecord {
             lsn: record.lsn,
             will_init: record.will_init(),
             encoded_bytes: u32::try_from(encoded_bytes).expect("a checked record's encoding fits 32 bits"),
+            in_log: spills_to_log(to, record),
         }
     }
+}
+
+/// Whether `record`, leaving memory, goes to the redo log alone rather than to its page's slot:
+/// always with slots off; with slots on, a whole-page record larger than a slot holds.
+pub fn spills_to_log(to: SpillTo, record: &RedoRecord) -> bool {
+    to == SpillTo::Log
+        || (record.will_init() && crate::codec::encoded_record_len(record) > crate::slots::SLOT_RECORD_BYTES)
 }
 
 /// The LSNs `(after, through]` of a volume's redo stream.
@@ -55,21 +68,34 @@ pub struct LsnRange {
 /// The spilled records a rebuild needs, and where to read them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpillRead {
-    /// One read of `page`'s log slot; the records at `lsns` are taken from it.
-    Slot { page: u64, lsns: Vec<Lsn> },
+    /// One read of `page`'s log slot and, when `from_log` names a whole-page record kept only
+    /// in the redo log, one read of its batch; the records at `lsns` (`from_log` among them)
+    /// are taken from what they give.
+    Slot { page: u64, lsns: Vec<Lsn>, from_log: Vec<Lsn> },
     /// Reads of the redo log, one per range (each range the batches that hold it), taking
     /// `page`'s records at `lsns`: the baseline without slots.
     Log { page: u64, ranges: Vec<LsnRange>, lsns: Vec<Lsn> },
 }
 
 impl SpillRead {
-    /// The read of the records at `lsns` (strictly increasing, at least one) of `page`.
-    pub(crate) fn new(to: SpillTo, page: u64, lsns: Vec<Lsn>) -> SpillRead {
-        assert!(!lsns.is_empty(), "a spill read of no record");
-        assert!(lsns.windows(2).all(|pair| pair[0] < pair[1]), "spilled LSNs out of order");
-        match to {
-            SpillTo::Slots => SpillRead::Slot { page, lsns },
-            SpillTo::Log => SpillRead::Log { page, ranges: log_ranges(&lsns), lsns },
+    /// The read of `records` (strictly increasing LSNs, at least one) of `page`: from the log
+    /// when every one of them is there, else from the slot and the log for those in it.
+    pub(crate) fn new(page: u64, records: &[SpilledRecord]) -> SpillRead {
+        assert!(!records.is_empty(), "a spill read of no record");
+        assert!(records.windows(2).all(|pair| pair[0].lsn < pair[1].lsn), "spilled LSNs out of order");
+        let lsns: Vec<Lsn> = records.iter().map(|s| s.lsn).collect();
+        if records.iter().all(|s| s.in_log) {
+            return SpillRead::Log { page, ranges: log_ranges(&lsns), lsns };
+        }
+        let from_log = records.iter().filter(|s| s.in_log).map(|s| s.lsn).collect();
+        SpillRead::Slot { page, lsns, from_log }
+    }
+
+    /// The records of a slot read kept in the log alone, read with the slot.
+    pub fn from_log(&self) -> &[Lsn] {
+        match self {
+            SpillRead::Slot { from_log, .. } => from_log,
+            SpillRead::Log { .. } => &[],
         }
     }
 
@@ -95,11 +121,12 @@ impl SpillRead {
         }
     }
 
-    /// Device reads the plan names: one for a slot; at least one per log range (a range spans
-    /// one batch or more, and a batch one block or more).
+    /// Device reads the plan names: one for a slot and one per record it takes from the log;
+    /// at least one per log range (a range spans one batch or more, and a batch one block or
+    /// more).
     pub fn device_reads(&self) -> u32 {
         match self {
-            SpillRead::Slot { .. } => 1,
+            SpillRead::Slot { from_log, .. } => 1 + u32::try_from(log_ranges(from_log).len()).unwrap_or(u32::MAX),
             SpillRead::Log { ranges, .. } => u32::try_from(ranges.len()).unwrap_or(u32::MAX),
         }
     }
@@ -129,11 +156,11 @@ impl SpillRead {
     }
 }
 
-/// Runs of consecutive LSNs as ranges: a record at `l` is the one record of `(l - 1, l]`, and
+/// Runs of consecutive LSNs as ranges (also what a slot read's `from_log` records are read as): a record at `l` is the one record of `(l - 1, l]`, and
 /// records at consecutive LSNs share a range, since reading one range reads the batches
 /// between them anyway. Records further apart get ranges of their own: a range spanning
 /// them would read every batch in between.
-fn log_ranges(lsns: &[Lsn]) -> Vec<LsnRange> {
+pub(crate) fn log_ranges(lsns: &[Lsn]) -> Vec<LsnRange> {
     let mut ranges: Vec<LsnRange> = Vec::new();
     for &lsn in lsns {
         match ranges.last_mut() {
@@ -156,18 +183,30 @@ mod tests {
 
     #[test]
     fn a_log_read_names_one_range_per_run_of_consecutive_lsns() {
-        let read = SpillRead::new(SpillTo::Log, 4, vec![Lsn(3), Lsn(4), Lsn(5), Lsn(9), Lsn(12), Lsn(13)]);
+        let stubs = |lsns: &[u64], in_log: bool| -> Vec<SpilledRecord> {
+            lsns.iter()
+                .map(|&lsn| SpilledRecord { lsn: Lsn(lsn), will_init: false, encoded_bytes: 30, in_log })
+                .collect()
+        };
+        let read = SpillRead::new(4, &stubs(&[3, 4, 5, 9, 12, 13], true));
         let ranges: Vec<(u64, u64)> = read.log_ranges().iter().map(|r| (r.after.0, r.through.0)).collect();
         assert_eq!(ranges, [(2, 5), (8, 9), (11, 13)]);
         assert_eq!(read.device_reads(), 3);
-        let slot = SpillRead::new(SpillTo::Slots, 4, vec![Lsn(3), Lsn(9)]);
+        let slot = SpillRead::new(4, &stubs(&[3, 9], false));
         assert_eq!(slot.device_reads(), 1);
         assert_eq!(slot.log_ranges().len(), 2, "a failed slot falls back on the same records' ranges");
+        // A whole page kept in the log, then records in the slot: two reads.
+        let mut mixed = stubs(&[3], true);
+        mixed[0].will_init = true;
+        mixed.extend(stubs(&[7, 9], false));
+        let read = SpillRead::new(4, &mixed);
+        assert_eq!(read.from_log(), [Lsn(3)]);
+        assert_eq!(read.device_reads(), 2);
     }
 
     #[test]
     fn pick_takes_the_named_records_and_refuses_a_missing_one() {
-        let read = SpillRead::new(SpillTo::Slots, 4, vec![Lsn(3), Lsn(7)]);
+        let read = SpillRead::Slot { page: 4, lsns: vec![Lsn(3), Lsn(7)], from_log: Vec::new() };
         let fetched = [record(2, 4), record(7, 4), record(3, 5), record(3, 4), record(7, 4)];
         let picked = read.pick(&fetched).unwrap();
         assert_eq!(picked.iter().map(|r| (r.lsn.0, r.page)).collect::<Vec<_>>(), [(3, 4), (7, 4)]);

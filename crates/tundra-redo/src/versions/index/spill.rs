@@ -10,12 +10,13 @@ use super::{PageRecords, PageVersions, record_cost_bytes};
 use crate::codec::encoded_record_len;
 use crate::record::RedoRecord;
 use crate::slots::SLOT_RECORD_BYTES;
-use crate::versions::spilled::{SpillTo, SpilledRecord};
+use crate::versions::spilled::{SpillTo, SpilledRecord, spills_to_log};
 use crate::versions::{Bug, injected};
 
 /// A page's oldest records in memory, to move out of it. With slots on, merge `records` into
-/// the page's slot (`SlotArea::merge`), then report [`PageVersions::spilled`] with
-/// `through_lsn`, or [`PageVersions::slot_full`] if the merge overflowed. With slots off the
+/// the page's slot (`SlotArea::merge`), all but the whole-page ones that go to the log alone
+/// ([`SpillTask::slot_records`]), then report [`PageVersions::spilled`] with `through_lsn`, or
+/// [`PageVersions::slot_full`] if the merge overflowed. With slots off the
 /// records are already in the redo log: report `spilled` at once. The owner does a page's slot
 /// I/O and its reports here in order (one lock per page), so the index never names a record
 /// its slot does not hold.
@@ -25,6 +26,15 @@ pub struct SpillTask {
     /// The LSN of the last record that leaves memory.
     pub through_lsn: Lsn,
     pub records: Vec<Arc<RedoRecord>>,
+    /// Where the stream's records spill.
+    pub to: SpillTo,
+}
+
+impl SpillTask {
+    /// The records that go into the page's slot: all but those the log alone keeps.
+    pub fn slot_records(&self) -> Vec<&RedoRecord> {
+        self.records.iter().filter(|r| !spills_to_log(self.to, r)).map(|r| r.as_ref()).collect()
+    }
 }
 
 impl PageVersions {
@@ -59,13 +69,19 @@ impl PageVersions {
             }
             let records = &entry.records[..take];
             projected -= records.iter().map(|r| record_cost_bytes(r)).sum::<u64>();
-            tasks.push(SpillTask { page, through_lsn: records[take - 1].lsn, records: records.to_vec() });
+            tasks.push(SpillTask {
+                page,
+                through_lsn: records[take - 1].lsn,
+                records: records.to_vec(),
+                to: self.spill_to,
+            });
         }
         tasks
     }
 
     /// How many of the page's oldest records in memory may leave it: all of them with slots
-    /// off; with slots on, as many as fit what its slot has left.
+    /// off; with slots on, as many as fit what its slot has left, whole-page records too large
+    /// for a slot going to the log alone and taking no room.
     fn spillable(&self, entry: &PageRecords) -> usize {
         if self.spill_to == SpillTo::Log {
             return entry.records.len();
@@ -73,11 +89,13 @@ impl PageVersions {
         let mut room = (SLOT_RECORD_BYTES as u64).saturating_sub(entry.slot_bytes());
         let mut take = 0;
         for record in &entry.records {
-            let len = encoded_record_len(record) as u64;
-            if len > room {
-                break;
+            if !spills_to_log(self.spill_to, record) {
+                let len = encoded_record_len(record) as u64;
+                if len > room {
+                    break;
+                }
+                room -= len;
             }
-            room -= len;
             take += 1;
         }
         take
@@ -101,7 +119,7 @@ impl PageVersions {
             self.cached_bytes -= record_cost_bytes(&record);
             self.cached_records -= 1;
             if !injected(Bug::SpillForgetsRecords) {
-                entry.spilled.push(SpilledRecord::of(&record));
+                entry.spilled.push(SpilledRecord::of(self.spill_to, &record));
                 self.spilled_records += 1;
             }
         }
