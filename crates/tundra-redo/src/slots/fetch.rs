@@ -34,7 +34,8 @@ pub fn fetch(read: &SpillRead, slots: Option<&SlotArea>, log: &RedoLog) -> Resul
         {
             Ok(records) => {
                 // Whole pages too large for the slot come from the log, beside it.
-                let mut fetched = from_log(*page, &log_ranges(in_log), log)?;
+                let in_log: Vec<_> = in_log.iter().copied().collect();
+                let mut fetched = from_log(*page, &log_ranges(&in_log), log)?;
                 fetched.records.extend(records);
                 fetched.slot_reads = 1;
                 Ok(fetched)

@@ -70,8 +70,9 @@ pub struct LsnRange {
 pub enum SpillRead {
     /// One read of `page`'s log slot and, when `from_log` names a whole-page record kept only
     /// in the redo log, one read of its batch; the records at `lsns` (`from_log` among them)
-    /// are taken from what they give.
-    Slot { page: u64, lsns: Vec<Lsn>, from_log: Vec<Lsn> },
+    /// are taken from what they give. A rebuild starts at its newest whole-page record, so at
+    /// most one record of its window is in the log alone.
+    Slot { page: u64, lsns: Vec<Lsn>, from_log: Option<Lsn> },
     /// Reads of the redo log, one per range (each range the batches that hold it), taking
     /// `page`'s records at `lsns`: the baseline without slots.
     Log { page: u64, ranges: Vec<LsnRange>, lsns: Vec<Lsn> },
@@ -87,15 +88,19 @@ impl SpillRead {
         if records.iter().all(|s| s.in_log) {
             return SpillRead::Log { page, ranges: log_ranges(&lsns), lsns };
         }
-        let from_log = records.iter().filter(|s| s.in_log).map(|s| s.lsn).collect();
-        SpillRead::Slot { page, lsns, from_log }
+        let in_log: Vec<&SpilledRecord> = records.iter().filter(|s| s.in_log).collect();
+        assert!(
+            in_log.len() <= 1 && in_log.first().is_none_or(|s| s.will_init && s.lsn == lsns[0]),
+            "a slot read takes from the log only the whole page it starts from"
+        );
+        SpillRead::Slot { page, lsns, from_log: in_log.first().map(|s| s.lsn) }
     }
 
-    /// The records of a slot read kept in the log alone, read with the slot.
-    pub fn from_log(&self) -> &[Lsn] {
+    /// The record of a slot read kept in the log alone, read with the slot.
+    pub fn from_log(&self) -> Option<Lsn> {
         match self {
-            SpillRead::Slot { from_log, .. } => from_log,
-            SpillRead::Log { .. } => &[],
+            SpillRead::Slot { from_log, .. } => *from_log,
+            SpillRead::Log { .. } => None,
         }
     }
 
@@ -126,7 +131,7 @@ impl SpillRead {
     /// more).
     pub fn device_reads(&self) -> u32 {
         match self {
-            SpillRead::Slot { from_log, .. } => 1 + u32::try_from(log_ranges(from_log).len()).unwrap_or(u32::MAX),
+            SpillRead::Slot { from_log, .. } => 1 + u32::from(from_log.is_some()),
             SpillRead::Log { ranges, .. } => u32::try_from(ranges.len()).unwrap_or(u32::MAX),
         }
     }
@@ -156,7 +161,7 @@ impl SpillRead {
     }
 }
 
-/// Runs of consecutive LSNs as ranges (also what a slot read's `from_log` records are read as): a record at `l` is the one record of `(l - 1, l]`, and
+/// Runs of consecutive LSNs as ranges: a record at `l` is the one record of `(l - 1, l]`, and
 /// records at consecutive LSNs share a range, since reading one range reads the batches
 /// between them anyway. Records further apart get ranges of their own: a range spanning
 /// them would read every batch in between.
@@ -200,13 +205,13 @@ mod tests {
         mixed[0].will_init = true;
         mixed.extend(stubs(&[7, 9], false));
         let read = SpillRead::new(4, &mixed);
-        assert_eq!(read.from_log(), [Lsn(3)]);
+        assert_eq!(read.from_log(), Some(Lsn(3)));
         assert_eq!(read.device_reads(), 2);
     }
 
     #[test]
     fn pick_takes_the_named_records_and_refuses_a_missing_one() {
-        let read = SpillRead::Slot { page: 4, lsns: vec![Lsn(3), Lsn(7)], from_log: Vec::new() };
+        let read = SpillRead::Slot { page: 4, lsns: vec![Lsn(3), Lsn(7)], from_log: None };
         let fetched = [record(2, 4), record(7, 4), record(3, 5), record(3, 4), record(7, 4)];
         let picked = read.pick(&fetched).unwrap();
         assert_eq!(picked.iter().map(|r| (r.lsn.0, r.page)).collect::<Vec<_>>(), [(3, 4), (7, 4)]);
