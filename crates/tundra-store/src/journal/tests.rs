@@ -65,6 +65,8 @@ fn records_round_trip_and_garbage_is_an_error() {
         Record::PageClear { chunk: ChunkId(1), page: PageNo(2) },
         Record::VolumeSet(volume),
         Record::VolumeDelete(VolumeId(4)),
+        Record::ChunkMark { chunk: ChunkId(9), mark: vec![7; MAX_CHUNK_MARK_BYTES] },
+        Record::ChunkMark { chunk: ChunkId(9), mark: Vec::new() },
     ];
     let mut bytes = Vec::new();
     for r in &records {
