@@ -111,7 +111,14 @@ impl Cluster {
             .map_err(|e| e.to_string())?
             .with_nonce_seed(node.nonce_seed);
         let transport = Arc::new(self.net.incarnate(node.id));
-        let config = heartbeat_config(1);
+        // Snapshots often, so that a replica that was down or cut off is often brought back
+        // with the chunk sent whole rather than the entries it missed.
+        let config = openraft::Config {
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(8),
+            max_in_snapshot_log_to_keep: 2,
+            purge_batch_size: 1,
+            ..heartbeat_config(1)
+        };
         let (applied, id) = (self.applied.clone(), node.id);
         let hook: ApplyHook = Arc::new(move |store: &Store, chunk: ChunkId, index: u64| {
             applied.lock().record(id, chunk, index, chunk_digest(store, chunk));

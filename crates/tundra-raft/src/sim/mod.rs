@@ -50,6 +50,7 @@ pub struct Report {
     pub messages_lost: u64,
     pub messages_duplicated: u64,
     pub messages_blocked: u64,
+    pub snapshots_sent: u64,
     pub partitions: u64,
     pub crashes: u64,
     pub restarts: u64,
@@ -76,6 +77,7 @@ impl Report {
         self.messages_lost += other.messages_lost;
         self.messages_duplicated += other.messages_duplicated;
         self.messages_blocked += other.messages_blocked;
+        self.snapshots_sent += other.snapshots_sent;
         self.partitions += other.partitions;
         self.crashes += other.crashes;
         self.restarts += other.restarts;
@@ -164,6 +166,7 @@ async fn simulate(seed: u64, options: Options) -> Report {
     let counts = net.counts();
     (report.messages_sent, report.messages_lost) = (counts.sent, counts.lost);
     (report.messages_duplicated, report.messages_blocked) = (counts.duplicated, counts.blocked);
+    report.snapshots_sent = counts.snapshots;
     cluster.shutdown().await;
     report.trace = net.take_trace();
     report

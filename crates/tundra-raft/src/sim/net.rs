@@ -36,6 +36,8 @@ pub struct NetCounts {
     pub duplicated: u64,
     /// Messages not delivered because a link was cut or a node was down.
     pub blocked: u64,
+    /// Snapshots delivered (a replica brought back with its chunk sent whole).
+    pub snapshots: u64,
 }
 
 struct State {
@@ -185,7 +187,11 @@ impl Transport for NodeTransport {
                 }
             };
             net.note(|| format!("{from}->{to} g{} {}", envelope.group.0, envelope.rpc.summary()));
-            net.0.lock().counts.delivered += 1;
+            {
+                let mut state = net.0.lock();
+                state.counts.delivered += 1;
+                state.counts.snapshots += u64::from(matches!(envelope.rpc, crate::network::Rpc::Snapshot { .. }));
+            }
             if let Some(after) = fate.duplicate_after {
                 let (copy, host, net) = (envelope.clone(), target.clone(), net.clone());
                 tokio::spawn(async move {

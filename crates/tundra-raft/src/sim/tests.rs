@@ -33,6 +33,7 @@ fn seeds_without_violations() {
     assert!(total.writes_acked > seeds, "the runs acknowledged too few writes: {}", summary(&total));
     assert!(total.reads_checked + total.final_reads_checked > seeds);
     assert!(total.crashes > 0 && total.partitions > 0 && total.messages_lost > 0 && total.messages_duplicated > 0);
+    assert!(total.snapshots_sent > 0, "no replica was brought back by a snapshot");
 }
 
 /// Replays one seed (TUNDRA_SEED) and prints its trace.
@@ -81,7 +82,7 @@ fn a_log_whose_flush_lies_is_caught() {
 
 pub fn summary(r: &Report) -> String {
     format!(
-        "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} partitions={} crashes={} restarts={} \
+        "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} partitions={} crashes={} restarts={} \
          log_records_lost_in_crashes={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
          violations={}",
@@ -91,6 +92,7 @@ pub fn summary(r: &Report) -> String {
         r.messages_lost,
         r.messages_duplicated,
         r.messages_blocked,
+        r.snapshots_sent,
         r.partitions,
         r.crashes,
         r.restarts,
