@@ -71,6 +71,11 @@ impl PageCache {
         }
     }
 
+    /// The most pages the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     pub fn stats(&self) -> CacheStats {
         CacheStats { pages: self.pages.len() as u64, ..self.stats }
     }

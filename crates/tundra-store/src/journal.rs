@@ -34,7 +34,7 @@ use frame::{CheckpointHeader, LOG_PAYLOAD_BYTES, Superblock, encode_log_block};
 pub use ids::LogPosition;
 use ids::{CheckpointSlot, Epoch, Generation};
 pub(crate) use record::{Cursor, decode_volume, encode_volume, encoding_bits, encoding_from_bits};
-pub use record::{MAX_RECORD_BYTES, PAGE_RECORD_BYTES, Record};
+pub use record::{MAX_CHUNK_MARK_BYTES, MAX_RECORD_BYTES, PAGE_RECORD_BYTES, Record};
 #[cfg(test)]
 pub(crate) use recovery::set_damage_ends_log;
 #[cfg(test)]

@@ -8,16 +8,17 @@ use tundra_device::{BLOCK_SIZE, Lba};
 use super::ids::{CheckpointSlot, Epoch, Generation, LogPosition};
 
 /// The journal format this build writes. Version 1 had one checksum per log block and one
-/// checkpoint position in the superblock; version 2 is version 3 without the Watermarks record.
-pub(super) const VERSION: u32 = 3;
-/// The oldest version this build reads: a version 2 journal is a version 3 journal that holds no
-/// record version 2 lacks, so it replays as it is, and the checkpoint taken when the store opens
-/// carries it to version 3. A build that reads only version 2 refuses a version 3 journal by its
-/// superblock, before it could meet a record it does not know.
+/// checkpoint position in the superblock; version 2 is version 3 without the Watermarks record,
+/// and version 3 is version 4 without the ChunkMark record.
+pub(super) const VERSION: u32 = 4;
+/// The oldest version this build reads: a version 2 or 3 journal is a version 4 journal that
+/// holds no record its version lacks, so it replays as it is, and the checkpoint taken when the
+/// store opens carries it to version 4. A build that reads only older versions refuses a newer
+/// journal by its superblock, before it could meet a record it does not know.
 pub(super) const OLDEST_READABLE: u32 = 2;
 
 /// The versions this build reads, for messages.
-pub(super) const READABLE: &str = "versions 2 and 3";
+pub(super) const READABLE: &str = "versions 2 to 4";
 
 fn readable(version: u32) -> bool {
     (OLDEST_READABLE..=VERSION).contains(&version)

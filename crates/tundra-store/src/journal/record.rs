@@ -26,6 +26,11 @@ pub enum Record {
     /// A volume's redo watermarks advanced (see [`Watermarks`]); every checkpoint carries the
     /// latest of each volume.
     Watermarks { volume: VolumeId, marks: Watermarks },
+    /// The replication layer's position in a chunk's replicated log (at most
+    /// [`MAX_CHUNK_MARK_BYTES`], opaque to the store), journalled in the same commit as the
+    /// effect of the command it follows, so that after a crash a replica knows exactly which
+    /// commands its pages reflect. Every checkpoint carries the latest of each chunk.
+    ChunkMark { chunk: ChunkId, mark: Vec<u8> },
 }
 
 const TAG_PAGE_SET: u8 = 1;
@@ -34,10 +39,14 @@ const TAG_VOLUME_SET: u8 = 3;
 const TAG_VOLUME_DELETE: u8 = 4;
 const TAG_VOLUME_ID_FLOOR: u8 = 5;
 const TAG_WATERMARKS: u8 = 6;
+const TAG_CHUNK_MARK: u8 = 7;
+/// The longest chunk mark the journal keeps.
+pub const MAX_CHUNK_MARK_BYTES: usize = 80;
 /// The largest encoded record: a volume with the longest name.
 pub const MAX_RECORD_BYTES: usize = 1 + 4 + 8 + 4 + 8 + 1 + 1 + MAX_NAME_BYTES;
 /// The bytes of a page record, the most common kind.
 pub const PAGE_RECORD_BYTES: usize = 34;
+const _: () = assert!(1 + 8 + 1 + MAX_CHUNK_MARK_BYTES <= MAX_RECORD_BYTES);
 
 impl Record {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -77,6 +86,13 @@ impl Record {
                 out.extend_from_slice(&marks.durable_lsn.0.to_le_bytes());
                 out.extend_from_slice(&marks.min_reader_lsn.0.to_le_bytes());
             }
+            Record::ChunkMark { chunk, ref mark } => {
+                assert!(mark.len() <= MAX_CHUNK_MARK_BYTES);
+                out.push(TAG_CHUNK_MARK);
+                out.extend_from_slice(&chunk.0.to_le_bytes());
+                out.push(mark.len() as u8);
+                out.extend_from_slice(mark);
+            }
         }
     }
 
@@ -92,6 +108,15 @@ impl Record {
                 let volume = VolumeId(r.u32()?);
                 let marks = Watermarks { durable_lsn: Lsn(r.u64()?), min_reader_lsn: Lsn(r.u64()?) };
                 return Ok((Record::Watermarks { volume, marks }, r.at));
+            }
+            TAG_CHUNK_MARK => {
+                let chunk = ChunkId(r.u64()?);
+                let len = usize::from(r.u8()?);
+                if len > MAX_CHUNK_MARK_BYTES {
+                    return Err(Error::corrupted(format!("journal chunk mark of {len} bytes")));
+                }
+                let mark = (0..len).map(|_| r.u8()).collect::<Result<Vec<u8>>>()?;
+                return Ok((Record::ChunkMark { chunk, mark }, r.at));
             }
             _ => {}
         }

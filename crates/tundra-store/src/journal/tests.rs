@@ -65,6 +65,8 @@ fn records_round_trip_and_garbage_is_an_error() {
         Record::PageClear { chunk: ChunkId(1), page: PageNo(2) },
         Record::VolumeSet(volume),
         Record::VolumeDelete(VolumeId(4)),
+        Record::ChunkMark { chunk: ChunkId(9), mark: vec![7; MAX_CHUNK_MARK_BYTES] },
+        Record::ChunkMark { chunk: ChunkId(9), mark: Vec::new() },
     ];
     let mut bytes = Vec::new();
     for r in &records {
@@ -468,7 +470,7 @@ fn an_older_journal_format_is_a_clear_error() {
     body.extend_from_slice(&[0u8; 48]);
     device.write(Lba(1), &frame::seal_block(body)).unwrap();
     let error = Journal::open(device).err().unwrap();
-    assert!(error.message().contains("journal format version 1; this build reads versions 2 and 3"), "{error}");
+    assert!(error.message().contains("journal format version 1; this build reads versions 2 to 4"), "{error}");
 }
 
 /// Every header field and record of a log block is checked before use: any byte of a valid
@@ -556,10 +558,10 @@ fn superblock_versions(device: &dyn BlockDevice) -> [u32; 2] {
 }
 
 /// A journal written by a version 2 build (its superblock, checkpoints and log blocks all say
-/// 2) replays every record, and the first checkpoint carries it to version 3; a version this
+/// 2) replays every record, and the first checkpoint carries it to the current version; a version this
 /// build does not know is refused by its superblock.
 #[test]
-fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_version_3() {
+fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_the_current_version() {
     let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
     frame::set_write_version(2);
     Journal::format(device.as_ref(), GEOMETRY).unwrap();
@@ -572,24 +574,24 @@ fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_version_3() {
     assert_eq!(superblock_versions(device.as_ref()), [2, 2]);
     let (journal, replay) = Journal::open(device.clone()).unwrap();
     assert_eq!(replayed(&replay), model);
-    // Records written now go into version 3 blocks after the version 2 ones.
+    // Records written now go into current-version blocks after the version 2 ones.
     commit_range(&journal, &mut model, 40, 10, 2);
     drop(journal);
     let (journal, replay) = Journal::open(device.clone()).unwrap();
-    assert_eq!(replayed(&replay), model, "a log of version 2 and version 3 blocks");
+    assert_eq!(replayed(&replay), model, "a log of version 2 and current-version blocks");
     let snapshot: Vec<Record> = model.values().cloned().collect();
     journal.checkpoint(&snapshot, journal.position()).unwrap();
-    assert!(superblock_versions(device.as_ref()).contains(&3));
+    assert!(superblock_versions(device.as_ref()).contains(&frame::VERSION));
     drop(journal);
     let (_, replay) = Journal::open(device.clone()).unwrap();
     assert_eq!(replayed(&replay), model);
 
-    frame::set_write_version(4);
+    frame::set_write_version(5);
     let newer: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
     Journal::format(newer.as_ref(), GEOMETRY).unwrap();
     frame::set_write_version(0);
     let error = Journal::open(newer).err().unwrap();
-    assert!(error.message().contains("journal format version 4; this build reads versions 2 and 3"), "{error}");
+    assert!(error.message().contains("journal format version 5; this build reads versions 2 to 4"), "{error}");
 }
 
 /// Counters with valid checksums but beyond any real log (a superblock's positions, epoch or

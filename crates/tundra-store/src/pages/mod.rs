@@ -311,14 +311,37 @@ impl Pages {
     /// algorithm, or raw on a volume of mode none), then all are stored together. Each item is
     /// (page, content, lsn, update fraction); pages must be distinct.
     pub fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], Lsn, Option<f64>)]) -> Result<()> {
-        for &(_, content, _, _) in pages {
-            self.check_page(chunk, content.len())?;
-        }
         // Every page's writer lock, taken in stripe order so that two batches cannot deadlock.
         let mut stripes: Vec<usize> = pages.iter().map(|&(page, ..)| self.stripe(chunk, page)).collect();
         stripes.sort_unstable();
         stripes.dedup();
         let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
+        let (command, counters) = self.encode_batch(chunk, pages)?;
+        self.apply_command(&command, |command| self.store.apply(command))?;
+        for counter in counters {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The leader's half of [`Pages::write_pages`] (seed 000 §3.2.1, Figure 4 step 1): the
+    /// pages compressed as `write_pages` would, into the [`StoreCommand::PutPages`] a Raft
+    /// leader proposes, so that Algorithm 1 runs once and every replica applies these bytes.
+    /// Nothing is stored; the caller serialises writes to a page (a Raft group's log does).
+    pub fn encode_pages(&self, chunk: ChunkId, pages: &[(PageNo, &[u8], Lsn, Option<f64>)]) -> Result<StoreCommand> {
+        Ok(self.encode_batch(chunk, pages)?.0)
+    }
+
+    /// Encodes whole pages of one chunk into one command, with the counter each page is
+    /// counted under once stored.
+    fn encode_batch(
+        &self,
+        chunk: ChunkId,
+        pages: &[(PageNo, &[u8], Lsn, Option<f64>)],
+    ) -> Result<(StoreCommand, Vec<&AtomicU64>)> {
+        for &(_, content, _, _) in pages {
+            self.check_page(chunk, content.len())?;
+        }
         let mut cpu = None;
         let mut images = Vec::with_capacity(pages.len());
         let mut counters = Vec::with_capacity(pages.len());
@@ -329,19 +352,42 @@ impl Pages {
             images.push(PagePut { page, image, lsn });
             counters.push(counter);
         }
-        self.store.apply(&StoreCommand::PutPages { chunk, pages: images })?;
-        {
-            let mut partial = self.partial_raw.lock();
-            let mut cache = self.cache.lock();
-            for &(page, ..) in pages {
-                partial.remove(&(chunk, page));
-                cache.invalidate((chunk, page));
-            }
-        }
-        for counter in counters {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
+        Ok((StoreCommand::PutPages { chunk, pages: images }, counters))
+    }
+
+    /// Applies a command through `apply` (the store's, or a replica's marked apply) and then
+    /// forgets the cached copies of the pages it changed, so that a reader on this path never
+    /// sees a page older than the store holds. The one way a replicated command reaches a
+    /// replica that also serves reads.
+    pub fn apply_command(&self, command: &StoreCommand, apply: impl FnOnce(&StoreCommand) -> Result<()>) -> Result<()> {
+        apply(command)?;
+        self.forget(command);
         Ok(())
+    }
+
+    /// Drops what the page cache and the partial-write list hold of the pages `command` names
+    /// (all of a chunk's, for a command that names no pages).
+    pub fn forget(&self, command: &StoreCommand) {
+        let Some(chunk) = command.chunk() else { return };
+        let pages: Vec<PageNo> = match command {
+            StoreCommand::PutPages { pages, .. } => pages.iter().map(|put| put.page).collect(),
+            StoreCommand::TrimPages { pages, .. } => pages.clone(),
+            StoreCommand::PutHeavy { pages, .. } => pages.iter().map(|heavy| heavy.page).collect(),
+            _ => Vec::new(),
+        };
+        let mut partial = self.partial_raw.lock();
+        let mut cache = self.cache.lock();
+        for page in pages {
+            partial.remove(&(chunk, page));
+            cache.invalidate((chunk, page));
+        }
+    }
+
+    /// Drops every cached page: after a chunk was replaced whole (a snapshot installed).
+    pub fn forget_all(&self) {
+        let pages = self.cache.lock().capacity();
+        *self.cache.lock() = PageCache::new(pages);
+        self.partial_raw.lock().clear();
     }
 
     /// The host's CPU utilisation for Algorithm 1, in [0, 1].

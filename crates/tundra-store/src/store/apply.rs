@@ -12,7 +12,7 @@ use crate::buf::with_scratch;
 use crate::command::{HeavyPage, PagePut, StoreCommand};
 use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
-use crate::journal::Record;
+use crate::journal::{MAX_CHUNK_MARK_BYTES, Record};
 use crate::volume::{Volume, VolumeMode};
 use crate::{Error, Result};
 
@@ -21,14 +21,76 @@ impl Store {
     /// (a journal or device error in the middle also stops the store, see [`Store::open`]).
     pub fn apply(&self, command: &StoreCommand) -> Result<()> {
         match command {
-            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages),
-            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages),
-            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment),
+            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, None),
+            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, None),
+            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, None),
             StoreCommand::CreateVolume(volume) => self.create_volume_now(volume.clone()),
             StoreCommand::ResizeVolume { volume, size_bytes } => self.resize_volume_now(*volume, *size_bytes),
             StoreCommand::DeleteVolume(volume) => self.delete_volume_now(*volume),
             StoreCommand::SetWatermarks { volume, marks } => self.set_watermarks(*volume, *marks),
         }
+    }
+
+    /// Applies a command that changes one chunk's pages and journals `mark`, the replication
+    /// layer's position in that chunk's log (at most [`MAX_CHUNK_MARK_BYTES`]), in the same
+    /// commit as the command's effect: after a crash the chunk's pages reflect exactly the
+    /// commands up to the mark [`Store::chunk_mark`] returns, never one more or one fewer. A
+    /// command that changes nothing still moves the mark. A command of no chunk is refused.
+    pub fn apply_marked(&self, command: &StoreCommand, mark: &[u8]) -> Result<()> {
+        check_mark(mark)?;
+        match command {
+            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, Some(mark)),
+            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, Some(mark)),
+            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, Some(mark)),
+            _ => Err(Error::invalid("a marked command must change one chunk's pages")),
+        }
+    }
+
+    /// Journals a chunk's mark alone: the replication layer passed a command it refused (every
+    /// replica refuses it the same way), or one that is not the store's.
+    pub fn set_chunk_mark(&self, chunk: ChunkId, mark: &[u8]) -> Result<()> {
+        check_mark(mark)?;
+        let _no_checkpoint = self.checkpoint_gate.read();
+        self.commit_volume(Record::ChunkMark { chunk, mark: mark.to_vec() })?;
+        self.state.lock().chunk_marks.insert(chunk, mark.to_vec());
+        Ok(())
+    }
+
+    /// The chunk's latest journalled mark, if it has one.
+    pub fn chunk_mark(&self, chunk: ChunkId) -> Option<Vec<u8>> {
+        self.state.lock().chunk_marks.get(&chunk).cloned()
+    }
+
+    /// Makes a chunk hold exactly `pages` (images a replica sent whole: a snapshot) and `mark`,
+    /// in one journal commit, so that a crash leaves the chunk as it was or as sent, never a
+    /// mix. Pages not named are removed. Bounded by what one journal commit holds: for chunks
+    /// of up to some thousands of pages; larger chunks need a streamed install.
+    pub fn replace_chunk(&self, chunk: ChunkId, pages: &[PagePut], mark: &[u8]) -> Result<()> {
+        check_mark(mark)?;
+        let mut counts = Vec::with_capacity(pages.len());
+        for put in pages {
+            counts.push(check_image(&self.volume_of(chunk, put.page)?, &put.image)?);
+        }
+        let runs = self.allocate_many(chunk, &counts)?;
+        let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
+        if let Err(error) = self.write_runs(&runs, &images) {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
+        let named: std::collections::BTreeSet<PageNo> = pages.iter().map(|put| put.page).collect();
+        let mut entries: Vec<(PageNo, Option<PageEntry>)> = self
+            .chunk_entries(chunk)
+            .into_iter()
+            .filter(|(page, _)| !named.contains(page))
+            .map(|(page, _)| (page, None))
+            .collect();
+        entries.extend(pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))));
+        self.commit_and_install(chunk, &entries, &runs, Some(mark))
+    }
+
+    /// Every page entry of one chunk, in page order.
+    pub fn chunk_entries(&self, chunk: ChunkId) -> Vec<(PageNo, PageEntry)> {
+        self.state.lock().chunks.get(&chunk).map(|c| c.index.iter().collect()).unwrap_or_default()
     }
 
     /// Creates a volume. Its name must be new, and its id never given before (at least
@@ -57,14 +119,14 @@ impl Store {
         image: &super::PageImage,
         lsn: crate::ids::Lsn,
     ) -> Result<()> {
-        self.put_pages(chunk, &[PagePut { page, image: image.clone(), lsn }])
+        self.put_pages(chunk, &[PagePut { page, image: image.clone(), lsn }], None)
     }
 
     /// Removes a page: it reads as absent, and its blocks are freed and trimmed. For tests: the
     /// product builds commands.
     #[cfg(test)]
     pub(crate) fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
-        self.trim_pages(chunk, &[page])
+        self.trim_pages(chunk, &[page], None)
     }
 
     /// Stores pages of one chunk with one journal commit: each image is written to its own
@@ -73,9 +135,9 @@ impl Store {
     /// consecutive blocks where they are free, and blocks that follow each other on the device
     /// are written with one I/O. Every image is checked before anything is written; on an
     /// error nothing is installed and the blocks taken are freed.
-    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut]) -> Result<()> {
+    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut], mark: Option<&[u8]>) -> Result<()> {
         if pages.is_empty() {
-            return Ok(());
+            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
         }
         let mut counts = Vec::with_capacity(pages.len());
         for put in pages {
@@ -87,26 +149,14 @@ impl Store {
             self.abandon_runs(chunk, &runs)?;
             return Err(error);
         }
-        let entries: Vec<(PageNo, Option<PageEntry>)> = pages
-            .iter()
-            .zip(&runs)
-            .map(|(put, &run)| {
-                let entry = PageEntry {
-                    encoding: put.image.encoding,
-                    run,
-                    stored_len: put.image.bytes.len() as u16,
-                    checksum: put.image.checksum,
-                    lsn: put.lsn,
-                };
-                (put.page, Some(entry))
-            })
-            .collect();
-        self.commit_and_install(chunk, &entries, &runs)
+        let entries: Vec<(PageNo, Option<PageEntry>)> =
+            pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))).collect();
+        self.commit_and_install(chunk, &entries, &runs, mark)
     }
 
     /// Removes pages of one chunk with one journal commit; pages that do not exist are skipped.
     /// Every page must lie inside its volume.
-    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<()> {
+    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo], mark: Option<&[u8]>) -> Result<()> {
         for &page in pages {
             self.volume_of(chunk, page)?;
         }
@@ -115,9 +165,9 @@ impl Store {
             pages.iter().filter(|&&page| state.is_mapped(chunk, page)).map(|&page| (page, None)).collect()
         };
         if entries.is_empty() {
-            return Ok(());
+            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
         }
-        self.commit_and_install(chunk, &entries, &[])
+        self.commit_and_install(chunk, &entries, &[], mark)
     }
 
     /// Records a volume's redo watermarks; they only move forward.
@@ -135,7 +185,7 @@ impl Store {
     /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
     /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
     /// and keeps the page's LSN: archiving changes no page.
-    fn put_heavy(&self, chunk: ChunkId, pages: &[HeavyPage], segment: &[u8]) -> Result<()> {
+    fn put_heavy(&self, chunk: ChunkId, pages: &[HeavyPage], segment: &[u8], mark: Option<&[u8]>) -> Result<()> {
         for &HeavyPage { page, .. } in pages {
             let volume = self.volume_of(chunk, page)?;
             if volume.mode != VolumeMode::Normal {
@@ -162,7 +212,7 @@ impl Store {
                 (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
             })
             .collect();
-        self.commit_and_install(chunk, &entries, &[run])
+        self.commit_and_install(chunk, &entries, &[run], mark)
     }
 
     /// Creates a volume. Its name must be new, and its id never given before (at least
@@ -271,14 +321,18 @@ impl Store {
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
+        mark: Option<&[u8]>,
     ) -> Result<()> {
-        let records: Vec<Record> = entries
+        let mut records: Vec<Record> = entries
             .iter()
             .map(|&(page, entry)| match entry {
                 Some(entry) => Record::PageSet { chunk, page, entry },
                 None => Record::PageClear { chunk, page },
             })
             .collect();
+        if let Some(mark) = mark {
+            records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
+        }
         let _no_checkpoint = self.checkpoint_gate.read();
         // A volume deleted since the write began takes nothing more: its delete holds the gate
         // exclusively, so it is either journalled before this check or after this commit.
@@ -292,7 +346,13 @@ impl Store {
             state.failed.get_or_insert_with(|| error.to_string());
             return Err(error);
         }
-        let release = self.state.lock().install(chunk, entries);
+        let release = {
+            let mut state = self.state.lock();
+            if let Some(mark) = mark {
+                state.chunk_marks.insert(chunk, mark.to_vec());
+            }
+            state.install(chunk, entries)
+        };
         drop(_no_checkpoint);
         if release {
             self.release_freed()?;
@@ -309,4 +369,22 @@ impl Store {
         self.state.lock().unallocate(chunk, runs);
         Ok(())
     }
+}
+
+/// The index entry of a page put into `run`.
+fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {
+    PageEntry {
+        encoding: put.image.encoding,
+        run,
+        stored_len: put.image.bytes.len() as u16,
+        checksum: put.image.checksum,
+        lsn: put.lsn,
+    }
+}
+
+fn check_mark(mark: &[u8]) -> Result<()> {
+    if mark.len() > MAX_CHUNK_MARK_BYTES {
+        return Err(Error::invalid(format!("a chunk mark of {} bytes (at most {MAX_CHUNK_MARK_BYTES})", mark.len())));
+    }
+    Ok(())
 }

@@ -59,6 +59,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
     let mut next_volume_id = VolumeId(0);
     let mut watermarks: BTreeMap<VolumeId, Watermarks> = BTreeMap::new();
+    let mut chunk_marks: BTreeMap<ChunkId, Vec<u8>> = BTreeMap::new();
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
             Record::VolumeSet(volume) => {
@@ -76,6 +77,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
                 volumes.remove(&id);
                 watermarks.remove(&id);
                 chunks.retain(|chunk, _| chunk.volume() != id);
+                chunk_marks.retain(|chunk, _| chunk.volume() != id);
                 damaged.retain(|(chunk, _), _| chunk.volume() != id);
             }
             Record::PageSet { chunk, page, entry } => {
@@ -103,12 +105,16 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
                 chunks.entry(chunk).or_default().index.set(page, None);
                 damaged.remove(&(chunk, page));
             }
+            Record::ChunkMark { chunk, mark } => {
+                chunk_marks.insert(chunk, mark);
+            }
         }
     }
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
     let mut core = StoreCore::new(extent_count);
     (core.volumes, core.next_volume_id, core.extents, core.chunks) = (volumes, next_volume_id, extents, chunks);
     (core.heavy_refs, core.damaged, core.watermarks) = (heavy_refs, damaged, watermarks);
+    core.chunk_marks = chunk_marks;
     Ok(core)
 }
 

@@ -256,3 +256,32 @@ fn the_core_keeps_its_invariants_under_random_events_with_no_io() {
     assert!(!first.is_empty());
     assert_eq!(first, run(seed), "the same events gave another placement");
 }
+
+#[test]
+fn chunk_marks_travel_with_their_commands_and_replace_chunk_is_whole() {
+    let mut rng = Rng::new(seed_from_env(15));
+    let data = Arc::new(MemDevice::new(4096));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    store.create_volume(volume(1)).unwrap();
+    let chunk = ChunkId::new(VolumeId(1), 0);
+    let puts: Vec<PagePut> =
+        (0..4).map(|p| PagePut { page: PageNo(p), image: image(&mut rng, chunk, PageNo(p)), lsn: Lsn(1) }).collect();
+    store.apply_marked(&StoreCommand::PutPages { chunk, pages: puts.clone() }, b"one").unwrap();
+    store.apply_marked(&StoreCommand::TrimPages { chunk, pages: vec![PageNo(9)] }, b"two").unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"two"[..]));
+    // A mark too long, or on a command of no chunk, is refused and changes nothing.
+    assert!(store.apply_marked(&StoreCommand::TrimPages { chunk, pages: vec![PageNo(1)] }, &[0; 81]).is_err());
+    assert!(store.apply_marked(&StoreCommand::DeleteVolume(VolumeId(1)), b"x").is_err());
+    assert_eq!(store.chunk_entries(chunk).len(), 4);
+    // A replaced chunk holds exactly what was sent, and the mark with it, across a reopen.
+    let sent = vec![puts[1].clone(), PagePut { page: PageNo(7), ..puts[2].clone() }];
+    store.replace_chunk(chunk, &sent, b"three").unwrap();
+    drop(store);
+    let store = Store::open(data, fast).unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"three"[..]));
+    let pages: Vec<PageNo> = store.chunk_entries(chunk).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(pages, vec![PageNo(1), PageNo(7)]);
+    store.check_invariants().unwrap();
+}

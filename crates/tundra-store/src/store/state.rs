@@ -69,6 +69,8 @@ pub struct StoreCore {
     /// errors until rewritten or trimmed, and every checkpoint keeps their records.
     pub(super) damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry>,
     pub(super) watermarks: BTreeMap<VolumeId, Watermarks>,
+    /// Each chunk's replication mark ([`Record::ChunkMark`]), the latest journalled.
+    pub(super) chunk_marks: BTreeMap<ChunkId, Vec<u8>>,
     /// Set by the runtime when a device or journal error left memory ahead of the media.
     pub(super) failed: Option<String>,
 }
@@ -85,6 +87,7 @@ impl StoreCore {
             heavy_refs: HashMap::new(),
             damaged: BTreeMap::new(),
             watermarks: BTreeMap::new(),
+            chunk_marks: BTreeMap::new(),
             failed: None,
         }
     }
@@ -117,6 +120,7 @@ impl StoreCore {
     pub fn delete_volume(&mut self, id: VolumeId) {
         self.volumes.remove(&id);
         self.watermarks.remove(&id);
+        self.chunk_marks.retain(|chunk, _| chunk.volume() != id);
         self.damaged.retain(|(chunk, _), _| chunk.volume() != id);
         let chunks: Vec<ChunkId> = self.chunks.keys().copied().filter(|c| c.volume() == id).collect();
         for chunk in chunks {
@@ -313,6 +317,8 @@ impl StoreCore {
         let floor = std::iter::once(Record::VolumeIdFloor(self.next_volume_id));
         let volumes = floor.chain(self.volumes.values().map(|v| Record::VolumeSet(v.clone())));
         let marks = self.watermarks.iter().map(|(&volume, &marks)| Record::Watermarks { volume, marks });
+        let chunk_marks = self.chunk_marks.iter().map(|(&chunk, mark)| Record::ChunkMark { chunk, mark: mark.clone() });
+        let marks = marks.chain(chunk_marks);
         let pages = self
             .chunks
             .iter()

@@ -1,0 +1,214 @@
+//! A node's replication host: every chunk group the node holds a replica of, one Raft each,
+//! over the node's store, its page path and its shared log; the one entry point for messages
+//! from peers ([`Host::handle`]); and the leader's write and read paths.
+//!
+//! Writes follow seed 000 Figure 4: the leader compresses the pages once (Algorithm 1, through
+//! [`Pages::encode_pages`]), proposes the command, and answers only after a majority holds the
+//! entry durably and the leader applied it; followers apply the same bytes when they learn the
+//! entry committed. Reads on the leader first confirm leadership with a quorum and wait until
+//! the leader applied everything committed before the read (openraft's `ensure_linearizable`).
+//!
+//! Heartbeats: each group sends its own, so their cost grows with the groups per node
+//! ([`heartbeat_config`] says how the intervals are chosen so that a node with many groups
+//! stays cheap).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{Config, EmptyNode, SnapshotPolicy};
+use parking_lot::Mutex;
+use tundra_store::ids::{ChunkId, Lsn, PageNo};
+use tundra_store::pages::Pages;
+use tundra_store::store::Store;
+
+use crate::log::{GroupLogStore, LogMedia, NodeLog};
+use crate::network::{Envelope, GroupNetwork, Reply, Rpc, Transport};
+use crate::state_machine::{ApplyHook, ChunkStateMachine};
+use crate::types::{GroupId, NodeId, Proposal, Raft};
+
+/// What a replicated operation can answer besides success.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// This node does not lead the group: ask the named node, if any is known.
+    #[error("node {node} does not lead chunk {group}; the leader is {leader:?}")]
+    NotLeader { node: NodeId, group: u64, leader: Option<NodeId> },
+    /// The operation's outcome is unknown (the leader lost its quorum or its leadership, or
+    /// stopped): a write may or may not be applied, and should be retried or read back.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Every replica refused the command the same way; nothing changed.
+    #[error("refused: {0}")]
+    Invalid(String),
+    /// This node does not host the group.
+    #[error("node {node} holds no replica of chunk {group}")]
+    NoGroup { node: NodeId, group: u64 },
+}
+
+/// The Raft timing of a node's groups. Every group heartbeats its followers on its own, so a
+/// node leading `groups` groups sends about 2 × groups / interval heartbeats a second; the
+/// interval grows with the groups so that this stays near 2,000 a second (a node leading
+/// 1,000 groups heartbeats each every second), with the election timeout three to six
+/// intervals, as Raft asks (timeout ≫ heartbeat). The simulation runs with 50 ms.
+pub fn heartbeat_config(groups: usize) -> Config {
+    let interval_ms = (groups as u64).clamp(50, 1_000);
+    Config {
+        cluster_name: "tundra".into(),
+        heartbeat_interval: interval_ms,
+        election_timeout_min: 3 * interval_ms,
+        election_timeout_max: 6 * interval_ms,
+        // Snapshots stand for the chunk's pages; a replica that missed more than this many
+        // entries is sent the chunk whole instead of the entries.
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(64),
+        max_in_snapshot_log_to_keep: 16,
+        purge_batch_size: 16,
+        ..Config::default()
+    }
+}
+
+/// One node's groups.
+pub struct Host {
+    id: NodeId,
+    pages: Arc<Pages>,
+    log: Arc<NodeLog>,
+    transport: Arc<dyn Transport>,
+    config: Arc<Config>,
+    groups: Mutex<BTreeMap<GroupId, Raft>>,
+    hook: Option<ApplyHook>,
+}
+
+impl Host {
+    /// A host over the node's page path and shared log medium (its records replayed now). It
+    /// holds no group until [`Host::add_group`].
+    pub fn open(
+        id: NodeId,
+        pages: Arc<Pages>,
+        media: Arc<dyn LogMedia>,
+        flush_latency: Duration,
+        transport: Arc<dyn Transport>,
+        config: Config,
+        hook: Option<ApplyHook>,
+    ) -> Result<Host, String> {
+        let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
+        let log = Arc::new(NodeLog::open(media, flush_latency)?);
+        Ok(Host { id, pages, log, transport, config, groups: Mutex::new(BTreeMap::new()), hook })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn store(&self) -> &Store {
+        self.pages.store()
+    }
+
+    pub fn log(&self) -> &NodeLog {
+        &self.log
+    }
+
+    /// Starts this node's replica of `group`, where its log and its store's mark left it.
+    pub async fn add_group(&self, group: GroupId) -> Result<(), String> {
+        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let log = GroupLogStore::new(self.log.clone(), group);
+        let machine = ChunkStateMachine::open(group, self.pages.clone(), self.hook.clone())?;
+        let raft = Raft::new(self.id, self.config.clone(), network, log, machine).await.map_err(|e| e.to_string())?;
+        self.groups.lock().insert(group, raft);
+        Ok(())
+    }
+
+    /// Makes `voters` the first membership of a new group (on one of them, once).
+    pub async fn initialize(&self, group: GroupId, voters: BTreeSet<NodeId>) -> Result<(), String> {
+        let raft = self.raft(group).map_err(|e| e.to_string())?;
+        raft.initialize(voters).await.map_err(|e| e.to_string())
+    }
+
+    pub fn raft(&self, group: GroupId) -> Result<Raft, Error> {
+        self.groups.lock().get(&group).cloned().ok_or(Error::NoGroup { node: self.id, group: group.0 })
+    }
+
+    pub fn groups(&self) -> Vec<GroupId> {
+        self.groups.lock().keys().copied().collect()
+    }
+
+    /// A message from a peer, handed to its group's Raft.
+    pub async fn handle(&self, envelope: Envelope) -> Result<Reply, String> {
+        let raft = self.raft(envelope.group).map_err(|e| e.to_string())?;
+        Ok(match envelope.rpc {
+            Rpc::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+            Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
+            Rpc::Snapshot { vote, meta, data } => {
+                let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
+                Reply::Snapshot(raft.install_full_snapshot(vote, snapshot).await)
+            }
+        })
+    }
+
+    /// The leader's write path: whole pages of one chunk compressed here, once, and
+    /// replicated; answered once a majority committed the entry and this node applied it.
+    pub async fn write_pages(&self, chunk: ChunkId, pages: &[(PageNo, Vec<u8>, Lsn)]) -> Result<(), Error> {
+        let raft = self.leader_raft(chunk)?;
+        let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
+            pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
+        let command = self.pages.encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        self.propose(chunk, &raft, Proposal::new(&command)).await
+    }
+
+    /// Removes pages of one chunk through the group.
+    pub async fn trim_pages(&self, chunk: ChunkId, pages: Vec<PageNo>) -> Result<(), Error> {
+        let raft = self.leader_raft(chunk)?;
+        let command = tundra_store::command::StoreCommand::TrimPages { chunk, pages };
+        self.propose(chunk, &raft, Proposal::new(&command)).await
+    }
+
+    /// A linearizable read on the leader: leadership confirmed by a quorum, everything
+    /// committed before the read applied here, then the page read and verified.
+    pub async fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>, Error> {
+        let raft = self.leader_raft(chunk)?;
+        raft.ensure_linearizable().await.map_err(|e| match e {
+            RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
+                Error::NotLeader { node: self.id, group: chunk.0, leader: f.leader_id }
+            }
+            other => Error::Unavailable(other.to_string()),
+        })?;
+        self.pages.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))
+    }
+
+    /// The group's Raft if this node believes it leads the group.
+    fn leader_raft(&self, chunk: ChunkId) -> Result<Raft, Error> {
+        let raft = self.raft(chunk)?;
+        let leader = raft.metrics().borrow().current_leader;
+        if leader != Some(self.id) {
+            return Err(Error::NotLeader { node: self.id, group: chunk.0, leader });
+        }
+        Ok(raft)
+    }
+
+    async fn propose(&self, chunk: ChunkId, raft: &Raft, proposal: Proposal) -> Result<(), Error> {
+        match raft.client_write(proposal).await {
+            Ok(response) => match response.data.refused {
+                None => Ok(()),
+                Some(why) => Err(Error::Invalid(why)),
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Error::NotLeader { node: self.id, group: chunk.0, leader: f.leader_id })
+            }
+            Err(other) => Err(Error::Unavailable(other.to_string())),
+        }
+    }
+
+    /// Stops every group and the log writer; what the writer had not flushed stays unflushed.
+    pub async fn shutdown(&self) {
+        let rafts: Vec<Raft> = self.groups.lock().values().cloned().collect();
+        for raft in rafts {
+            let _ = raft.shutdown().await;
+        }
+        self.log.stop();
+    }
+}
+
+/// Nodes as openraft's node map, for membership changes.
+pub fn empty_nodes(ids: &BTreeSet<NodeId>) -> BTreeMap<NodeId, EmptyNode> {
+    ids.iter().map(|&id| (id, EmptyNode {})).collect()
+}

@@ -1,0 +1,31 @@
+//! Replication (seed 000 §3.2.1, Figure 4): one Raft group per chunk, three voters, built on
+//! openraft. The leader compresses a page once and proposes the store's command with the
+//! encoded images; a write is answered once a majority holds it durably and the leader applied
+//! it; followers apply the same bytes and never compress.
+//!
+//! - [`types`]: the type configuration, the entry (a `StoreCommand`'s bytes), snapshots.
+//! - [`runtime`]: tokio with a seeded generator for openraft's election timeouts.
+//! - [`log`]: a node's shared Raft log for all its groups, with group commit.
+//! - [`mark`]: the apply mark the store journals with each applied command.
+//! - [`state_machine`]: a chunk replica as openraft's state machine.
+//! - [`network`]: messages tagged with their group, over one transport per node.
+//! - [`host`]: a node's groups, its message entry point, the leader's write and read paths.
+//! - `sim` (tests): the deterministic simulation of a cluster and its checkers.
+
+// openraft's storage and network traits fix their error types (`StorageError` is over 200
+// bytes); the functions that return them on its behalf cannot box them.
+#![allow(clippy::result_large_err)]
+
+pub mod host;
+pub mod log;
+pub mod mark;
+pub mod network;
+pub mod runtime;
+pub mod state_machine;
+pub mod types;
+
+#[cfg(test)]
+mod sim;
+
+pub use host::{Error, Host, heartbeat_config};
+pub use types::{GroupId, NodeId, Proposal, Raft, TypeConfig};

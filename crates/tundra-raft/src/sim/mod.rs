@@ -1,0 +1,378 @@
+//! Deterministic simulation of a replicated cluster (ARCHITECTURE.md, "Replication"): three
+//! nodes, one seed. The seed picks the run's faults (a "swarm": each seed turns different
+//! ones on, at different rates), then drives a client that writes, trims and reads pages
+//! through the leaders while the network loses, delays, reorders and duplicates messages,
+//! links are cut and nodes lose power and restart. After every step the checkers run: each
+//! store's invariants, every replica's content after each applied index against the others',
+//! and every read against the model of acknowledged writes. At the end the faults stop, the
+//! cluster must converge, every replica of a chunk must hold the same pages, and every page
+//! must read as the model allows.
+//!
+//! Everything runs on one current-thread tokio runtime whose clock is paused (time jumps to
+//! the next timer when every task waits), every random choice comes from the seed, and
+//! openraft's election timeouts come from the seeded runtime generator: the same seed gives
+//! the same run, which `same_seed_same_trace` checks byte for byte.
+
+mod check;
+mod cluster;
+mod net;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tundra_codec::PageSize;
+use tundra_env::Rng;
+use tundra_store::ids::{ChunkId, Lsn, PageNo};
+
+use self::check::{Applied, Model, chunk_digest};
+use self::cluster::{Cluster, PAGE_BYTES};
+use self::net::{NetFaults, SimNet};
+use crate::host::Error;
+use crate::log::LogFault;
+
+/// What one run is asked to do.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub steps: u32,
+    pub log_fault: LogFault,
+    pub trace: bool,
+}
+
+/// What one run (or many, added up) did and found.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seeds: u64,
+    pub steps: u64,
+    pub messages_sent: u64,
+    pub messages_lost: u64,
+    pub messages_duplicated: u64,
+    pub messages_blocked: u64,
+    pub snapshots_sent: u64,
+    pub partitions: u64,
+    pub crashes: u64,
+    pub restarts: u64,
+    pub log_records_lost_in_crashes: u64,
+    pub writes_acked: u64,
+    pub writes_unknown: u64,
+    pub writes_refused_not_leader: u64,
+    pub reads_checked: u64,
+    pub final_reads_checked: u64,
+    pub apply_checks: u64,
+    pub store_checks: u64,
+    pub replica_comparisons: u64,
+    pub log_records: u64,
+    pub log_flushes: u64,
+    pub violations: Vec<String>,
+    pub trace: Vec<String>,
+}
+
+impl Report {
+    pub fn add(&mut self, other: &Report) {
+        self.seeds += other.seeds;
+        self.steps += other.steps;
+        self.messages_sent += other.messages_sent;
+        self.messages_lost += other.messages_lost;
+        self.messages_duplicated += other.messages_duplicated;
+        self.messages_blocked += other.messages_blocked;
+        self.snapshots_sent += other.snapshots_sent;
+        self.partitions += other.partitions;
+        self.crashes += other.crashes;
+        self.restarts += other.restarts;
+        self.log_records_lost_in_crashes += other.log_records_lost_in_crashes;
+        self.writes_acked += other.writes_acked;
+        self.writes_unknown += other.writes_unknown;
+        self.writes_refused_not_leader += other.writes_refused_not_leader;
+        self.reads_checked += other.reads_checked;
+        self.final_reads_checked += other.final_reads_checked;
+        self.apply_checks += other.apply_checks;
+        self.store_checks += other.store_checks;
+        self.replica_comparisons += other.replica_comparisons;
+        self.log_records += other.log_records;
+        self.log_flushes += other.log_flushes;
+        self.violations.extend(other.violations.iter().cloned());
+    }
+}
+
+/// The faults one seed turns on, and how often.
+#[derive(Clone, Copy, Debug)]
+struct Swarm {
+    net: NetFaults,
+    crash: f64,
+    partition: f64,
+}
+
+impl Swarm {
+    fn draw(rng: &mut Rng) -> Swarm {
+        let net = NetFaults {
+            loss: *rng.pick(&[0.0, 0.01, 0.05, 0.15]),
+            duplicate: *rng.pick(&[0.0, 0.02, 0.1]),
+            delay_max_ms: *rng.pick(&[1, 5, 20, 45]),
+        };
+        Swarm { net, crash: *rng.pick(&[0.0, 0.03, 0.08]), partition: *rng.pick(&[0.0, 0.03, 0.08]) }
+    }
+}
+
+const NODES: u64 = 3;
+const CHUNKS: u32 = 2;
+const PAGES_PER_CHUNK: u64 = 6;
+/// How long the client waits for an answer before it counts the write's outcome unknown.
+const OP_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Runs one seed on a fresh current-thread runtime with a paused clock.
+pub fn run_seed(seed: u64, options: Options) -> Report {
+    crate::runtime::seed_thread_rng(seed ^ 0x005e_ed0f_7af7);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(simulate(seed, options))
+}
+
+async fn simulate(seed: u64, options: Options) -> Report {
+    let mut rng = Rng::new(seed);
+    let swarm = Swarm::draw(&mut rng);
+    let net = SimNet::new(rng.fork(), swarm.net, options.trace);
+    net.note(|| format!("seed {seed} swarm {swarm:?}"));
+    let applied = Arc::new(Mutex::new(Applied::default()));
+    let mut cluster = Cluster::build(&mut rng, net.clone(), NODES, CHUNKS, options.log_fault, applied.clone()).await;
+    let mut report = Report { seeds: 1, ..Report::default() };
+    let mut model = Model::default();
+    let mut sequence = 0u64;
+    for step in 0..options.steps {
+        report.steps += 1;
+        inject_faults(&mut cluster, &mut rng, &swarm, &mut report).await;
+        operate(&cluster, &mut rng, &mut model, &mut sequence, &mut report).await;
+        tokio::time::sleep(Duration::from_millis(rng.range(1..60))).await;
+        check_stores(&cluster, &mut report);
+        note_leaders(&cluster, step);
+    }
+    converge(&mut cluster, &mut model, &mut report).await;
+    {
+        let applied = applied.lock();
+        report.apply_checks = applied.checks;
+        report.violations.extend(applied.violations.iter().cloned());
+    }
+    for node in &cluster.nodes {
+        if let Some(host) = &node.host {
+            let stats = host.log().stats();
+            report.log_records += stats.records;
+            report.log_flushes += stats.flushes;
+        }
+    }
+    let counts = net.counts();
+    (report.messages_sent, report.messages_lost) = (counts.sent, counts.lost);
+    (report.messages_duplicated, report.messages_blocked) = (counts.duplicated, counts.blocked);
+    report.snapshots_sent = counts.snapshots;
+    cluster.shutdown().await;
+    report.trace = net.take_trace();
+    report
+}
+
+/// At most one node is down at a time and at most one is cut off, so a majority can always
+/// form again once the client waits.
+async fn inject_faults(cluster: &mut Cluster, rng: &mut Rng, swarm: &Swarm, report: &mut Report) {
+    let down: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| !cluster.is_up(i)).collect();
+    if let Some(&i) = down.first() {
+        if rng.chance(0.3) {
+            cluster.net.note(|| format!("restart node {}", i + 1));
+            match cluster.start(i).await {
+                Ok(()) => report.restarts += 1,
+                Err(e) => report.violations.push(format!("node {} failed to restart: {e}", i + 1)),
+            }
+        }
+    } else if rng.chance(swarm.crash) {
+        let i = rng.below(cluster.nodes.len() as u64) as usize;
+        let lost = cluster.crash(i, rng).await;
+        cluster.net.note(|| format!("crash node {} losing {lost} log records", i + 1));
+        report.crashes += 1;
+        report.log_records_lost_in_crashes += lost as u64;
+    }
+    if cluster.net.is_cut() {
+        if rng.chance(0.3) {
+            cluster.net.note(|| "heal".into());
+            cluster.net.heal();
+        }
+    } else if rng.chance(swarm.partition) {
+        let alone = rng.range(1..cluster.nodes.len() as u64 + 1);
+        cluster.net.note(|| format!("cut node {alone} off"));
+        for other in (1..=cluster.nodes.len() as u64).filter(|&n| n != alone) {
+            cluster.net.cut(alone, other);
+        }
+        report.partitions += 1;
+    }
+}
+
+/// A page's content: its write's sequence number first, then rows of text the codecs
+/// compress, some pages better than others.
+fn content(sequence: u64) -> Vec<u8> {
+    let mut rng = Rng::new(sequence);
+    let mut page = sequence.to_le_bytes().to_vec();
+    let words = ["tundra", "chunk", "replica", "leader", "page", "north", "frost", "lichen"];
+    while page.len() < PageSize::Kib8.bytes() {
+        let row = format!("{:06} {} {} {}\n", rng.below(1_000_000), rng.pick(&words), rng.pick(&words), rng.next_u32());
+        page.extend_from_slice(row.as_bytes());
+    }
+    page.truncate(PageSize::Kib8.bytes());
+    page
+}
+
+fn value_of(page: &[u8]) -> u64 {
+    u64::from_le_bytes(page[..8].try_into().expect("a page is longer than 8 bytes"))
+}
+
+/// One client operation through the current leader, checked against the model.
+async fn operate(cluster: &Cluster, rng: &mut Rng, model: &mut Model, sequence: &mut u64, report: &mut Report) {
+    let chunk = *rng.pick(&cluster.chunks);
+    let page = PageNo(rng.below(PAGES_PER_CHUNK) as u32);
+    let Some(leader) = cluster.leader(chunk) else { return };
+    let kind = rng.below(10);
+    if kind < 3 {
+        // A read that fails or times out checks nothing: it may have met a deposed leader.
+        if let Ok(Ok(read)) = tokio::time::timeout(OP_TIMEOUT, leader.read_page(chunk, page)).await {
+            report.reads_checked += 1;
+            if let Err(why) = model.read(chunk, page, read.as_deref().map(value_of)) {
+                report.violations.push(why);
+            }
+        }
+        return;
+    }
+    *sequence += 1;
+    let value = (kind != 9).then_some(*sequence);
+    model.sent(chunk, page, value);
+    let write = async {
+        match value {
+            Some(v) => leader.write_pages(chunk, &[(page, content(v), Lsn(v))]).await,
+            None => leader.trim_pages(chunk, vec![page]).await,
+        }
+    };
+    match tokio::time::timeout(OP_TIMEOUT, write).await {
+        Ok(Ok(())) => {
+            report.writes_acked += 1;
+            model.acked(chunk, page);
+        }
+        Ok(Err(Error::NotLeader { .. })) => {
+            report.writes_refused_not_leader += 1;
+            model.failed(chunk, page);
+        }
+        Ok(Err(Error::Invalid(why))) => report.violations.push(format!("a valid write was refused: {why}")),
+        Ok(Err(_)) | Err(_) => report.writes_unknown += 1,
+    }
+}
+
+fn check_stores(cluster: &Cluster, report: &mut Report) {
+    for host in cluster.nodes.iter().filter_map(|n| n.host.as_ref()) {
+        report.store_checks += 1;
+        if let Err(problem) = host.store().check_invariants() {
+            report.violations.push(format!("node {}: {problem}", host.id()));
+        }
+        if let Err(e) = host.store().maybe_checkpoint() {
+            report.violations.push(format!("node {}: checkpoint failed: {e}", host.id()));
+        }
+    }
+}
+
+fn note_leaders(cluster: &Cluster, step: u32) {
+    let mut line = format!("step {step}");
+    for &chunk in &cluster.chunks {
+        for host in cluster.nodes.iter().filter_map(|n| n.host.as_ref()) {
+            if let Ok(raft) = host.raft(chunk) {
+                let m = raft.metrics().borrow().clone();
+                line += &format!(
+                    " g{}n{}:t{}l{:?}a{:?}",
+                    chunk.0,
+                    host.id(),
+                    m.current_term,
+                    m.current_leader,
+                    m.last_applied.map(|id| id.index)
+                );
+            }
+        }
+    }
+    cluster.net.note(|| line);
+}
+
+/// The faults stop; every node runs; within a bound of simulated time every group must have
+/// a leader whose log every replica applied, every replica must hold the same pages, and
+/// every page must read as the model allows.
+async fn converge(cluster: &mut Cluster, model: &mut Model, report: &mut Report) {
+    cluster.net.heal();
+    cluster.net.set_faults(NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 });
+    for i in 0..cluster.nodes.len() {
+        if !cluster.is_up(i) {
+            if let Err(e) = cluster.start(i).await {
+                report.violations.push(format!("node {} failed to restart: {e}", i + 1));
+                return;
+            }
+            report.restarts += 1;
+        }
+    }
+    for &chunk in &cluster.chunks.clone() {
+        if !settled(cluster, chunk).await {
+            report.violations.push(format!("chunk {} did not converge within 60 simulated seconds", chunk.0));
+            continue;
+        }
+        let hosts: Vec<_> = cluster.nodes.iter().filter_map(|n| n.host.clone()).collect();
+        let contents: Vec<Vec<String>> = hosts.iter().map(|h| replica_content(h.store(), chunk)).collect();
+        for (host, content) in hosts.iter().zip(&contents).skip(1) {
+            report.replica_comparisons += 1;
+            if *content != contents[0] {
+                report.violations.push(format!("chunk {}: node {} differs from node 1", chunk.0, host.id()));
+            }
+        }
+        let digests: Vec<String> = hosts.iter().map(|h| format!("{:08x}", chunk_digest(h.store(), chunk))).collect();
+        cluster.net.note(|| format!("final g{} digests {}", chunk.0, digests.join(" ")));
+    }
+    for (chunk, page) in model.pages() {
+        let Some(leader) = cluster.leader(chunk) else { continue };
+        match leader.read_page(chunk, page).await {
+            Ok(read) => {
+                report.final_reads_checked += 1;
+                if let Err(why) = model.read(chunk, page, read.as_deref().map(value_of)) {
+                    report.violations.push(format!("after convergence: {why}"));
+                }
+            }
+            Err(e) => report.violations.push(format!("after convergence, a read failed: {e}")),
+        }
+    }
+}
+
+/// Waits until one node leads `chunk` and every replica applied its whole log.
+async fn settled(cluster: &Cluster, chunk: ChunkId) -> bool {
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(leader) = cluster.leader(chunk) else { continue };
+        let Ok(raft) = leader.raft(chunk) else { continue };
+        let last = raft.metrics().borrow().last_log_index;
+        let all =
+            cluster.nodes.iter().filter_map(|n| n.host.as_ref()).all(|host| {
+                host.raft(chunk).is_ok_and(|r| r.metrics().borrow().last_applied.map(|id| id.index) == last)
+            });
+        if all {
+            return true;
+        }
+    }
+    false
+}
+
+/// A replica's logical content of a chunk, placement aside: each page's encoding, stored
+/// length, checksum, LSN and the crc of its stored bytes.
+fn replica_content(store: &tundra_store::store::Store, chunk: ChunkId) -> Vec<String> {
+    store
+        .chunk_entries(chunk)
+        .into_iter()
+        .map(|(page, entry)| {
+            let bytes = store.read_image(chunk, page).ok().flatten().map(|(_, b)| crc32c::crc32c(&b));
+            format!(
+                "{} {:?} {} {:08x} {} {bytes:?}",
+                page.0, entry.encoding, entry.stored_len, entry.checksum, entry.lsn.0
+            )
+        })
+        .collect()
+}
+
+/// Page bytes of the simulated volume.
+const _: () = assert!(PAGE_BYTES as usize == 8192);

@@ -1,0 +1,112 @@
+//! The simulation's tests: many seeds with zero violations, one seed's run replayed byte for
+//! byte, and a seed range on which an injected bug (a log whose flush lies) is caught.
+
+use super::*;
+
+/// Seeds in the default run, and steps per seed; `TUNDRA_SIM_SEEDS` and `TUNDRA_SIM_STEPS`
+/// scale them for long runs.
+const DEFAULT_SEEDS: u64 = 500;
+const DEFAULT_STEPS: u32 = 40;
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn replay_command(seed: u64, steps: u32) -> String {
+    format!("TUNDRA_SEED={seed} TUNDRA_SIM_STEPS={steps} cargo test -p tundra-raft sim::tests::one_seed -- --nocapture")
+}
+
+#[test]
+fn seeds_without_violations() {
+    let seeds = env_number("TUNDRA_SIM_SEEDS", DEFAULT_SEEDS);
+    let steps = env_number("TUNDRA_SIM_STEPS", u64::from(DEFAULT_STEPS)) as u32;
+    let first = env_number("TUNDRA_SIM_FIRST_SEED", 0);
+    let mut total = Report::default();
+    for seed in first..first + seeds {
+        let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: false });
+        if let Some(violation) = report.violations.first() {
+            panic!("seed {seed}: {violation}\nreplay: {}", replay_command(seed, steps));
+        }
+        total.add(&report);
+    }
+    println!("{}", summary(&total));
+    assert!(total.writes_acked > seeds, "the runs acknowledged too few writes: {}", summary(&total));
+    assert!(total.reads_checked + total.final_reads_checked > seeds);
+    assert!(total.crashes > 0 && total.partitions > 0 && total.messages_lost > 0 && total.messages_duplicated > 0);
+    assert!(total.snapshots_sent > 0, "no replica was brought back by a snapshot");
+}
+
+/// Replays one seed (TUNDRA_SEED) and prints its trace.
+#[test]
+fn one_seed() {
+    let seed = tundra_env::seed_from_env(7);
+    let steps = env_number("TUNDRA_SIM_STEPS", u64::from(DEFAULT_STEPS)) as u32;
+    let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: true });
+    if std::env::var("TUNDRA_SEED").is_ok() {
+        report.trace.iter().for_each(|line| println!("{line}"));
+    }
+    println!("{}", summary(&report));
+    assert!(
+        report.violations.is_empty(),
+        "seed {seed}: {:?}\nreplay: {}",
+        report.violations,
+        replay_command(seed, steps)
+    );
+}
+
+#[test]
+fn same_seed_same_trace() {
+    for seed in [3, 11, 42] {
+        let options = Options { steps: 30, log_fault: LogFault::None, trace: true };
+        let (a, b) = (run_seed(seed, options), run_seed(seed, options));
+        assert!(a.trace.len() > 100, "seed {seed}: a trace of {} lines", a.trace.len());
+        assert_eq!(a.trace, b.trace, "seed {seed} ran differently twice");
+        let other = run_seed(seed + 1000, options);
+        assert_ne!(a.trace, other.trace, "another seed ran the same");
+    }
+}
+
+#[test]
+fn a_log_whose_flush_lies_is_caught() {
+    let mut caught = None;
+    for seed in 0..200 {
+        let report = run_seed(seed, Options { steps: 40, log_fault: LogFault::FlushLies, trace: false });
+        if let Some(violation) = report.violations.first() {
+            caught = Some((seed, violation.clone()));
+            break;
+        }
+    }
+    let (seed, violation) = caught.expect("no seed caught a log that loses flushed records");
+    println!("seed {seed} caught the lying flush: {violation}");
+}
+
+pub fn summary(r: &Report) -> String {
+    format!(
+        "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} partitions={} crashes={} restarts={} \
+         log_records_lost_in_crashes={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
+         final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
+         violations={}",
+        r.seeds,
+        r.steps,
+        r.messages_sent,
+        r.messages_lost,
+        r.messages_duplicated,
+        r.messages_blocked,
+        r.snapshots_sent,
+        r.partitions,
+        r.crashes,
+        r.restarts,
+        r.log_records_lost_in_crashes,
+        r.writes_acked,
+        r.writes_unknown,
+        r.writes_refused_not_leader,
+        r.reads_checked,
+        r.final_reads_checked,
+        r.apply_checks,
+        r.store_checks,
+        r.replica_comparisons,
+        r.log_records,
+        r.log_flushes,
+        r.violations.len()
+    )
+}

@@ -1,0 +1,192 @@
+//! A chunk's replica as openraft's state machine (seed 000 §3.2.1, Figure 4 steps 3.1–3.3
+//! and 4): a committed entry's [`StoreCommand`] is applied to the node's store through the
+//! page path (so its cache forgets the pages), with the group's apply mark journalled in the
+//! same commit. Nothing here compresses: the images are the leader's.
+//!
+//! Snapshots are the chunk's stored images, read when openraft asks for a builder (between two
+//! applies, so the snapshot is exactly the state at its log id) and installed whole in one
+//! journal commit ([`Store::replace_chunk`]).
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{
+    EmptyNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError,
+    StoredMembership,
+};
+use tundra_store::command::{PagePut, StoreCommand};
+use tundra_store::index::Encoding;
+use tundra_store::pages::Pages;
+use tundra_store::store::{PageImage, Store};
+use tundra_store::{Error, ErrorKind};
+
+use crate::mark::ApplyMark;
+use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
+
+/// Told of every entry (or snapshot) a replica applied, with the store it applied to: the
+/// simulation's checkers listen here.
+pub type ApplyHook = Arc<dyn Fn(&Store, GroupId, u64) + Send + Sync>;
+
+/// One chunk's replica on one node.
+pub struct ChunkStateMachine {
+    group: GroupId,
+    pages: Arc<Pages>,
+    mark: ApplyMark,
+    snapshot: Option<(SnapshotMeta<NodeId, EmptyNode>, Vec<u8>)>,
+    hook: Option<ApplyHook>,
+}
+
+impl ChunkStateMachine {
+    /// The replica of `group` on the store `pages` writes to, where its last journalled mark
+    /// says it stands.
+    pub fn open(group: GroupId, pages: Arc<Pages>, hook: Option<ApplyHook>) -> Result<ChunkStateMachine, String> {
+        let mark = match pages.store().chunk_mark(group) {
+            Some(bytes) => ApplyMark::decode(&bytes).map_err(|e| format!("chunk {}: {e}", group.0))?,
+            None => ApplyMark::default(),
+        };
+        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook })
+    }
+
+    fn store(&self) -> &Store {
+        self.pages.store()
+    }
+
+    /// Applies one entry; refusals every replica makes alike are answers, anything else (the
+    /// device or journal failed) stops the group.
+    fn apply_one(&mut self, entry: &Entry<TypeConfig>) -> Result<Applied, StorageError<NodeId>> {
+        let mut mark = ApplyMark { applied: Some(entry.log_id), membership: self.mark.membership.clone() };
+        if let EntryPayload::Membership(membership) = &entry.payload {
+            mark.membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+        }
+        let bytes = mark.encode();
+        let command = match &entry.payload {
+            EntryPayload::Normal(proposal) => match StoreCommand::decode(&proposal.command) {
+                Ok(command) if command.chunk() == Some(self.group) => Ok(command),
+                Ok(_) => Err(format!("a command of another chunk than {}", self.group.0)),
+                Err(error) => Err(error.to_string()),
+            },
+            _ => Err(String::new()),
+        };
+        let result = match &command {
+            Ok(command) => {
+                self.pages.apply_command(command, |command| self.pages.store().apply_marked(command, &bytes))
+            }
+            Err(_) => self.store().set_chunk_mark(self.group, &bytes),
+        };
+        let refused = match result {
+            Ok(()) => command.err().filter(|why| !why.is_empty()),
+            Err(error) if error.kind() == ErrorKind::Invalid => {
+                self.store().set_chunk_mark(self.group, &bytes).map_err(|e| apply_error(entry.log_id, e))?;
+                Some(error.to_string())
+            }
+            Err(error) => return Err(apply_error(entry.log_id, error)),
+        };
+        self.mark = mark;
+        if let Some(hook) = &self.hook {
+            hook(self.store(), self.group, entry.log_id.index);
+        }
+        Ok(Applied { refused })
+    }
+
+    /// The chunk's pages as one `PutPages` of their stored images.
+    fn capture(&self) -> Result<Vec<u8>, Error> {
+        let mut pages = Vec::new();
+        for (page, entry) in self.store().chunk_entries(self.group) {
+            if entry.encoding == Encoding::Heavy {
+                return Err(Error::invalid("a snapshot of heavy segments needs the extent streaming path"));
+            }
+            let Some((entry, bytes)) = self.store().read_image(self.group, page)? else { continue };
+            let image = PageImage { encoding: entry.encoding, bytes, checksum: entry.checksum };
+            pages.push(PagePut { page, image, lsn: entry.lsn });
+        }
+        Ok(StoreCommand::PutPages { chunk: self.group, pages }.encode())
+    }
+}
+
+fn apply_error(log_id: LogId<NodeId>, error: Error) -> StorageError<NodeId> {
+    StorageIOError::apply(log_id, openraft::AnyError::error(error.to_string())).into()
+}
+
+/// A snapshot captured when openraft asked for a builder.
+pub struct CapturedSnapshot {
+    result: Result<(SnapshotMeta<NodeId, EmptyNode>, Vec<u8>), String>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for CapturedSnapshot {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let (meta, data) =
+            self.result.clone().map_err(|e| StorageIOError::read_state_machine(openraft::AnyError::error(e)))?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
+    type SnapshotBuilder = CapturedSnapshot;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, EmptyNode>), StorageError<NodeId>> {
+        Ok((self.mark.applied, self.mark.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        entries.into_iter().map(|entry| self.apply_one(&entry)).collect()
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        let result = self.capture().map_err(|e| e.to_string()).map(|data| {
+            let applied = self.mark.applied;
+            let snapshot_id = applied.map_or("empty".to_string(), |id| format!("{}-{}", id.leader_id, id.index));
+            let meta =
+                SnapshotMeta { last_log_id: applied, last_membership: self.mark.membership.clone(), snapshot_id };
+            self.snapshot = Some((meta.clone(), data.clone()));
+            (meta, data)
+        });
+        CapturedSnapshot { result }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<ChunkSnapshot>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    /// Installs a chunk sent whole. The bytes came over the network: they are decoded with
+    /// every check, and must name this chunk, before anything changes.
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, EmptyNode>,
+        snapshot: Box<ChunkSnapshot>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let bad = |why: String| StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::error(why));
+        let pages = match StoreCommand::decode(&data).map_err(|e| bad(e.to_string()))? {
+            StoreCommand::PutPages { chunk, pages } if chunk == self.group => pages,
+            _ => return Err(bad(format!("a snapshot that is not of chunk {}", self.group.0)).into()),
+        };
+        let mark = ApplyMark { applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        self.store().replace_chunk(self.group, &pages, &mark.encode()).map_err(|e| {
+            StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::error(e.to_string()))
+        })?;
+        self.pages.forget_all();
+        self.mark = mark;
+        self.snapshot = Some((meta.clone(), data));
+        if let (Some(hook), Some(applied)) = (&self.hook, meta.last_log_id) {
+            hook(self.store(), self.group, applied.index);
+        }
+        Ok(())
+    }
+
+    /// After a restart no snapshot was kept: the state as of the current mark serves as one
+    /// (it covers everything the log may have purged, which was applied first).
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        if self.snapshot.is_none() && self.mark.applied.is_some() {
+            let mut builder = self.get_snapshot_builder().await;
+            return builder.build_snapshot().await.map(Some);
+        }
+        Ok(self.snapshot.clone().map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    }
+}
