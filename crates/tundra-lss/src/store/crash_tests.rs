@@ -27,8 +27,11 @@ fn rounds() -> u64 {
 
 #[test]
 fn crash_points_lose_no_acknowledged_element() {
-    let struck = crash_rounds(rounds(), 1);
-    assert!(struck > rounds(), "power should often fail inside an operation: {struck}");
+    let work = crash_rounds(rounds(), 1);
+    eprintln!("{work:?}");
+    assert!(work.struck > rounds(), "power should often fail inside an operation: {work:?}");
+    assert!(work.collected > rounds(), "collections should run in most rounds: {work:?}");
+    assert!(work.cleared > rounds(), "trims should run in most trim-assisted rounds: {work:?}");
 }
 
 /// With garbage collection dropping some live elements instead of moving them, the same rounds
@@ -52,7 +55,7 @@ fn the_crash_oracle_fails_when_trims_run_before_the_flush() {
 }
 
 /// The rounds failed, and on the oracle's check rather than anything else.
-fn assert_oracle_failed(verdict: std::thread::Result<u64>, bug: &str) {
+fn assert_oracle_failed(verdict: std::thread::Result<Work>, bug: &str) {
     let Err(panic) = verdict else { panic!("the crash oracle missed {bug}") };
     let message = panic.downcast_ref::<String>().map_or("", |m| m.as_str());
     assert!(message.contains("acknowledged"), "with {bug}, the rounds failed elsewhere: {message}");
@@ -107,11 +110,19 @@ impl Rig {
     }
 }
 
-/// Runs `rounds` rounds of crashes; panics on the first key that breaks the oracle. Returns how
-/// many operations power loss cut short.
-fn crash_rounds(rounds: u64, seed: u64) -> u64 {
+/// What the rounds did: operations power loss cut short, segments collected, sectors zeroed or
+/// trimmed.
+#[derive(Debug, Default)]
+struct Work {
+    struck: u64,
+    collected: u64,
+    cleared: u64,
+}
+
+/// Runs `rounds` rounds of crashes; panics on the first key that breaks the oracle.
+fn crash_rounds(rounds: u64, seed: u64) -> Work {
     let mut rng = Rng::new(seed);
-    let mut struck = 0;
+    let mut work = Work::default();
     let geometry = LogGeometry::new(2048, 4, 16).unwrap();
     for round in 0..rounds {
         let policy = if round % 2 == 0 {
@@ -160,15 +171,18 @@ fn crash_rounds(rounds: u64, seed: u64) -> u64 {
                     store.put(&key(k), &value(k, tag))
                 };
                 if result.is_err() {
-                    struck += 1;
+                    work.struck += 1;
                     break;
                 }
                 store.check_invariants();
             }
+            let done = store.stats().core;
+            work.collected += done.segments_collected;
+            work.cleared += done.zeroed_sectors + done.trimmed_sectors;
             drop(store);
             rig.faulty.crash();
             rig.faulty.recover().unwrap();
         }
     }
-    struck
+    work
 }
