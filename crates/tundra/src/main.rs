@@ -8,6 +8,7 @@ mod drive;
 mod kv;
 mod repair;
 mod serve;
+mod sim;
 mod volume;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,10 @@ enum Command {
     /// Repair a stopped node whose journal is damaged: without --accept-loss, report what would
     /// be dropped; with it, truncate the log at the damage and list the pages that then fail.
     Repair(repair::RepairArgs),
+    /// Simulations on the product's decision code: `trim`, virtual data trim against seed 001's
+    /// Table 1.
+    #[command(subcommand)]
+    Sim(sim::SimCommand),
 }
 
 fn main() {
@@ -58,6 +63,7 @@ fn main() {
         Command::Fsck(args) => serve::fsck(args),
         Command::Repair(args) => repair::repair(args),
         Command::Kv(command) => kv::run(command),
+        Command::Sim(command) => sim::run(command),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");
