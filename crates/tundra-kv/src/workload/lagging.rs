@@ -64,7 +64,10 @@ impl Default for LaggingConfig {
             rw_commits_per_s: 0,
             point_selects: 10,
             range_rows: 100,
-            rw: RwConfig::default(),
+            // The RW node holds the whole tree, as a primary's buffer pool holds its working set:
+            // its commits never wait on a page read, so the write load is the same whatever
+            // storage does with old versions.
+            rw: RwConfig { pool_pages: 16_384 },
             ro: RoConfig { cache_pages: 64, window_batches: 64 },
         }
     }
