@@ -52,6 +52,9 @@ pub(crate) enum Bug {
     /// An RO node applies the batch before each batch it applies once more, without comparing
     /// LSNs: records already in its cached pages are applied again, after newer ones.
     ReappliesRecords,
+    /// After storage comes back, a commit whose outcome was unknown is taken as landed
+    /// without asking storage.
+    InDoubtAlwaysLanded,
 }
 
 /// True when a test injected `bug` on this thread; always false outside tests.

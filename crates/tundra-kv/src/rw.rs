@@ -61,6 +61,9 @@ pub struct RwNode<S: PageStorage + ?Sized> {
     pool: PagePool,
     followers: Vec<Sender<Arc<RedoBatch>>>,
     stopped: Option<String>,
+    /// The end LSN of a commit whose append failed on the connection: storage may or may not
+    /// hold it. Whoever opens the next writer finds out from the durable LSN.
+    in_doubt: Option<Lsn>,
     stats: RwStats,
 }
 
@@ -99,6 +102,7 @@ impl<S: PageStorage + ?Sized> RwNode<S> {
             pool: PagePool::new(config.pool_pages, durable),
             followers: Vec::new(),
             stopped: None,
+            in_doubt: None,
             stats: RwStats::default(),
         };
         if durable == Lsn(0) {
@@ -166,6 +170,12 @@ impl<S: PageStorage + ?Sized> RwNode<S> {
     /// Pages in the buffer pool now.
     pub fn pool_len(&self) -> usize {
         self.pool.len()
+    }
+
+    /// The end LSN of the commit whose outcome is unknown, if the node stopped on one: it
+    /// committed exactly when storage's durable LSN reaches it.
+    pub fn in_doubt(&self) -> Option<Lsn> {
+        self.in_doubt
     }
 
     fn check_running(&self) -> Result<()> {
@@ -331,6 +341,7 @@ impl<S: PageStorage + ?Sized> Txn<'_, S> {
         let outcome = match node.storage.append_redo(&batch) {
             Ok(outcome) => outcome,
             Err(error) => {
+                node.in_doubt = Some(batch.end_lsn);
                 let error = error.context("appending a commit, whose outcome is now unknown: reopen the node");
                 return Err(node.stop(error));
             }

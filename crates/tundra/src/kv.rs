@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// never.
     #[arg(long, default_value_t = 0)]
     restart_every: u64,
+    /// Ride through the node going away and coming back (killed and restarted): reconnect for
+    /// up to a minute, settle the commit in doubt from the durable LSN, resync the readers.
+    #[arg(long)]
+    survive_restarts: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print the report as JSON.
@@ -288,8 +292,12 @@ fn watch_redo(addr: &str, volume: &str, done: &std::sync::atomic::AtomicBool) ->
 
 fn bench(args: BenchArgs) -> Result<()> {
     let volume = database_volume(&args.addr, &args.volume, &args.size)?;
-    let connect = || connect(&args.addr);
-    let storage = Arc::new(ClientStorage::new(connect()?).context("the node's protocol")?);
+    let storage = if args.survive_restarts {
+        ClientStorage::reconnecting(&args.addr, Duration::from_secs(60))
+    } else {
+        ClientStorage::new(connect(&args.addr)?)
+    };
+    let storage = Arc::new(storage.context("the node's protocol")?);
     let config = WorkloadConfig {
         seed: args.seed,
         key_space: args.keys,
@@ -301,6 +309,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         rw: RwConfig::default(),
         ro: RoConfig::default(),
         rw_restart_every: args.restart_every,
+        survive_restarts: args.survive_restarts,
         ..WorkloadConfig::default()
     };
     if !args.json {
@@ -311,7 +320,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         );
     }
     let started = Instant::now();
-    let report = run_workload(storage, tundra_store::ids::VolumeId(volume.id), &config)
+    let report = run_workload(storage.clone(), tundra_store::ids::VolumeId(volume.id), &config)
         .map_err(|e| anyhow::anyhow!("the workload stopped: {e}"))?;
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
@@ -325,6 +334,10 @@ fn bench(args: BenchArgs) -> Result<()> {
             "rows_checked": report.rows_checked,
             "ro_resyncs": report.ro_resyncs,
             "rw_restarts": report.rw_restarts,
+            "storage_outages": report.storage_outages,
+            "reconnects": storage.reconnects(),
+            "commits_in_doubt_landed": report.commits_in_doubt_landed,
+            "commits_in_doubt_lost": report.commits_in_doubt_lost,
             "redo_bytes": report.redo_bytes,
             "final_lsn": report.final_lsn.0,
             "first_mismatch": report.first_mismatch,
@@ -332,14 +345,17 @@ fn bench(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         println!(
-            "{} commits, {} reads checked ({} rows), {} mismatches, {} RO resyncs, {} RW restarts, {} bytes of redo, \
-             {:.1} s",
+            "{} commits, {} reads checked ({} rows), {} mismatches, {} RO resyncs, {} RW restarts, {} storage \
+             outages ({} commits in doubt landed, {} lost), {} bytes of redo, {:.1} s",
             report.commits,
             report.reads_checked,
             report.rows_checked,
             report.mismatches,
             report.ro_resyncs,
             report.rw_restarts,
+            report.storage_outages,
+            report.commits_in_doubt_landed,
+            report.commits_in_doubt_lost,
             report.redo_bytes,
             seconds
         );

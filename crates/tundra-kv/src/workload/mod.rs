@@ -70,6 +70,11 @@ pub struct WorkloadConfig {
     pub ro: RoConfig,
     /// Restart the RW node after every this many transactions (0: never).
     pub rw_restart_every: u64,
+    /// Storage may go away and come back (a node killed and restarted): a call that finds it
+    /// unavailable reopens the RW node, settles a commit in doubt from the durable LSN and
+    /// resyncs RO nodes, instead of ending the run. The storage must reconnect
+    /// (`ClientStorage::reconnecting`).
+    pub survive_restarts: bool,
 }
 
 impl Default for WorkloadConfig {
@@ -90,6 +95,7 @@ impl Default for WorkloadConfig {
             rw: RwConfig::default(),
             ro: RoConfig::default(),
             rw_restart_every: 0,
+            survive_restarts: false,
         }
     }
 }
@@ -106,6 +112,12 @@ pub struct WorkloadReport {
     pub rows_checked: u64,
     pub ro_resyncs: u64,
     pub rw_restarts: u64,
+    /// Times storage went away and the run went on (with `survive_restarts`).
+    pub storage_outages: u64,
+    /// Commits whose append failed with the connection: those storage turned out to hold, and
+    /// those it did not. Either way the data must show the whole commit or none of it.
+    pub commits_in_doubt_landed: u64,
+    pub commits_in_doubt_lost: u64,
     /// Commits by a writer after a newer one took over: must stay 0.
     pub stale_writer_commits: u64,
     pub final_lsn: Lsn,
@@ -195,19 +207,19 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
         self.rng.bytes(len as usize)
     }
 
-    /// Commits `changes` on the RW node and records them in the model.
+    /// Commits `changes` on the RW node and records them in the model. With
+    /// `survive_restarts`, storage going away meanwhile is an outage the run rides through.
     fn commit(&mut self, changes: BTreeMap<Vec<u8>, Option<Vec<u8>>>) -> Result<()> {
-        let mut txn = self.rw.begin()?;
-        for (key, value) in &changes {
-            match value {
-                Some(value) => txn.put(key, value)?,
-                None => {
-                    txn.delete(key)?;
-                }
-            }
-        }
-        let lsn = txn.commit()?;
+        let lsn = match self.try_commit(&changes) {
+            Ok(lsn) => lsn,
+            Err(error) if self.outage(&error) => return self.storage_came_back(Some(&changes)),
+            Err(error) => return Err(error),
+        };
         let previous = self.model.commits().last().copied().unwrap_or(Lsn(0));
+        if lsn < previous {
+            self.report.mismatch(format!("a commit at LSN {lsn}, below the last one the model holds, {previous}"));
+            return Ok(());
+        }
         if lsn == previous {
             // Nothing changed a page: every change must then be one the model already holds.
             let latest = |key: &[u8]| self.model.latest(key).map(|v| v.to_vec());
@@ -220,6 +232,89 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
         self.model.commit(lsn, changes);
         self.report.commits += 1;
         Ok(())
+    }
+
+    fn try_commit(&mut self, changes: &BTreeMap<Vec<u8>, Option<Vec<u8>>>) -> Result<Lsn> {
+        let mut txn = self.rw.begin()?;
+        for (key, value) in changes {
+            match value {
+                Some(value) => txn.put(key, value)?,
+                None => {
+                    txn.delete(key)?;
+                }
+            }
+        }
+        txn.commit()
+    }
+
+    /// Whether `error` is storage gone away, in a run that rides through that.
+    fn outage(&self, error: &Error) -> bool {
+        self.config.survive_restarts && matches!(error.kind(), ErrorKind::Unavailable | ErrorKind::Closed)
+    }
+
+    /// Storage went away while the RW node was working (on `changes`, if it was committing):
+    /// a new RW node opens once storage is back (the connection retries), the commit in doubt
+    /// is settled from the durable LSN, and the keys it changed must read as the whole commit
+    /// or none of it. RO nodes follow the new writer and resync when they next fail.
+    fn storage_came_back(&mut self, changes: Option<&BTreeMap<Vec<u8>, Option<Vec<u8>>>>) -> Result<()> {
+        self.report.storage_outages += 1;
+        let in_doubt = self.rw.in_doubt();
+        let new = self.reopen_rw()?;
+        let old = std::mem::replace(&mut self.rw, new);
+        self.retire(&old);
+        let durable = self.rw.committed_lsn();
+        if let (Some(end), Some(changes)) = (in_doubt, changes) {
+            if durable >= end || crate::injected(crate::Bug::InDoubtAlwaysLanded) {
+                self.model.commit(end, changes.clone());
+                self.report.commits += 1;
+                self.report.commits_in_doubt_landed += 1;
+            } else {
+                self.report.commits_in_doubt_lost += 1;
+            }
+        }
+        for (key, _) in changes.into_iter().flatten() {
+            let value = self.rw.get(key)?;
+            self.report.reads_checked += 1;
+            if value.as_deref() != self.model.latest(key) {
+                let what = format!(
+                    "after storage came back (durable LSN {durable}, commit in doubt ending at {in_doubt:?}), key {:?} \
+                     is not as the model has it: a commit landed in part, or a durable one was lost",
+                    String::from_utf8_lossy(key)
+                );
+                self.report.mismatch(what);
+            }
+        }
+        // The readers' leases died with the node, and a commit that landed in doubt never
+        // reached their feeds: each starts again at the durable LSN.
+        for index in 0..self.ros.len() {
+            let feed = self.rw.follow();
+            self.ros[index].attach(feed);
+            self.resync_ro(index)?;
+        }
+        Ok(())
+    }
+
+    /// A new RW node, retried while storage is still coming back.
+    fn reopen_rw(&self) -> Result<RwNode<S>> {
+        let mut attempts = 0;
+        loop {
+            match RwNode::open(self.storage.clone(), self.volume, self.config.rw) {
+                Err(error) if self.outage(&error) && attempts < 100 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other.map_err(|e| e.context("opening the RW node after storage came back")),
+            }
+        }
+    }
+
+    /// Counts a replaced RW node's redo into the report.
+    fn retire(&mut self, old: &RwNode<S>) {
+        let stats = old.stats();
+        self.retired.commits += stats.commits;
+        self.retired.records += stats.records;
+        self.retired.image_records += stats.image_records;
+        self.retired.redo_bytes += stats.redo_bytes;
     }
 
     fn load(&mut self) -> Result<()> {
@@ -285,11 +380,7 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
                 self.report.mismatch(format!("a fenced writer committed at LSN {lsn}"));
             }
         }
-        let stats = old.stats();
-        self.retired.commits += stats.commits;
-        self.retired.records += stats.records;
-        self.retired.image_records += stats.image_records;
-        self.retired.redo_bytes += stats.redo_bytes;
+        self.retire(&old);
         self.report.rw_restarts += 1;
         for ro in &mut self.ros {
             ro.attach(self.rw.follow());
@@ -381,13 +472,31 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
     fn ro_failed(&mut self, index: usize, error: Error, doing: &str) -> Result<()> {
         match error.kind() {
             ErrorKind::TooOld { .. } | ErrorKind::LeaseLost { .. } => {}
+            ErrorKind::Unavailable if self.config.survive_restarts => {}
             ErrorKind::Corrupted | ErrorKind::Closed => {
                 let lsn = self.ros[index].apply_lsn();
                 self.report.mismatch(format!("RO {index} at LSN {lsn}, {doing}: {error}"));
             }
             _ => return Err(error.context(format_args!("RO {index}, {doing}"))),
         }
-        self.ros[index].resync()?;
+        self.resync_ro(index)
+    }
+
+    /// Resyncs RO node `index`, retried while storage is still coming back.
+    fn resync_ro(&mut self, index: usize) -> Result<()> {
+        let mut attempts = 0;
+        loop {
+            match self.ros[index].resync() {
+                Err(error) if self.outage(&error) && attempts < 100 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         self.report.ro_resyncs += 1;
         Ok(())
     }
@@ -395,7 +504,11 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
     /// A point read on the RW node, checked against the model's newest state.
     fn rw_read(&mut self) -> Result<()> {
         let key = key(self.rng.below(self.config.key_space));
-        let value = self.rw.get(&key)?;
+        let value = match self.rw.get(&key) {
+            Ok(value) => value,
+            Err(error) if self.outage(&error) => return self.storage_came_back(None),
+            Err(error) => return Err(error),
+        };
         self.report.reads_checked += 1;
         if value.as_deref() != self.model.latest(&key) {
             let what = format!("the RW node reads key {:?} unlike the model", String::from_utf8_lossy(&key));

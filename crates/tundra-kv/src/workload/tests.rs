@@ -1,7 +1,8 @@
 //! The whole database in process: the workload on local storage with zero mismatches in
 //! several shapes (lagging readers, storage whose ingest trails the durable LSN, small caches,
-//! RW restarts), and the checker's twins: each injects a bug an RO node could have and expects
-//! the checker to see it.
+//! RW restarts, storage going away and coming back), and the checker's twins: each injects a bug
+//! an RO node (or the run's handling of a commit in doubt) could have and expects the checker to
+//! see it.
 
 use std::sync::Arc;
 
@@ -125,4 +126,135 @@ fn the_checker_sees_a_reader_that_does_not_apply_redo_to_its_cache() {
 fn the_checker_sees_a_reader_applying_records_twice() {
     let report = with_bug(Bug::ReappliesRecords);
     assert!(report.mismatches > 0, "{report:?}");
+}
+
+/// Storage that goes away now and then, as a node killed and restarted does: every `period`-th
+/// append fails on the connection, half of the time after storage made it durable (its answer
+/// lost) and half before (never received), and the calls after it fail too for a while. The
+/// readers' leases are dropped as a restart drops them.
+struct Flaky {
+    inner: Arc<LocalStorage>,
+    period: u64,
+    appends: std::sync::atomic::AtomicU64,
+    down_for: std::sync::atomic::AtomicU64,
+    leases: parking_lot::Mutex<Vec<tundra_redo::LeaseId>>,
+}
+
+impl Flaky {
+    fn unavailable() -> Error {
+        Error::new(ErrorKind::Unavailable, "connection failed: the node went away")
+    }
+
+    /// Counts one call against an outage in progress.
+    fn down(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.down_for.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
+impl PageStorage for Flaky {
+    fn geometry(&self, volume: VolumeId) -> Result<VolumeGeometry> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        self.inner.geometry(volume)
+    }
+
+    fn append_redo(&self, batch: &tundra_redo::RedoBatch) -> Result<tundra_redo::AppendOutcome> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        let n = self.appends.fetch_add(1, Relaxed) + 1;
+        if n % self.period != 0 || batch.records.is_empty() {
+            return self.inner.append_redo(batch);
+        }
+        if n % (2 * self.period) == 0 {
+            self.inner.append_redo(batch)?;
+        }
+        // The node restarts: leases are gone, and a few calls find it down.
+        for lease in self.leases.lock().drain(..) {
+            let _ = self.inner.release_reader(batch.volume, lease);
+        }
+        self.down_for.store(3, Relaxed);
+        Err(Flaky::unavailable())
+    }
+
+    fn get_page(&self, volume: VolumeId, page: u64, at: crate::storage::ReadAt) -> Result<crate::storage::ServedPage> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        self.inner.get_page(volume, page, at)
+    }
+
+    fn register_reader(
+        &self,
+        volume: VolumeId,
+        reader: tundra_redo::ReaderId,
+        start_lsn: Lsn,
+    ) -> Result<crate::storage::ReaderLease> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        let lease = self.inner.register_reader(volume, reader, start_lsn)?;
+        self.leases.lock().push(lease.id);
+        Ok(lease)
+    }
+
+    fn renew_reader(
+        &self,
+        volume: VolumeId,
+        lease: tundra_redo::LeaseId,
+        apply_lsn: Lsn,
+    ) -> Result<crate::storage::Renewal> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        self.inner.renew_reader(volume, lease, apply_lsn)
+    }
+
+    fn release_reader(&self, volume: VolumeId, lease: tundra_redo::LeaseId) -> Result<()> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        self.leases.lock().retain(|l| *l != lease);
+        self.inner.release_reader(volume, lease)
+    }
+
+    fn redo_status(&self, volume: VolumeId) -> Result<crate::storage::RedoStatus> {
+        if self.down() {
+            return Err(Flaky::unavailable());
+        }
+        self.inner.redo_status(volume)
+    }
+}
+
+fn flaky_run(seed: u64) -> WorkloadReport {
+    let config = WorkloadConfig { survive_restarts: true, ..small(seed) };
+    let flaky = Arc::new(Flaky {
+        inner: storage(LocalConfig::default(), seed),
+        period: 97,
+        appends: Default::default(),
+        down_for: Default::default(),
+        leases: Default::default(),
+    });
+    run_workload(flaky, VOLUME, &config).unwrap()
+}
+
+#[test]
+fn a_run_rides_through_storage_going_away_and_settles_commits_in_doubt() {
+    let seed = seed_from_env(41);
+    let report = flaky_run(seed);
+    println!("seed {seed}: {report:?}");
+    assert_eq!(report.mismatches, 0, "first: {:?} (TUNDRA_SEED={seed} replays)", report.first_mismatch);
+    assert!(report.storage_outages >= 5, "{report:?}");
+    assert!(report.commits_in_doubt_landed > 0 && report.commits_in_doubt_lost > 0, "both outcomes: {report:?}");
+    assert!(report.ro_resyncs > 0, "{report:?}");
+}
+
+#[test]
+fn twin_taking_every_commit_in_doubt_as_landed_is_caught() {
+    let _bug = inject(Bug::InDoubtAlwaysLanded);
+    let report = flaky_run(seed_from_env(41));
+    assert!(report.mismatches > 0, "the checker must see commits that never landed: {report:?}");
 }

@@ -52,10 +52,20 @@ impl Site {
 
     /// [`Site::start`] with more keys under `[drive]` (e.g. `overcommit = true`).
     pub fn start_with(&self, drive_keys: &str) -> Node {
+        self.start_on(drive_keys, None)
+    }
+
+    /// Starts the node again on the ports of `node`, which was killed: clients that
+    /// reconnect to its address find the new one.
+    pub fn restart_on_same_ports(&self, node: &Node) -> Node {
+        self.start_on("", Some([node.native, node.nbd, node.metrics]))
+    }
+
+    fn start_on(&self, drive_keys: &str, fixed: Option<[SocketAddr; 3]>) -> Node {
         for _ in 0..5 {
             let n = self.starts.get() + 1;
             self.starts.set(n);
-            let ports = free_ports();
+            let ports = fixed.unwrap_or_else(free_ports);
             let config = self.dir.path().join(format!("node-{n}.toml"));
             let text = format!(
                 "data_dir = {data:?}\n\
@@ -89,8 +99,12 @@ impl Site {
             };
             match node.wait_ready() {
                 Ok(()) => return node,
-                // Someone took a port in between: try others.
-                Err(log) if log.contains("Address already in use") => continue,
+                // Someone took a port in between: try others (or the same ones again, a moment
+                // later, when they are fixed).
+                Err(log) if log.contains("Address already in use") => {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    continue;
+                }
                 Err(log) => panic!("tundra serve did not start:\n{log}"),
             }
         }
@@ -285,6 +299,11 @@ impl Node {
 
     /// SIGKILL: the node gets no chance to checkpoint.
     pub fn kill9(mut self) {
+        self.kill9_keep_ports();
+    }
+
+    /// [`Node::kill9`], keeping this value for its ports ([`Site::restart_on_same_ports`]).
+    pub fn kill9_keep_ports(&mut self) {
         self.signal(libc::SIGKILL);
         let status = self.wait_exit(STOP_TIMEOUT).expect("SIGKILL ends the node");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
