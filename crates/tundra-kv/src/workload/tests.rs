@@ -166,10 +166,10 @@ impl PageStorage for Flaky {
             return Err(Flaky::unavailable());
         }
         let n = self.appends.fetch_add(1, Relaxed) + 1;
-        if n % self.period != 0 || batch.records.is_empty() {
+        if !n.is_multiple_of(self.period) || batch.records.is_empty() {
             return self.inner.append_redo(batch);
         }
-        if n % (2 * self.period) == 0 {
+        if n.is_multiple_of(2 * self.period) {
             self.inner.append_redo(batch)?;
         }
         // The node restarts: leases are gone, and a few calls find it down.
