@@ -7,6 +7,7 @@
 //! script.
 
 mod common;
+#[allow(dead_code)]
 #[path = "common/serve.rs"]
 mod common_serve;
 
