@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use tundra_device::csd::CsdDevice;
+use crate::drive::Drive;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::bucket::Bucket;
@@ -32,7 +32,7 @@ pub struct Applied {
 
 /// The table and the overflow store, as the sections and the replay change them.
 pub struct Applier {
-    pub drive: Arc<CsdDevice>,
+    pub drive: Arc<Drive>,
     pub layout: Layout,
     pub overflow: Overflow,
 }

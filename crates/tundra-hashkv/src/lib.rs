@@ -16,6 +16,7 @@
 
 pub mod apply;
 pub mod bucket;
+pub mod drive;
 mod error;
 pub mod layout;
 pub mod load;

@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
+use crate::drive::Drive;
 use parking_lot::Mutex;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition};
-use tundra_device::csd::CsdDevice;
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
 use crate::layout::Key;
@@ -45,7 +45,7 @@ fn db_key(lba: Lba, key: &Key) -> Vec<u8> {
 
 impl Overflow {
     /// Opens (or creates, on a zeroed region) the database in `blocks` blocks at `first`.
-    pub fn open(drive: Arc<CsdDevice>, first: Lba, blocks: u64) -> Result<Overflow> {
+    pub fn open(drive: Arc<Drive>, first: Lba, blocks: u64) -> Result<Overflow> {
         let region = DriveRegion::open(drive, first, blocks)?;
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
@@ -108,7 +108,7 @@ impl Overflow {
 
 /// A range of the drive's blocks seen by redb as a growable file.
 pub struct DriveRegion {
-    drive: Arc<CsdDevice>,
+    drive: Arc<Drive>,
     /// The length block; data starts at the block after it.
     first: Lba,
     data_blocks: u64,
@@ -126,7 +126,7 @@ fn io_error(context: &str, error: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl DriveRegion {
-    fn open(drive: Arc<CsdDevice>, first: Lba, blocks: u64) -> Result<DriveRegion> {
+    fn open(drive: Arc<Drive>, first: Lba, blocks: u64) -> Result<DriveRegion> {
         let mut block = vec![0u8; BLOCK_SIZE];
         drive.read(first, &mut block).map_err(|e| Error::device("reading the overflow region's length", e))?;
         let length = if tundra_device::is_zero(&block) {

@@ -16,6 +16,7 @@ use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
 
 use crate::apply::Applier;
 use crate::bucket::{self, Bucket, Lookup};
+use crate::drive::Drive;
 use crate::layout::{Key, Layout, SUPERBLOCK_COPIES, Superblock};
 use crate::overflow::Overflow;
 use crate::section::{Failure, Sections};
@@ -89,7 +90,7 @@ pub struct HashKvStats {
 }
 
 struct Inner {
-    drive: Arc<CsdDevice>,
+    drive: Arc<Drive>,
     layout: Layout,
     applier: Arc<Applier>,
     sections: Sections,
@@ -122,11 +123,12 @@ impl HashKv {
     }
 
     /// Opens the store on `drive`: replays the log from the checkpoint, then starts a session.
-    pub fn open(drive: Arc<CsdDevice>, config: HashKvConfig) -> Result<HashKv> {
+    pub fn open(csd: Arc<CsdDevice>, config: HashKvConfig) -> Result<HashKv> {
         if config.sections == 0 {
             return Err(Error::invalid("a store needs at least one section"));
         }
-        let found = read_superblock(&drive)?;
+        let drive = Arc::new(Drive::new(csd));
+        let found = read_superblock(drive.as_ref())?;
         let layout = found.layout;
         let overflow = Overflow::open(drive.clone(), Lba(layout.overflow_first), layout.overflow_blocks)?;
         let applier = Arc::new(Applier { drive: drive.clone(), layout, overflow });
@@ -145,8 +147,8 @@ impl HashKv {
         // past the end of the log can then never be read as part of it.
         let superblock =
             Superblock { sequence: found.sequence + 1, epoch: found.epoch + 1, checkpoint_block: end, ..found };
-        write_superblock(&drive, &superblock)?;
-        trim_log(&drive, &layout, found.checkpoint_block, end)?;
+        write_superblock(drive.as_ref(), &superblock)?;
+        trim_log(drive.as_ref(), &layout, found.checkpoint_block, end)?;
         let failure = Arc::new(Failure::default());
         let inner = Arc::new(Inner {
             sections: Sections::new(config.sections, applier.clone(), failure.clone()),
@@ -242,7 +244,13 @@ impl HashKv {
     }
 
     pub fn drive(&self) -> &Arc<CsdDevice> {
-        &self.inner.drive
+        self.inner.drive.csd()
+    }
+
+    /// CPU time the store's threads spent inside the drive's calls so far, in nanoseconds
+    /// ([`Drive::cpu_ns`]).
+    pub fn drive_cpu_ns(&self) -> u64 {
+        self.inner.drive.cpu_ns()
     }
 
     /// Checks, after a drain, that every record sits where its key hashes, that no key is both
@@ -319,8 +327,8 @@ impl Inner {
         }
         self.drive.flush().map_err(|e| Error::device("flushing applied records", e))?;
         let next = Superblock { sequence: superblock.sequence + 1, checkpoint_block: floor, ..*superblock };
-        write_superblock(&self.drive, &next)?;
-        trim_log(&self.drive, &self.layout, superblock.checkpoint_block, floor)?;
+        write_superblock(self.drive.as_ref(), &next)?;
+        trim_log(self.drive.as_ref(), &self.layout, superblock.checkpoint_block, floor)?;
         *superblock = next;
         self.wal.set_checkpoint_block(floor);
         Ok(())
@@ -363,7 +371,7 @@ impl WalHooks for Inner {
 }
 
 /// Writes both superblock copies and flushes.
-fn write_superblock(drive: &CsdDevice, superblock: &Superblock) -> Result<()> {
+fn write_superblock(drive: &dyn BlockDevice, superblock: &Superblock) -> Result<()> {
     let block = superblock.encode();
     let both = [block.as_slice(), block.as_slice()].concat();
     drive.write(Lba(0), &both).map_err(|e| Error::device("writing the superblock", e))?;
@@ -372,7 +380,7 @@ fn write_superblock(drive: &CsdDevice, superblock: &Superblock) -> Result<()> {
 
 /// The newest superblock copy that verifies. A damaged copy is used around if the other one
 /// verifies; both damaged, or none written, is an error.
-fn read_superblock(drive: &CsdDevice) -> Result<Superblock> {
+fn read_superblock(drive: &dyn BlockDevice) -> Result<Superblock> {
     let mut blocks = vec![0u8; SUPERBLOCK_COPIES as usize * BLOCK_SIZE];
     drive.read(Lba(0), &mut blocks).map_err(|e| Error::device("reading the superblock", e))?;
     let mut best: Option<Superblock> = None;
@@ -391,7 +399,7 @@ fn read_superblock(drive: &CsdDevice) -> Result<Superblock> {
 }
 
 /// Trims the ring slots of log blocks `from..to`, which the checkpoint no longer needs.
-fn trim_log(drive: &CsdDevice, layout: &Layout, from: u64, to: u64) -> Result<()> {
+fn trim_log(drive: &dyn BlockDevice, layout: &Layout, from: u64, to: u64) -> Result<()> {
     let mut block = from;
     while block < to {
         let slot = block % layout.wal_blocks;

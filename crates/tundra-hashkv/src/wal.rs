@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::drive::Drive;
 use parking_lot::{Condvar, Mutex};
-use tundra_device::csd::CsdDevice;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::layout::{Key, Layout};
@@ -102,7 +102,7 @@ struct GroupState {
 
 /// The log of one session.
 pub struct Wal {
-    drive: Arc<CsdDevice>,
+    drive: Arc<Drive>,
     layout: Layout,
     epoch: u64,
     group: Mutex<GroupState>,
@@ -116,7 +116,7 @@ pub struct Wal {
 
 impl Wal {
     /// A log whose session `epoch` starts writing at `start_block`, with the checkpoint there.
-    pub fn new(drive: Arc<CsdDevice>, layout: Layout, epoch: u64, start_block: u64) -> Wal {
+    pub fn new(drive: Arc<Drive>, layout: Layout, epoch: u64, start_block: u64) -> Wal {
         let group = GroupState {
             next_ticket: 1,
             queue: Vec::new(),
@@ -321,7 +321,7 @@ fn decode_block(layout: &Layout, block: &[u8], log_block: u64, epoch: u64) -> Re
 /// Reads the log of session `epoch` from `checkpoint_block`: its records in order, each with
 /// its log block, and the first block past the end.
 pub fn replay(
-    drive: &CsdDevice,
+    drive: &Drive,
     layout: &Layout,
     epoch: u64,
     checkpoint_block: u64,

@@ -322,6 +322,8 @@ fn summary(runs: &[&Run]) -> Value {
     json!({
         "ops_per_s": of(|r| r.ops_per_s),
         "cpu_us_per_op": of(|r| r.cpu_us_per_op),
+        "drive_cpu_us_per_op": of(|r| r.drive_cpu_us_per_op),
+        "host_cpu_us_per_op": of(|r| r.cpu_us_per_op - r.drive_cpu_us_per_op),
         "get_p50_us": of(|r| r.get_p50_us),
         "get_p99_us": of(|r| r.get_p99_us),
         "put_p50_us": of(|r| r.put_p50_us),
@@ -366,6 +368,7 @@ fn assemble(
     let (hashkv_ops, rocksdb_ops) = (median_at(Peer::Hashkv, "ops_per_s"), median_at(Peer::Rocksdb, "ops_per_s"));
     let (hashkv_cpu, rocksdb_cpu) =
         (median_at(Peer::Hashkv, "cpu_us_per_op"), median_at(Peer::Rocksdb, "cpu_us_per_op"));
+    let hashkv_host_cpu = median_at(Peer::Hashkv, "host_cpu_us_per_op");
     let raw: Vec<Value> = runs
         .iter()
         .map(|(clients, r)| {
@@ -374,6 +377,7 @@ fn assemble(
                 "store": r.peer.name(), "clients": clients, "repetition": r.repetition + 1,
                 "seconds": m.seconds, "gets": m.gets, "puts": m.puts, "ops_per_s": m.ops_per_s,
                 "cpu_seconds": m.cpu_seconds, "cpu_us_per_op": m.cpu_us_per_op,
+                "drive_cpu_us_per_op": m.drive_cpu_us_per_op,
                 "get_p50_us": m.get_p50_us, "get_p99_us": m.get_p99_us,
                 "put_p50_us": m.put_p50_us, "put_p99_us": m.put_p99_us, "loadavg_after": r.loadavg,
             })
@@ -400,6 +404,9 @@ fn assemble(
         "hashkv_cpu_us_per_op": hashkv_cpu,
         "rocksdb_cpu_us_per_op": rocksdb_cpu,
         "cpu_ratio": ratio(&hashkv_cpu, &rocksdb_cpu),
+        "hashkv_drive_cpu_us_per_op": median_at(Peer::Hashkv, "drive_cpu_us_per_op"),
+        "hashkv_host_cpu_us_per_op": hashkv_host_cpu,
+        "host_cpu_ratio": ratio(&hashkv_host_cpu, &rocksdb_cpu),
         "hashkv_physical_bytes": hashkv_drive.physical_used_bytes,
         "hashkv_mapped_bytes": hashkv_drive.mapped_bytes,
         "rocksdb_physical_bytes": rocksdb_space.map(|(_, s)| s.physical_used_bytes),
@@ -428,8 +435,8 @@ fn print_table(report: &Value) {
         report["keys"], report["value_bytes"], report["get_percent"], report["repetitions"], report["window_seconds"]
     );
     println!(
-        "{:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "store", "clients", "ops/s", "CPU µs/op", "GET p50", "GET p99", "PUT p50", "PUT p99"
+        "{:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "store", "clients", "ops/s", "CPU µs/op", "drive µs", "GET p50", "GET p99", "PUT p50", "PUT p99"
     );
     for entry in report["by_clients"].as_array().into_iter().flatten() {
         for peer in ["hashkv", "rocksdb"] {
@@ -439,10 +446,11 @@ fn print_table(report: &Value) {
             }
             let m = |f: &str| s[f]["median"].as_f64().unwrap_or(0.0);
             println!(
-                "{peer:>8} {:>8} {:>10.0} {:>9.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0}",
+                "{peer:>8} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0}",
                 entry["clients"],
                 m("ops_per_s"),
                 m("cpu_us_per_op"),
+                m("drive_cpu_us_per_op"),
                 m("get_p50_us"),
                 m("get_p99_us"),
                 m("put_p50_us"),
