@@ -1,9 +1,11 @@
 //! The `tundra` command line. Every subcommand's names, flags and JSON keys are a user-facing
 //! contract documented in docs/cli.md. The benchmarks and measurements are not here: they are
-//! the `tundra-bench` binary (crates/tundra-bench, docs/bench-cli.md).
+//! the `tundra-bench` binary (crates/tundra-bench, docs/bench-cli.md), except `tundra bench`,
+//! which measures the designs built on the drive against their peers.
 
 mod analyze;
 mod analyze_report;
+mod bench;
 mod drive;
 mod kv;
 mod repair;
@@ -50,6 +52,9 @@ enum Command {
     /// Table 1.
     #[command(subcommand)]
     Sim(sim::SimCommand),
+    /// Measure the designs built on the drive against their peers, in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() {
@@ -64,6 +69,7 @@ fn main() {
         Command::Repair(args) => repair::repair(args),
         Command::Kv(command) => kv::run(command),
         Command::Sim(command) => sim::run(command),
+        Command::Bench(command) => bench::run(command),
     };
     if let Err(error) = result {
         eprintln!("tundra: {error:#}");
