@@ -27,8 +27,11 @@ impl Node {
 
     /// Expires leases, then folds up to `limit` of the stream's oldest pages and truncates the
     /// log behind them.
+    /// Each page's fold holds the stream's `upkeep` lock on its own, not the whole pass: a
+    /// fold waits for readers (`fold_gate`), and the writer's spills must not wait for a whole
+    /// pass of those. A spill that runs between two pages only moves records the tasks still
+    /// hold, and the page's `materialized` drops whatever of them it folded.
     pub(crate) fn fold_stream(&self, stream: &Stream, volume: &VolumeRef, limit: usize) -> Result<usize> {
-        let _upkeep = stream.upkeep.lock();
         let tasks = {
             let mut state = stream.state.lock();
             state.leases.expire();
@@ -37,7 +40,13 @@ impl Node {
             state.versions.fold_candidates(limit)
         };
         let page_size = volume.page_size();
-        for task in &tasks {
+        let mut folded = 0;
+        for candidate in &tasks {
+            let _upkeep = stream.upkeep.lock();
+            // Asked again under the lock: another fold may have done part of it meanwhile.
+            let Some(task) = stream.state.lock().versions.fold_task(candidate.page) else { continue };
+            let task = &task;
+            folded += 1;
             let (chunk, page_no) = volume.volume.locate(task.page)?;
             // Readers of this stream wait from the image's write to the versions' update.
             let _exclusive = stream.fold_gate.write();
@@ -66,6 +75,6 @@ impl Node {
         }
         let through = stream.state.lock().versions.materialized_through();
         stream.log.truncate_through(through).map_err(redo_error)?;
-        Ok(tasks.len())
+        Ok(folded)
     }
 }

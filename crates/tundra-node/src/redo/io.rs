@@ -113,17 +113,22 @@ impl Node {
             )));
         }
         let stream = self.redo.stream_or_create(volume)?;
-        // Backpressure (D8): past the cache's bound the writer first moves the oldest records
-        // out of memory; what slots cannot take (full slots, pages past the slot region) it
-        // folds, as far as LSN_min allows. The log's own capacity is the hard bound.
+        // Backpressure (D8): past the cache's bound the writer moves the oldest records out of
+        // memory, unless a fold or spill is already at work on the stream (it would wait for
+        // that fold, which waits for readers). Past four times the bound it waits its turn and
+        // folds what slots cannot take (full slots, pages past the slot region), as far as
+        // LSN_min allows. The log's own capacity is the hard bound.
         let bound = self.redo.options().cache_bytes;
-        if stream.state.lock().versions.cached_bytes() > bound {
-            self.spill_stream(&stream)?;
-            while stream.state.lock().versions.cached_bytes() > bound.saturating_mul(2) {
+        let cached = stream.state.lock().versions.cached_bytes();
+        if cached > bound.saturating_mul(4) {
+            self.spill_stream(&stream, true)?;
+            while stream.state.lock().versions.cached_bytes() > bound.saturating_mul(4) {
                 if self.fold_stream(&stream, volume, 64)? == 0 {
                     break;
                 }
             }
+        } else if cached > bound {
+            self.spill_stream(&stream, false)?;
         }
         let batch = RedoBatch {
             volume: volume.volume.id,

@@ -18,7 +18,7 @@ impl Node {
     pub fn spill_redo(&self) -> Result<u64> {
         let mut moved = 0;
         for stream in self.redo.streams() {
-            moved += self.spill_stream(&stream)?;
+            moved += self.spill_stream(&stream, true)?;
         }
         Ok(moved)
     }
@@ -27,13 +27,21 @@ impl Node {
     /// out of memory until it holds three quarters of that, as far as slots have room; returns
     /// how many records moved. Spilling to below the bound, not just to it, lets records
     /// gather before they go: each slot merge (a read and a write of the slot's block) then
-    /// carries several of a page's records rather than one.
-    pub(crate) fn spill_stream(&self, stream: &Stream) -> Result<u64> {
+    /// carries several of a page's records rather than one. Without `wait`, a stream whose
+    /// fold or spill is under way is left alone (the writer's call: it must not queue behind a
+    /// fold that waits for readers).
+    pub(crate) fn spill_stream(&self, stream: &Stream, wait: bool) -> Result<u64> {
         let bound = self.redo.options().cache_bytes;
         if stream.state.lock().versions.cached_bytes() <= bound {
             return Ok(0);
         }
-        let _upkeep = stream.upkeep.lock();
+        let _upkeep = match wait {
+            true => stream.upkeep.lock(),
+            false => match stream.upkeep.try_lock() {
+                Some(guard) => guard,
+                None => return Ok(0),
+            },
+        };
         let tasks = stream.state.lock().versions.spill_candidates(bound / 4 * 3);
         let mut moved = 0;
         for task in &tasks {

@@ -270,16 +270,28 @@ impl PageVersions {
             if oldest > bound || tasks.len() == limit {
                 break;
             }
-            let entry = &self.pages[&page];
-            let plan = plan_through(self.page_state_of(page, entry), bound);
-            let through_lsn = match entry.records.iter().rev().find(|r| r.lsn <= bound) {
-                Some(record) => record.lsn,
-                None => entry.spilled.iter().rev().find(|s| s.lsn <= bound).expect("the oldest record is foldable").lsn,
-            };
-            let memory = &entry.records[..entry.records.partition_point(|r| r.lsn <= bound)];
-            tasks.push(FoldTask { page, through_lsn, records: memory.to_vec(), spilled: plan.spilled });
+            tasks.extend(self.fold_task(page));
         }
         tasks
+    }
+
+    /// The fold of one page as things stand now: `None` when it has no record at or below the
+    /// fold bound (nothing to fold, or another fold did it meanwhile). An owner that folds
+    /// pages one at a time while others may fold or spill asks again for each page, so a task
+    /// never names spilled records a fold has since dropped.
+    pub fn fold_task(&self, page: u64) -> Option<FoldTask> {
+        let bound = self.fold_bound();
+        let entry = self.pages.get(&page)?;
+        if entry.oldest().is_none_or(|oldest| oldest > bound) {
+            return None;
+        }
+        let plan = plan_through(self.page_state_of(page, entry), bound);
+        let through_lsn = match entry.records.iter().rev().find(|r| r.lsn <= bound) {
+            Some(record) => record.lsn,
+            None => entry.spilled.iter().rev().find(|s| s.lsn <= bound).expect("the oldest record is foldable").lsn,
+        };
+        let memory = &entry.records[..entry.records.partition_point(|r| r.lsn <= bound)];
+        Some(FoldTask { page, through_lsn, records: memory.to_vec(), spilled: plan.spilled })
     }
 
     /// The store now holds `page` as of `lsn` (durably: the records are dropped, and only the
