@@ -4,40 +4,21 @@
 //! LSN_min held by a reader's lease, a rebuild on the same media that loses no acknowledged
 //! batch, and the same through the native protocol.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tundra_device::csd::CsdConfig;
 use tundra_env::{Rng, seed_from_env};
 use tundra_node::{Environment, Node, RedoRefusal, VolumeRef};
 use tundra_redo::codec::encode_record;
-use tundra_redo::{AppendOutcome, Payload, RedoRecord, reconstruct};
+use tundra_redo::{AppendOutcome, Payload, RedoRecord};
 use tundra_store::ids::Lsn;
 use tundra_store::volume::VolumeMode;
 
 mod memory_node;
+use memory_node::redo_model::{Model, PAGE};
 use memory_node::{Media, config, layout};
 
-const PAGE: usize = 8192;
 const PAGES: u64 = 64;
-
-/// Every record the writer had acknowledged, for rebuilding any page at any LSN.
-#[derive(Default)]
-struct Model {
-    records: BTreeMap<u64, Vec<RedoRecord>>,
-}
-
-impl Model {
-    fn page_at(&self, page: u64, lsn: Lsn) -> Vec<u8> {
-        let records: Vec<&RedoRecord> =
-            self.records.get(&page).map(|r| r.iter().filter(|r| r.lsn <= lsn).collect()).unwrap_or_default();
-        reconstruct::<&RedoRecord>(None, &records, lsn, PAGE).unwrap()
-    }
-
-    fn page_lsn(&self, page: u64, lsn: Lsn) -> Lsn {
-        self.records.get(&page).and_then(|r| r.iter().rev().find(|r| r.lsn <= lsn)).map_or(Lsn(0), |r| r.lsn)
-    }
-}
 
 fn record(rng: &mut Rng, lsn: u64) -> RedoRecord {
     let page = rng.below(PAGES);
@@ -96,9 +77,7 @@ fn append_batches(
         let batch_end = lsn + 1 + rng.below(3);
         let outcome = node.append_redo(volume, 1, end, batch_end, records.len() as u32, &encoded(&records)).unwrap();
         assert_eq!(outcome, AppendOutcome::Ok { durable_lsn: Lsn(batch_end) });
-        for r in records {
-            model.records.entry(r.page).or_default().push(r);
-        }
+        model.add(records);
         end = batch_end;
     }
     end
@@ -248,9 +227,7 @@ fn the_native_protocol_carries_appends_reads_and_leases() {
             records: &bytes,
         };
         assert_eq!(client.append_redo(&append).unwrap(), tundra_proto::AppendOutcome::Ok { durable_lsn: lsn });
-        for r in records {
-            model.records.entry(r.page).or_default().push(r);
-        }
+        model.add(records);
         end = lsn;
     }
     for _ in 0..100 {

@@ -9,7 +9,6 @@
 //! The oracle is shown to catch a lost slot: the slot region is trimmed behind the node's back
 //! and reads that need it stop matching.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tundra_device::csd::{CsdConfig, CsdDevice};
@@ -17,28 +16,15 @@ use tundra_device::{BlockDevice, Lba};
 use tundra_env::{Rng, seed_from_env};
 use tundra_node::{Environment, Node, RedoWatermarks, VolumeRef};
 use tundra_redo::codec::encode_record;
-use tundra_redo::{AppendOutcome, Payload, RedoRecord, reconstruct};
+use tundra_redo::{AppendOutcome, Payload, RedoRecord};
 use tundra_store::ids::Lsn;
 use tundra_store::volume::VolumeMode;
 
 mod memory_node;
+use memory_node::redo_model::{Model, PAGE};
 use memory_node::{Media, config, layout};
 
-const PAGE: usize = 8192;
 const PAGES: u64 = 48;
-
-#[derive(Default)]
-struct Model {
-    records: BTreeMap<u64, Vec<RedoRecord>>,
-}
-
-impl Model {
-    fn page_at(&self, page: u64, lsn: Lsn) -> Vec<u8> {
-        let records: Vec<&RedoRecord> =
-            self.records.get(&page).map(|r| r.iter().filter(|r| r.lsn <= lsn).collect()).unwrap_or_default();
-        reconstruct::<&RedoRecord>(None, &records, lsn, PAGE).unwrap()
-    }
-}
 
 /// Small changes, as a B+tree's records are, and now and then a whole page.
 fn record(rng: &mut Rng, lsn: u64) -> RedoRecord {
@@ -85,9 +71,7 @@ fn append(node: &Node, volume: &VolumeRef, rng: &mut Rng, model: &mut Model, mut
         }
         let outcome = node.append_redo(volume, 1, end, lsn, records.len() as u32, &bytes).unwrap();
         assert_eq!(outcome, AppendOutcome::Ok { durable_lsn: Lsn(lsn) });
-        for r in records {
-            model.records.entry(r.page).or_default().push(r);
-        }
+        model.add(records);
         end = lsn;
     }
     end

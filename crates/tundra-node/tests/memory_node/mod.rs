@@ -10,6 +10,8 @@ use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice};
 use tundra_node::{Config, Devices, Layout};
 use tundra_store::journal::PAGE_RECORD_BYTES;
 
+pub mod redo_model;
+
 pub const MIB: u64 = 1 << 20;
 
 /// Checkpoint blocks for `pages` page records, with room for the volume records.
