@@ -53,4 +53,83 @@ fn small_cluster_both_policies() {
     let aware = run(Policy::CompressionAware, 60, 2_880, 7);
     show("logical", &logical);
     show("compression-aware", &aware);
+    for r in [&logical, &aware] {
+        assert_eq!(r.placed_chunks, 2_880, "a cluster sized for its chunks takes them all");
+        assert_eq!(r.final_plan_moves, 0, "scheduling settles");
+        assert_eq!(r.summary.active_nodes, 60);
+    }
+    assert_eq!(logical.moves_by_reason.get("zone-a"), None, "the logical policy makes no zone move");
+    assert!(aware.summary.nodes_in_band_fraction >= logical.summary.nodes_in_band_fraction);
+    assert!(aware.summary.nodes_in_band_fraction >= 0.9);
+}
+
+/// A tight band is where the policies part: compression-aware scheduling keeps the nodes in it
+/// and strands less, at the price of more moves (seed 000 §4.2.3's trade-off).
+#[test]
+fn a_tight_band_separates_the_policies() {
+    let chunks = builtin_chunks(2_880, 10 * GIB, Layers::Dual, &mut Rng::new(3));
+    let tight = |policy| {
+        let mut c = config(policy, 60, &chunks);
+        c.manager.band = tundra_cluster::Band::Relative { below: 0.03, above: 0.03 };
+        sim::run(&c, &chunks).unwrap()
+    };
+    let (logical, aware) = (tight(Policy::Logical), tight(Policy::CompressionAware));
+    show("logical ±3%", &logical);
+    show("compression-aware ±3%", &aware);
+    let stranded = |r: &SimReport| r.summary.stranded_logical_fraction + r.summary.stranded_physical_fraction;
+    assert!(aware.summary.nodes_in_band_fraction > logical.summary.nodes_in_band_fraction);
+    assert!(stranded(&aware) < stranded(&logical));
+    assert!(aware.moves > logical.moves);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_report() {
+    let a = run(Policy::CompressionAware, 30, 1_000, 11);
+    let b = run(Policy::CompressionAware, 30, 1_000, 11);
+    assert_eq!(a, b);
+    let c = run(Policy::CompressionAware, 30, 1_000, 12);
+    assert_ne!(a.summary, c.summary, "another seed draws other chunks");
+}
+
+#[test]
+fn a_cluster_too_small_refuses_chunks_and_says_so() {
+    let chunks = builtin_chunks(600, 10 * GIB, Layers::Dual, &mut Rng::new(5));
+    let mut c = config(Policy::Logical, 12, &chunks);
+    c.node_capacity = Space::new(c.node_capacity.logical_bytes / 2, c.node_capacity.physical_bytes / 2);
+    let r = sim::run(&c, &chunks).unwrap();
+    assert!(r.refused_chunks > 0 && r.placed_chunks + r.refused_chunks == 600);
+    assert!(r.first_refusal.as_deref().unwrap().contains("cluster full"), "{:?}", r.first_refusal);
+}
+
+#[test]
+fn bad_csv_rows_are_refused_naming_the_line() {
+    let good = "chunk_id,logical_bytes,physical_bytes\n1,100,40\n2,100,50\n";
+    assert_eq!(sim::parse_chunks_csv(good).unwrap().len(), 2);
+    for (text, line, words) in [
+        ("chunk_id,logical_bytes,physical_bytes\n1,100\n", 2, "expected 3 fields"),
+        ("1,100,40\n2,abc,40\n", 2, "logical_bytes \"abc\""),
+        ("1,100,40\n\n# note\n1,100,40\n", 4, "appears twice"),
+        ("1,0,40\n", 1, "above zero"),
+        ("1,100,-4\n", 1, "physical_bytes"),
+    ] {
+        let e = sim::parse_chunks_csv(text).unwrap_err();
+        assert!(e.message().starts_with(&format!("line {line}:")) && e.message().contains(words), "{e}");
+    }
+    assert!(sim::parse_chunks_csv("chunk_id,logical_bytes,physical_bytes\n").is_err());
+}
+
+/// The paper's scale: 1,000 nodes and 48,000 chunks, both policies on the same seed. Behind
+/// `TUNDRA_SIM_FULL=1` (about a minute on a loaded machine); `tundra sim schedule` runs the same.
+#[test]
+fn full_scale_both_policies() {
+    if std::env::var_os("TUNDRA_SIM_FULL").is_none() {
+        return;
+    }
+    let logical = run(Policy::Logical, 1_000, 48_000, 1);
+    let aware = run(Policy::CompressionAware, 1_000, 48_000, 1);
+    show("logical", &logical);
+    show("compression-aware", &aware);
+    assert_eq!(logical.placed_chunks, 48_000);
+    assert!(aware.summary.nodes_in_band_fraction >= 0.9);
+    assert_eq!(aware.final_plan_moves, 0);
 }
