@@ -9,6 +9,7 @@ mod bench;
 mod drive;
 mod kv;
 mod repair;
+mod schedule;
 mod serve;
 mod sim;
 mod volume;
@@ -49,7 +50,7 @@ enum Command {
     /// be dropped; with it, truncate the log at the damage and list the pages that then fail.
     Repair(repair::RepairArgs),
     /// Simulations on the product's decision code: `trim`, virtual data trim against seed 001's
-    /// Table 1.
+    /// Table 1; `schedule`, the cluster manager's placement and scheduling at 1,000 nodes.
     #[command(subcommand)]
     Sim(sim::SimCommand),
     /// Measure the designs built on the drive against their peers, in the same run.

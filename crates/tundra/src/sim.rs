@@ -2,6 +2,7 @@
 //! code the product runs. `tundra sim trim` is seed 001 §3.2's virtual data trim: the model of
 //! tundra-lss's log under current practice and trim-assisted mode, set beside Table 1, and
 //! optionally the store itself on an emulated drive at the same scale (docs/lss.md).
+//! `tundra sim schedule` is the cluster manager's scheduling (schedule.rs).
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
@@ -16,6 +17,9 @@ pub enum SimCommand {
     /// Virtual data trim (seed 001 §3.2, Table 1): write and physical space amplification of a
     /// log-structured store under current practice and trim-assisted mode.
     Trim(TrimArgs),
+    /// The cluster manager's placement and scheduling (seed 000 §4.2, Figures 9 to 11) over a
+    /// simulated cluster: the logical policy against compression-aware scheduling.
+    Schedule(crate::schedule::ScheduleArgs),
 }
 
 #[derive(Args)]
@@ -72,6 +76,7 @@ const DRIVE_LIVE_LIMIT_BYTES: u64 = 1 << 30;
 pub fn run(command: SimCommand) -> Result<()> {
     match command {
         SimCommand::Trim(args) => trim(args),
+        SimCommand::Schedule(args) => crate::schedule::run(args),
     }
 }
 

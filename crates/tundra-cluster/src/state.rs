@@ -1,0 +1,473 @@
+//! `ClusterState`, the manager's state: the nodes (capacity, status, usage, the chunks they
+//! host) and the chunks (size, replicas, the move under way), changed only by
+//! [`Command`]s through [`ClusterState::apply`].
+//!
+//! The state is built to be a Raft state machine: `apply` is a pure function of the state and
+//! the command (ordered maps, integer byte counts, no clock, no random source), and a refused
+//! command changes nothing, so every member that applies the same log holds the same state and
+//! takes the same decisions. Placement is a command (the replicas are chosen inside `apply`);
+//! migration plans are queries ([`ClusterState::plan`]) whose moves become `BeginMove`
+//! commands that every member checks again.
+//!
+//! A node's usage is projected: a chunk counts on the nodes it is placed on or moving to and no
+//! longer on a node it is moving from, so that decisions see the cluster as it will be once the
+//! moves in flight finish. A heartbeat's usage beyond what the chunks account for (the store's
+//! own metadata, space not yet trimmed) is kept as the node's overhead and added to the
+//! projection.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tundra_store::ids::ChunkId;
+
+use crate::config::ManagerConfig;
+use crate::error::{Error, Result};
+use crate::plan::Move;
+use crate::usage::{NodeId, Space};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeStatus {
+    /// Takes new replicas and moves.
+    Active,
+    /// Being emptied before it is retired: takes nothing, every chunk moves off it.
+    Draining,
+    /// Lost: takes nothing, and each of its chunks is copied again from its other replicas.
+    Dead,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeState {
+    pub status: NodeStatus,
+    pub capacity: Space,
+    /// The chunks placed on the node or moving to it, not those moving off it.
+    pub chunks: BTreeSet<ChunkId>,
+    /// The sizes of `chunks`.
+    pub chunk_space: Space,
+    /// Usage the last heartbeat reported beyond what the chunks on the node account for.
+    pub overhead: Space,
+    /// Sizes of the chunks moving to the node, and moving off it.
+    pub incoming: Space,
+    pub outgoing: Space,
+}
+
+impl NodeState {
+    /// Usage once the moves in flight finish: the decisions' view.
+    pub fn projected(&self) -> Space {
+        self.chunk_space.plus(self.overhead)
+    }
+
+    /// Usage as the node has it now (moving chunks still on their source).
+    pub fn actual_chunk_space(&self) -> Space {
+        self.chunk_space.minus(self.incoming).plus(self.outgoing)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkState {
+    /// The size the decisions count: what the chunk's stats report, but never less than the
+    /// size placement expected for it (a chunk is a fixed range of a volume that fills over
+    /// time, and counting only what it holds so far would let nodes fill past their share).
+    /// Below the expected logical bytes, the physical bytes follow the reported ratio, or the
+    /// cluster's average ratio at placement while nothing is reported.
+    pub size: Space,
+    /// The placement's expectation.
+    pub expected: Space,
+    /// What the chunk's last stats reported.
+    pub reported: Space,
+    /// The nodes it will be on once its move (if any) finishes.
+    pub replicas: BTreeSet<NodeId>,
+    /// The one membership change under way.
+    pub moving: Option<Move>,
+}
+
+/// What the manager is told and asked to do. Every member applies the same sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Configure(ManagerConfig),
+    /// A node joins, empty.
+    AddNode {
+        node: NodeId,
+        capacity: Space,
+    },
+    /// A node's drives report their capacity and usage.
+    Heartbeat {
+        node: NodeId,
+        capacity: Space,
+        used: Space,
+    },
+    /// A chunk's leader reports the chunk's logical and physical bytes.
+    ChunkStats {
+        chunk: ChunkId,
+        size: Space,
+    },
+    /// Place a new chunk: the manager chooses its replicas. `expected_logical_bytes` counts
+    /// against the chosen nodes until the chunk's stats arrive (a new chunk is empty, and
+    /// counting it as nothing would send a burst of new chunks to the same few nodes).
+    PlaceChunk {
+        chunk: ChunkId,
+        expected_logical_bytes: u64,
+    },
+    DeleteChunk {
+        chunk: ChunkId,
+    },
+    /// `tundra cluster drain`: move everything off the node.
+    DrainNode {
+        node: NodeId,
+    },
+    /// The node is lost; moves into it are given up.
+    NodeDead {
+        node: NodeId,
+    },
+    /// Forget a node that hosts nothing.
+    RemoveNode {
+        node: NodeId,
+    },
+    /// A migration starts (learner added on `to`).
+    BeginMove(Move),
+    /// The migration finished: `to` is a voter, `from` is removed.
+    FinishMove {
+        chunk: ChunkId,
+    },
+    /// The migration was rolled back: `to` is removed, `from` stays.
+    AbortMove {
+        chunk: ChunkId,
+    },
+}
+
+/// What an applied command answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Done,
+    /// The replicas chosen for a new chunk, in the order chosen.
+    Placed(Vec<NodeId>),
+}
+
+/// The size a chunk counts at (see `ChunkState::size`).
+fn counted_size(expected: Space, reported: Space) -> Space {
+    if reported.logical_bytes >= expected.logical_bytes {
+        reported
+    } else if reported.physical_bytes > 0 {
+        let physical =
+            expected.logical_bytes as u128 * reported.physical_bytes as u128 / reported.logical_bytes as u128;
+        Space::new(expected.logical_bytes, physical as u64)
+    } else {
+        expected
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterState {
+    pub(crate) config: ManagerConfig,
+    pub(crate) nodes: BTreeMap<NodeId, NodeState>,
+    pub(crate) chunks: BTreeMap<ChunkId, ChunkState>,
+    /// Chunks with a move under way, to find them without scanning every chunk.
+    pub(crate) moving: BTreeSet<ChunkId>,
+    /// The sum of every chunk's size once (not per replica), for the average ratio.
+    pub(crate) chunk_total: Space,
+}
+
+impl ClusterState {
+    pub fn new(config: ManagerConfig) -> Result<ClusterState> {
+        config.validate()?;
+        Ok(ClusterState {
+            config,
+            nodes: BTreeMap::new(),
+            chunks: BTreeMap::new(),
+            moving: BTreeSet::new(),
+            chunk_total: Space::ZERO,
+        })
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+    pub fn nodes(&self) -> &BTreeMap<NodeId, NodeState> {
+        &self.nodes
+    }
+    pub fn node(&self, node: NodeId) -> Option<&NodeState> {
+        self.nodes.get(&node)
+    }
+    pub fn chunks(&self) -> &BTreeMap<ChunkId, ChunkState> {
+        &self.chunks
+    }
+    pub fn chunk(&self, chunk: ChunkId) -> Option<&ChunkState> {
+        self.chunks.get(&chunk)
+    }
+    /// The moves under way, in chunk order.
+    pub fn moves_in_flight(&self) -> impl Iterator<Item = &Move> {
+        self.moving.iter().filter_map(|c| self.chunks[c].moving.as_ref())
+    }
+
+    /// Applies one command. A refused command changes nothing.
+    pub fn apply(&mut self, command: &Command) -> Result<Applied> {
+        match command {
+            Command::Configure(config) => {
+                config.validate()?;
+                self.config = *config;
+            }
+            Command::AddNode { node, capacity } => self.add_node(*node, *capacity)?,
+            Command::Heartbeat { node, capacity, used } => self.heartbeat(*node, *capacity, *used)?,
+            Command::ChunkStats { chunk, size } => self.chunk_stats(*chunk, *size)?,
+            Command::PlaceChunk { chunk, expected_logical_bytes } => {
+                return self.place_chunk(*chunk, *expected_logical_bytes).map(Applied::Placed);
+            }
+            Command::DeleteChunk { chunk } => self.delete_chunk(*chunk)?,
+            Command::DrainNode { node } => self.set_status(*node, NodeStatus::Draining)?,
+            Command::NodeDead { node } => self.node_dead(*node)?,
+            Command::RemoveNode { node } => self.remove_node(*node)?,
+            Command::BeginMove(planned) => self.begin_move(planned)?,
+            Command::FinishMove { chunk } => self.finish_move(*chunk)?,
+            Command::AbortMove { chunk } => self.abort_move(*chunk)?,
+        }
+        Ok(Applied::Done)
+    }
+
+    fn node_mut(&mut self, node: NodeId) -> Result<&mut NodeState> {
+        self.nodes.get_mut(&node).ok_or_else(|| Error::invalid(format!("unknown {node}")))
+    }
+
+    fn chunk_ref(&self, chunk: ChunkId) -> Result<&ChunkState> {
+        self.chunks.get(&chunk).ok_or_else(|| Error::invalid(format!("unknown chunk {}", chunk.0)))
+    }
+
+    fn add_node(&mut self, node: NodeId, capacity: Space) -> Result<()> {
+        if self.nodes.contains_key(&node) {
+            return Err(Error::invalid(format!("{node} is already a member")));
+        }
+        if capacity.logical_bytes == 0 || capacity.physical_bytes == 0 {
+            return Err(Error::invalid(format!("{node} reports a zero capacity")));
+        }
+        self.nodes.insert(
+            node,
+            NodeState {
+                status: NodeStatus::Active,
+                capacity,
+                chunks: BTreeSet::new(),
+                chunk_space: Space::ZERO,
+                overhead: Space::ZERO,
+                incoming: Space::ZERO,
+                outgoing: Space::ZERO,
+            },
+        );
+        Ok(())
+    }
+
+    fn heartbeat(&mut self, node: NodeId, capacity: Space, used: Space) -> Result<()> {
+        if capacity.logical_bytes == 0 || capacity.physical_bytes == 0 {
+            return Err(Error::invalid(format!("{node} reports a zero capacity")));
+        }
+        let state = self.node_mut(node)?;
+        state.capacity = capacity;
+        state.overhead = used.saturating_minus(state.actual_chunk_space());
+        Ok(())
+    }
+
+    fn chunk_stats(&mut self, chunk: ChunkId, reported: Space) -> Result<()> {
+        let state = self.chunk_ref(chunk)?;
+        let old = state.size;
+        let size = counted_size(state.expected, reported);
+        let replicas: Vec<NodeId> = state.replicas.iter().copied().collect();
+        let moving = state.moving;
+        for node in replicas {
+            let n = self.nodes.get_mut(&node).expect("a replica's node is a member");
+            n.chunk_space = n.chunk_space.minus(old).plus(size);
+        }
+        if let Some(m) = moving {
+            let to = self.nodes.get_mut(&m.to).expect("a move's target is a member");
+            to.incoming = to.incoming.minus(old).plus(size);
+            let from = self.nodes.get_mut(&m.from).expect("a move's source is a member");
+            from.outgoing = from.outgoing.minus(old).plus(size);
+        }
+        self.chunk_total = self.chunk_total.minus(old).plus(size);
+        let state = self.chunks.get_mut(&chunk).expect("checked above");
+        state.size = size;
+        state.reported = reported;
+        Ok(())
+    }
+
+    fn place_chunk(&mut self, chunk: ChunkId, expected_logical_bytes: u64) -> Result<Vec<NodeId>> {
+        if self.chunks.contains_key(&chunk) {
+            return Err(Error::invalid(format!("chunk {} is already placed", chunk.0)));
+        }
+        let size = self.expected_size(expected_logical_bytes);
+        let chosen = self.choose_replicas(size)?;
+        for &node in &chosen {
+            let n = self.nodes.get_mut(&node).expect("chosen among members");
+            n.chunks.insert(chunk);
+            n.chunk_space = n.chunk_space.plus(size);
+        }
+        self.chunk_total = self.chunk_total.plus(size);
+        let replicas = chosen.iter().copied().collect();
+        self.chunks.insert(chunk, ChunkState { size, expected: size, reported: Space::ZERO, replicas, moving: None });
+        Ok(chosen)
+    }
+
+    /// A new chunk's size until its stats arrive: the expected logical bytes, and physical bytes
+    /// at the cluster's average ratio (uncompressed while nothing is stored yet).
+    pub fn expected_size(&self, logical_bytes: u64) -> Space {
+        let physical_bytes = match self.chunk_total.ratio() {
+            Some(ratio) if ratio > 0.0 => (logical_bytes as f64 / ratio).ceil() as u64,
+            _ => logical_bytes,
+        };
+        Space::new(logical_bytes, physical_bytes)
+    }
+
+    fn delete_chunk(&mut self, chunk: ChunkId) -> Result<()> {
+        let state = self.chunk_ref(chunk)?;
+        if state.moving.is_some() {
+            return Err(Error::conflict(format!("chunk {} is moving; finish or abort the move first", chunk.0)));
+        }
+        let state = self.chunks.remove(&chunk).expect("checked above");
+        for node in &state.replicas {
+            let n = self.nodes.get_mut(node).expect("a replica's node is a member");
+            n.chunks.remove(&chunk);
+            n.chunk_space = n.chunk_space.minus(state.size);
+        }
+        self.chunk_total = self.chunk_total.minus(state.size);
+        Ok(())
+    }
+
+    fn set_status(&mut self, node: NodeId, status: NodeStatus) -> Result<()> {
+        let n = self.node_mut(node)?;
+        if n.status == NodeStatus::Dead {
+            return Err(Error::invalid(format!("{node} is dead")));
+        }
+        n.status = status;
+        Ok(())
+    }
+
+    fn node_dead(&mut self, node: NodeId) -> Result<()> {
+        self.node_mut(node)?.status = NodeStatus::Dead;
+        let into_dead: Vec<ChunkId> = self.moves_in_flight().filter(|m| m.to == node).map(|m| m.chunk).collect();
+        for chunk in into_dead {
+            self.abort_move(chunk).expect("a move in flight can be aborted");
+        }
+        Ok(())
+    }
+
+    fn remove_node(&mut self, node: NodeId) -> Result<()> {
+        let n = self.nodes.get(&node).ok_or_else(|| Error::invalid(format!("unknown {node}")))?;
+        if !n.chunks.is_empty() || n.outgoing != Space::ZERO {
+            return Err(Error::conflict(format!(
+                "{node} still hosts {} chunks (or sends some); drain it first",
+                n.chunks.len()
+            )));
+        }
+        self.nodes.remove(&node);
+        Ok(())
+    }
+
+    fn begin_move(&mut self, planned: &Move) -> Result<()> {
+        let chunk = self.chunk_ref(planned.chunk)?;
+        if let Some(current) = &chunk.moving {
+            return Err(Error::conflict(format!(
+                "chunk {} is already moving from {} to {}",
+                planned.chunk.0, current.from, current.to
+            )));
+        }
+        if !chunk.replicas.contains(&planned.from) {
+            return Err(Error::invalid(format!("chunk {} has no replica on {}", planned.chunk.0, planned.from)));
+        }
+        if chunk.replicas.contains(&planned.to) {
+            return Err(Error::invalid(format!("chunk {} already has a replica on {}", planned.chunk.0, planned.to)));
+        }
+        let size = chunk.size;
+        let target = self.nodes.get(&planned.to).ok_or_else(|| Error::invalid(format!("unknown {}", planned.to)))?;
+        if target.status != NodeStatus::Active {
+            return Err(Error::invalid(format!("{} takes no chunks ({:?})", planned.to, target.status)));
+        }
+        if !self.fits(target, size) {
+            return Err(Error::full(format!("{} would pass the fullness limit", planned.to)));
+        }
+        let to = self.nodes.get_mut(&planned.to).expect("checked above");
+        to.chunks.insert(planned.chunk);
+        to.chunk_space = to.chunk_space.plus(size);
+        to.incoming = to.incoming.plus(size);
+        let from = self.nodes.get_mut(&planned.from).expect("a replica's node is a member");
+        from.chunks.remove(&planned.chunk);
+        from.chunk_space = from.chunk_space.minus(size);
+        from.outgoing = from.outgoing.plus(size);
+        let chunk = self.chunks.get_mut(&planned.chunk).expect("checked above");
+        chunk.replicas.remove(&planned.from);
+        chunk.replicas.insert(planned.to);
+        chunk.moving = Some(*planned);
+        self.moving.insert(planned.chunk);
+        Ok(())
+    }
+
+    /// Whether `size` more keeps a node within the fullness limit on both axes.
+    pub(crate) fn fits(&self, node: &NodeState, size: Space) -> bool {
+        let (logical, physical) = node.projected().plus(size).fractions_of(node.capacity);
+        logical <= self.config.fullness_limit && physical <= self.config.fullness_limit
+    }
+
+    fn take_move(&mut self, chunk: ChunkId) -> Result<(Move, Space)> {
+        let state = self.chunk_ref(chunk)?;
+        let Some(m) = state.moving else {
+            return Err(Error::conflict(format!("chunk {} is not moving", chunk.0)));
+        };
+        let size = state.size;
+        self.chunks.get_mut(&chunk).expect("checked above").moving = None;
+        self.moving.remove(&chunk);
+        let to = self.nodes.get_mut(&m.to).expect("a move's target is a member");
+        to.incoming = to.incoming.minus(size);
+        let from = self.nodes.get_mut(&m.from).expect("a move's source is a member");
+        from.outgoing = from.outgoing.minus(size);
+        Ok((m, size))
+    }
+
+    fn finish_move(&mut self, chunk: ChunkId) -> Result<()> {
+        self.take_move(chunk)?;
+        Ok(())
+    }
+
+    fn abort_move(&mut self, chunk: ChunkId) -> Result<()> {
+        let (m, size) = self.take_move(chunk)?;
+        let to = self.nodes.get_mut(&m.to).expect("a move's target is a member");
+        to.chunks.remove(&chunk);
+        to.chunk_space = to.chunk_space.minus(size);
+        let from = self.nodes.get_mut(&m.from).expect("a move's source is a member");
+        from.chunks.insert(chunk);
+        from.chunk_space = from.chunk_space.plus(size);
+        let state = self.chunks.get_mut(&chunk).expect("checked by take_move");
+        state.replicas.remove(&m.to);
+        state.replicas.insert(m.from);
+        Ok(())
+    }
+
+    /// Recounts every derived figure from the chunks and compares; panics on a difference.
+    /// Run by the tests and the simulator after every step.
+    pub fn check_invariants(&self) {
+        let mut space: BTreeMap<NodeId, Space> = BTreeMap::new();
+        let mut incoming: BTreeMap<NodeId, Space> = BTreeMap::new();
+        let mut outgoing: BTreeMap<NodeId, Space> = BTreeMap::new();
+        let mut total = Space::ZERO;
+        for (id, chunk) in &self.chunks {
+            assert!(!chunk.replicas.is_empty(), "chunk {} has no replica", id.0);
+            assert_eq!(chunk.size, counted_size(chunk.expected, chunk.reported), "chunk {} counted size", id.0);
+            total = total.plus(chunk.size);
+            for node in &chunk.replicas {
+                let n = &self.nodes[node];
+                assert!(n.chunks.contains(id), "chunk {} missing from {node}", id.0);
+                let s = space.entry(*node).or_default();
+                *s = s.plus(chunk.size);
+            }
+            assert_eq!(chunk.moving.is_some(), self.moving.contains(id), "chunk {} moving set", id.0);
+            if let Some(m) = chunk.moving {
+                assert_eq!(m.chunk, *id);
+                assert!(chunk.replicas.contains(&m.to) && !chunk.replicas.contains(&m.from));
+                let s = incoming.entry(m.to).or_default();
+                *s = s.plus(chunk.size);
+                let s = outgoing.entry(m.from).or_default();
+                *s = s.plus(chunk.size);
+            }
+        }
+        assert_eq!(total, self.chunk_total, "total chunk space");
+        for (id, n) in &self.nodes {
+            assert_eq!(n.chunk_space, space.get(id).copied().unwrap_or_default(), "{id} chunk space");
+            assert_eq!(n.incoming, incoming.get(id).copied().unwrap_or_default(), "{id} incoming");
+            assert_eq!(n.outgoing, outgoing.get(id).copied().unwrap_or_default(), "{id} outgoing");
+            let hosted = n.chunks.iter().filter(|c| self.chunks.get(c).is_some_and(|s| s.replicas.contains(id)));
+            assert_eq!(hosted.count(), n.chunks.len(), "{id} lists a chunk that is not on it");
+        }
+    }
+}
