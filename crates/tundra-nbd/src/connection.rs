@@ -1,7 +1,7 @@
 //! One client connection, from the first byte of the handshake to the close: buffered halves of
 //! the socket, negotiation, then transmission. Runs on its own thread.
 
-use std::io::{self, BufReader, BufWriter};
+use std::io::{self, BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpStream};
 
 use crate::server::{Activity, Shared};
@@ -15,7 +15,7 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Why a connection ended early.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Close {
     /// The socket failed or the client went away: nothing to report.
     Io,
@@ -74,5 +74,6 @@ fn serve(stream: &TcpStream, shared: &Shared, id: u64, activity: &Activity) -> R
     // From here the timeout bounds each read inside a request; between requests a read that
     // times out is only an idle client, and the wait goes on (transmission.rs).
     stream.set_read_timeout(Some(shared.limits.request_timeout))?;
-    transmission::serve(&mut reader, &mut writer, &negotiated, shared, activity)
+    writer.flush()?;
+    transmission::serve(&mut reader, writer, stream, &negotiated, shared, activity)
 }

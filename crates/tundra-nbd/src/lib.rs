@@ -12,7 +12,9 @@
 //! `NBD_CMD_FLAG_FUA`; transmission flags `HAS_FLAGS`, `SEND_FLUSH`, `SEND_FUA`, `SEND_TRIM`,
 //! `SEND_WRITE_ZEROES`, `SEND_CACHE` and `CAN_MULTI_CONN`. Block sizes advertised: minimum 1
 //! (any alignment), preferred from [`Export::preferred_block_size`], maximum 32 MiB. Pipelined
-//! requests are served in order; replies are batched and flushed when no request is waiting.
+//! requests run side by side, up to [`Limits::max_requests_in_flight`] per connection, and
+//! are answered as each finishes, out of order where a later one finishes first (simple
+//! replies; the client matches them by cookie); replies finishing together leave in one write.
 //!
 //! Not supported, and refused cleanly: structured replies, block status and metadata contexts,
 //! extended headers, TLS (`NBD_REP_ERR_UNSUP` to their options); fast zero (not advertised,
@@ -34,8 +36,9 @@
 //! Limits ([`Limits`]): connections are capped per server, the oldest still negotiating (else
 //! one idle past a bound) is closed to admit a new one; negotiation and every read inside a
 //! request are timed, while a client may idle between requests; a write's payload buffer grows
-//! as its bytes arrive and all connections share one budget of buffered bytes. One request is
-//! served at a time per connection, so a connection holds at most one request's payload.
+//! as its bytes arrive and all connections share one budget of buffered bytes; each connection's
+//! requests in flight are bounded in number and in payload bytes, and past that bound the
+//! server reads no more of its requests until one is answered.
 //!
 //! This crate knows the NBD wire format and nothing of pages, chunks or compression: an export
 //! is a range of bytes.
@@ -46,6 +49,7 @@ mod export;
 mod handshake;
 mod limits;
 pub mod mem;
+mod pipeline;
 mod proto;
 mod server;
 mod stats;

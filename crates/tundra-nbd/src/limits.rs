@@ -29,6 +29,16 @@ pub struct Limits {
     /// before it is sent). A request waits for room, at most `request_timeout`. At least one
     /// request of the largest size.
     pub max_buffered_bytes: u64,
+    /// Requests one connection may have in flight at once (received and not yet answered).
+    /// Requests beyond it wait in the client's socket until one is answered: the server reads
+    /// no further. Each request in flight may run on a thread of its own, so this also bounds
+    /// a connection's threads.
+    pub max_requests_in_flight: usize,
+    /// Payload bytes (write data, read data) of one connection's requests in flight; a single
+    /// request larger than the rest of it still runs once it is the only one. At least one
+    /// request of the largest size, at most `max_buffered_bytes`, so one connection cannot
+    /// take the whole budget from the others.
+    pub max_bytes_in_flight: u64,
 }
 
 impl Default for Limits {
@@ -39,6 +49,8 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             evict_idle_after: Duration::from_secs(60),
             max_buffered_bytes: 256 << 20,
+            max_requests_in_flight: 16,
+            max_bytes_in_flight: 64 << 20,
         }
     }
 }
@@ -62,6 +74,17 @@ impl Limits {
             return Some(format!(
                 "max_buffered_bytes must hold at least one request of the largest size, {MAX_REQUEST_BYTES} bytes"
             ));
+        }
+        if self.max_requests_in_flight == 0 {
+            return Some("max_requests_in_flight must be at least 1".into());
+        }
+        if self.max_bytes_in_flight < u64::from(MAX_REQUEST_BYTES) {
+            return Some(format!(
+                "max_bytes_in_flight must hold at least one request of the largest size, {MAX_REQUEST_BYTES} bytes"
+            ));
+        }
+        if self.max_bytes_in_flight > self.max_buffered_bytes {
+            return Some("max_bytes_in_flight must not be more than max_buffered_bytes".into());
         }
         None
     }
@@ -156,5 +179,11 @@ mod tests {
         assert!(small.problem().unwrap().contains("largest size"));
         let zero = Limits { request_timeout: Duration::ZERO, ..Limits::default() };
         assert!(zero.problem().unwrap().contains("request_timeout"));
+        let serial = Limits { max_requests_in_flight: 0, ..Limits::default() };
+        assert!(serial.problem().unwrap().contains("max_requests_in_flight"));
+        let narrow = Limits { max_bytes_in_flight: 1 << 20, ..Limits::default() };
+        assert!(narrow.problem().unwrap().contains("max_bytes_in_flight"));
+        let wide = Limits { max_bytes_in_flight: 512 << 20, ..Limits::default() };
+        assert!(wide.problem().unwrap().contains("max_buffered_bytes"));
     }
 }

@@ -1,7 +1,10 @@
 //! [`MemExport`], an export held in memory: the reference export of this crate's tests and the
-//! node's, with a count of the calls it received and errors on demand.
+//! node's, with a count of the calls it received, errors on demand, and slow reads and writes at
+//! chosen offsets (to see requests overtake each other).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -13,6 +16,8 @@ pub struct MemExport {
     preferred_block_size: u32,
     calls: CallCounters,
     injected: Mutex<Option<ExportError>>,
+    /// Reads and writes starting at these offsets sleep this long first.
+    delays: Mutex<HashMap<u64, Duration>>,
 }
 
 /// How many calls of each kind a [`MemExport`] received, and with which flags.
@@ -28,6 +33,8 @@ pub struct MemCalls {
     /// Write-zeroes that allowed deallocation (`NBD_CMD_FLAG_NO_HOLE` absent).
     pub may_trim_write_zeroes: u64,
     pub fua_write_zeroes: u64,
+    /// The most reads and writes that were running at once.
+    pub max_concurrent: u64,
 }
 
 #[derive(Default)]
@@ -41,6 +48,25 @@ struct CallCounters {
     write_zeroes: AtomicU64,
     may_trim_write_zeroes: AtomicU64,
     fua_write_zeroes: AtomicU64,
+    running: AtomicU64,
+    max_concurrent: AtomicU64,
+}
+
+/// A read or write in progress, counted while it lives.
+struct Running<'a>(&'a CallCounters);
+
+impl<'a> Running<'a> {
+    fn start(calls: &'a CallCounters) -> Running<'a> {
+        let now = calls.running.fetch_add(1, Ordering::SeqCst) + 1;
+        calls.max_concurrent.fetch_max(now, Ordering::SeqCst);
+        Running(calls)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn bump(counter: &AtomicU64, yes: bool) {
@@ -63,6 +89,7 @@ impl MemExport {
             preferred_block_size: 4096,
             calls: CallCounters::default(),
             injected: Mutex::new(None),
+            delays: Mutex::new(HashMap::new()),
         }
     }
 
@@ -97,6 +124,23 @@ impl MemExport {
             write_zeroes: get(&calls.write_zeroes),
             may_trim_write_zeroes: get(&calls.may_trim_write_zeroes),
             fua_write_zeroes: get(&calls.fua_write_zeroes),
+            max_concurrent: get(&calls.max_concurrent),
+        }
+    }
+
+    /// Makes reads and writes that start at `offset` take at least `delay` (None: no delay).
+    pub fn delay_at(&self, offset: u64, delay: Option<Duration>) {
+        let mut delays = self.delays.lock();
+        match delay {
+            Some(delay) => delays.insert(offset, delay),
+            None => delays.remove(&offset),
+        };
+    }
+
+    fn wait_at(&self, offset: u64) {
+        let delay = self.delays.lock().get(&offset).copied();
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
         }
     }
 
@@ -140,6 +184,8 @@ impl Export for MemExport {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         bump(&self.calls.reads, true);
+        let _running = Running::start(&self.calls);
+        self.wait_at(offset);
         self.injected()?;
         let data = self.data.read();
         let range = MemExport::range(data.len(), offset, buf.len() as u64)?;
@@ -150,6 +196,8 @@ impl Export for MemExport {
     fn write(&self, offset: u64, bytes: &[u8], fua: bool) -> Result<(), ExportError> {
         bump(&self.calls.writes, true);
         bump(&self.calls.fua_writes, fua);
+        let _running = Running::start(&self.calls);
+        self.wait_at(offset);
         self.injected()?;
         let mut data = self.data.write();
         let range = MemExport::range(data.len(), offset, bytes.len() as u64)?;

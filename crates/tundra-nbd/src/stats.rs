@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::proto;
 
-/// A snapshot of the server's counters. Every field only grows, except `connections_open`.
+/// A snapshot of the server's counters. Every field only grows, except `connections_open`, `requests_in_flight` and
+/// `payload_bytes_held`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Connections accepted since the server started.
@@ -49,6 +50,10 @@ pub struct Stats {
     pub error_replies: u64,
     /// Of those, errors the export returned (the rest are requests the server refused).
     pub export_errors: u64,
+    /// Replies sent while a request its connection received earlier was still in flight.
+    pub replies_out_of_order: u64,
+    /// Requests received and not yet answered, over all connections, now.
+    pub requests_in_flight: u64,
 }
 
 /// The live counters behind [`Stats`].
@@ -68,6 +73,8 @@ pub(crate) struct Counters {
     pub bytes_zeroed: AtomicU64,
     pub error_replies: AtomicU64,
     pub export_errors: AtomicU64,
+    pub replies_out_of_order: AtomicU64,
+    pub requests_in_flight: AtomicU64,
 }
 
 /// Index into `Counters::requests` of the unknown commands.
@@ -116,6 +123,8 @@ impl Counters {
             bytes_zeroed: get(&self.bytes_zeroed),
             error_replies: get(&self.error_replies),
             export_errors: get(&self.export_errors),
+            replies_out_of_order: get(&self.replies_out_of_order),
+            requests_in_flight: get(&self.requests_in_flight),
             payload_bytes_held: 0,
         }
     }

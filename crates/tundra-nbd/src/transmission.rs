@@ -1,27 +1,24 @@
-//! The transmission phase: requests in, simple replies out, one at a time and in order.
+//! The transmission phase: requests in, simple replies out, as each request finishes.
 //!
-//! Every request is checked before the export sees it ([`check`]); a bad one gets an error reply
-//! and the connection goes on. A write's payload is always read, even when the write is refused
-//! (also past 32 MiB: it is drained through a small buffer, never held in memory), so that the
-//! stream stays in step. Only a bad request magic closes the connection, since nothing after it
-//! can be trusted.
-//!
-//! Replies gather in a buffered writer, flushed whenever no complete request header is left in
-//! the read buffer: a client that pipelines gets a burst of replies in one system call, a
-//! client that waits for each reply gets it at once.
+//! The connection's thread reads and checks every request before the export sees it
+//! ([`check`]); a bad one gets an error reply and the connection goes on. A write's payload is
+//! always read, even when the write is refused (also past 32 MiB: it is drained through a small
+//! buffer, never held in memory), so that the stream stays in step. Only a bad request magic
+//! closes the connection, since nothing after it can be trusted; the requests already in flight
+//! are answered first. A checked request goes to the connection's pipeline (pipeline.rs), whose
+//! workers run requests side by side and reply in the order they finish.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read};
+use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::connection::Close;
-use crate::error::{ExportError, ExportErrorKind};
-use crate::export::Export;
 use crate::handshake::{Negotiated, drain};
 use crate::limits::Held;
+use crate::pipeline::{Extent, Pipeline};
 use crate::proto::{self, Request};
 use crate::server::{Activity, Shared};
-use crate::stats::Counters;
 
 /// What a request that passed [`check`] asks of the export.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,22 +87,46 @@ pub(crate) fn check(request: &Request, size: u64) -> Result<Op, u32> {
 const PAYLOAD_STEP_BYTES: usize = 256 << 10;
 
 /// Serves requests until the client disconnects, stalls inside a request, or the server stops.
-pub(crate) fn serve<R: Read, W: Write>(
-    reader: &mut BufReader<R>,
-    writer: &mut W,
+/// This thread reads and checks requests; the pipeline's workers run them and reply.
+pub(crate) fn serve(
+    reader: &mut BufReader<&TcpStream>,
+    writer: BufWriter<&TcpStream>,
+    stream: &TcpStream,
     negotiated: &Negotiated,
     shared: &Shared,
     activity: &Activity,
 ) -> Result<(), Close> {
+    let pipeline = Pipeline::new(shared, &*negotiated.export, stream, activity, writer);
+    let result = std::thread::scope(|scope| {
+        let result = read_requests(reader, &pipeline, scope, negotiated.size, shared);
+        pipeline.finish();
+        result
+    });
+    // A worker's reason (the export is gone, a reply could not be sent) explains whatever the
+    // reading side saw after it shut the socket down.
+    match pipeline.ended() {
+        Some(close) => Err(close),
+        None => result,
+    }
+}
+
+fn read_requests<'s, 'scope>(
+    reader: &mut BufReader<&TcpStream>,
+    pipeline: &'scope Pipeline<'s>,
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    size: u64,
+    shared: &'s Shared,
+) -> Result<(), Close>
+where
+    's: 'scope,
+{
     let counters = &shared.counters;
-    let mut session = Session { writer, export: &*negotiated.export, size: negotiated.size, shared, buf: Vec::new() };
     loop {
         if shared.stopping.load(Ordering::Relaxed) {
-            session.writer.flush()?;
             return Ok(());
         }
-        if reader.buffer().len() < proto::REQUEST_HEADER_LEN {
-            session.writer.flush()?;
+        if let Some(close) = pipeline.ended() {
+            return Err(close);
         }
         match fill(reader)? {
             Fill::Idle => continue,
@@ -119,11 +140,35 @@ pub(crate) fn serve<R: Read, W: Write>(
         };
         counters.count_request(request.command);
         if request.command == proto::CMD_DISC {
-            session.writer.flush()?;
             return Ok(());
         }
-        session.request(reader, &request)?;
-        activity.touch(shared.started);
+        let op = match check(&request, size) {
+            Ok(op) => op,
+            Err(errno) => {
+                if request.command == proto::CMD_WRITE {
+                    drain(reader, u64::from(request.length))?;
+                }
+                pipeline.reply_error(request.cookie, errno)?;
+                continue;
+            }
+        };
+        let bytes = match op {
+            Op::Read { len, .. } | Op::Write { len, .. } => len as u64,
+            _ => 0,
+        };
+        let seq = pipeline.admit(Extent::of(op), bytes)?;
+        let mut held = Held::none(&shared.budget);
+        let mut payload = Vec::new();
+        if let Op::Write { len, .. } = op {
+            payload = pipeline.buffer();
+            if let Err(close) = receive(reader, &mut payload, len, &mut held, shared) {
+                // Admitted but never run: answered by nobody, so the pipeline must forget it.
+                let job = pipeline.job(seq, request.cookie, Op::Cache, bytes, Vec::new(), held);
+                pipeline.abandon(job);
+                return Err(close);
+            }
+        }
+        pipeline.submit(scope, pipeline.job(seq, request.cookie, op, bytes, payload, held));
     }
 }
 
@@ -151,132 +196,31 @@ fn fill<R: Read>(reader: &mut BufReader<R>) -> io::Result<Fill> {
     }
 }
 
-struct Session<'a, W> {
-    writer: &'a mut W,
-    export: &'a dyn Export,
-    size: u64,
-    shared: &'a Shared,
-    /// Payload of the current read or write, reused up to [`PAYLOAD_STEP_BYTES`]; a larger one
-    /// is let go after its request.
-    buf: Vec<u8>,
-}
-
-impl<W: Write> Session<'_, W> {
-    fn request<R: Read>(&mut self, reader: &mut R, request: &Request) -> Result<(), Close> {
-        let op = match check(request, self.size) {
-            Ok(op) => op,
-            Err(errno) => {
-                if request.command == proto::CMD_WRITE {
-                    drain(reader, u64::from(request.length))?;
-                }
-                return Ok(self.reply_error(request.cookie, errno)?);
-            }
-        };
-        let (export, counters) = (self.export, &self.shared.counters);
-        let budget = &self.shared.budget;
-        let mut held = Held::none(budget);
-        let (result, bytes_counter) = match op {
-            Op::Read { offset, len } => return self.read(request.cookie, offset, len),
-            Op::Write { offset, len, fua } => {
-                self.receive(reader, len, &mut held)?;
-                (export.write(offset, &self.buf[..len], fua), Some(&counters.bytes_written))
-            }
-            Op::Flush => (export.flush(), None),
-            Op::Trim { offset, len, fua } => (export.trim(offset, len, fua), Some(&counters.bytes_trimmed)),
-            Op::WriteZeroes { offset, len, may_trim, fua } => {
-                (export.write_zeroes(offset, len, may_trim, fua), Some(&counters.bytes_zeroed))
-            }
-            // The hint is accepted and ignored: the export has no cache to fill.
-            Op::Cache => (Ok(()), None),
-        };
-        self.let_go_of_large_buffer();
-        drop(held);
-        match result {
-            Ok(()) => {
-                if let Some(counter) = bytes_counter {
-                    Counters::add(counter, u64::from(request.length));
-                }
-                self.writer.write_all(&proto::simple_reply(0, request.cookie))?;
-                Ok(())
-            }
-            Err(error) => self.export_failed(request.cookie, &error),
-        }
-    }
-
-    /// Reads a write's `len` payload bytes into `buf`, a step at a time: each step's bytes are
-    /// taken from the budget (waiting at most the request timeout for room) before the buffer
-    /// grows, so memory only ever holds data that arrived, and all connections together hold
-    /// at most the budget.
-    fn receive<R: Read>(&mut self, reader: &mut R, len: usize, held: &mut Held<'_>) -> Result<(), Close> {
-        let mut have = 0;
-        while have < len {
-            let step = (len - have).min(PAYLOAD_STEP_BYTES);
-            let deadline = Instant::now() + self.shared.limits.request_timeout;
-            if !self.shared.budget.take(held, step as u64, deadline) {
-                return Err(Close::TimedOut);
-            }
-            if self.buf.len() < have + step {
-                self.buf.resize(have + step, 0);
-            }
-            reader.read_exact(&mut self.buf[have..have + step])?;
-            have += step;
-        }
-        Ok(())
-    }
-
-    /// Reads first and replies after, so that an error is never found once the reply header
-    /// has promised data.
-    fn read(&mut self, cookie: u64, offset: u64, len: usize) -> Result<(), Close> {
-        let export = self.export;
-        let mut held = Held::none(&self.shared.budget);
-        let deadline = Instant::now() + self.shared.limits.request_timeout;
-        if !self.shared.budget.take(&mut held, len as u64, deadline) {
+/// Reads a write's `len` payload bytes into `buf`, a step at a time: each step's bytes are
+/// taken from the budget (waiting at most the request timeout for room) before the buffer
+/// grows, so memory only ever holds data that arrived, and all connections together hold at
+/// most the budget.
+fn receive<'s, R: Read>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    len: usize,
+    held: &mut Held<'s>,
+    shared: &'s Shared,
+) -> Result<(), Close> {
+    let mut have = 0;
+    while have < len {
+        let step = (len - have).min(PAYLOAD_STEP_BYTES);
+        let deadline = Instant::now() + shared.limits.request_timeout;
+        if !shared.budget.take(held, step as u64, deadline) {
             return Err(Close::TimedOut);
         }
-        if self.buf.len() < len {
-            self.buf.resize(len, 0);
+        if buf.len() < have + step {
+            buf.resize(have + step, 0);
         }
-        let result = export.read(offset, &mut self.buf[..len]);
-        match result {
-            Ok(()) => {
-                self.writer.write_all(&proto::simple_reply(0, cookie))?;
-                self.writer.write_all(&self.buf[..len])?;
-                Counters::add(&self.shared.counters.bytes_read, len as u64);
-                self.let_go_of_large_buffer();
-                Ok(())
-            }
-            Err(error) => {
-                self.let_go_of_large_buffer();
-                self.export_failed(cookie, &error)
-            }
-        }
+        reader.read_exact(&mut buf[have..have + step])?;
+        have += step;
     }
-
-    /// Keeps a small buffer for the next request and frees a large one, whose budget the
-    /// request gives back.
-    fn let_go_of_large_buffer(&mut self) {
-        if self.buf.len() > PAYLOAD_STEP_BYTES {
-            self.buf = Vec::new();
-        }
-    }
-
-    /// Replies with the export's error. An export that is gone (its volume was deleted) ends
-    /// the connection after the reply: nothing it could serve remains.
-    fn export_failed(&mut self, cookie: u64, error: &ExportError) -> Result<(), Close> {
-        Counters::add(&self.shared.counters.export_errors, 1);
-        self.reply_error(cookie, error.errno())?;
-        if error.kind() == ExportErrorKind::Shutdown {
-            self.writer.flush()?;
-            return Err(Close::Gone);
-        }
-        Ok(())
-    }
-
-    fn reply_error(&mut self, cookie: u64, errno: u32) -> io::Result<()> {
-        debug_assert_ne!(errno, 0);
-        Counters::add(&self.shared.counters.error_replies, 1);
-        self.writer.write_all(&proto::simple_reply(errno, cookie))
-    }
+    Ok(())
 }
 
 #[cfg(test)]

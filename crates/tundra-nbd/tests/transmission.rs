@@ -191,56 +191,164 @@ fn a_shutdown_error_closes_the_connection_after_its_reply() {
     }
 }
 
+/// Pipelined requests in waves: within a wave no two requests overlap, so any order of running
+/// them gives the same result; every request is answered exactly once, with its cookie, and
+/// every read returns what the model holds. Replies may come in any order.
 #[test]
-fn pipelined_requests_are_answered_in_order() {
+fn pipelined_requests_are_each_answered_once_with_the_right_data() {
+    const SLOT: u64 = 64 * 1024;
     let fixture = Fixture::start(4 * MIB);
     let mut client = fixture.client("vol");
     let mut rng = Rng::new(seed_from_env(7));
-    // Requests go out from another thread while this one reads replies, as a real client does,
-    // so neither side's socket buffer can fill and stall the other.
-    let mut plan = Vec::new();
     let mut model = vec![0u8; 4 * MIB as usize];
-    for cookie in 1..=2000u64 {
-        let offset = rng.below(4 * MIB - 65536);
-        let len = 1 + rng.below(65536) as usize;
-        if rng.below(2) == 0 {
-            let data = rng.bytes(len);
-            model[offset as usize..offset as usize + len].copy_from_slice(&data);
-            plan.push((cookie, CMD_WRITE, offset, len, data, Vec::new()));
-        } else {
-            let expected = model[offset as usize..offset as usize + len].to_vec();
-            plan.push((cookie, CMD_READ, offset, len, Vec::new(), expected));
-        }
-    }
-    let mut sender = client.stream.try_clone().expect("clone");
-    let requests: Vec<_> =
-        plan.iter().map(|(c, cmd, off, len, data, _)| (*c, *cmd, *off, *len, data.clone())).collect();
-    let sending = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        for (cookie, command, offset, len, data) in requests {
-            bytes.extend_from_slice(&0x25609513u32.to_be_bytes());
-            bytes.extend_from_slice(&0u16.to_be_bytes());
-            bytes.extend_from_slice(&command.to_be_bytes());
-            bytes.extend_from_slice(&cookie.to_be_bytes());
-            bytes.extend_from_slice(&offset.to_be_bytes());
-            bytes.extend_from_slice(&(len as u32).to_be_bytes());
-            bytes.extend_from_slice(&data);
-            if bytes.len() > 1 << 20 {
-                sender.write_all(&bytes).expect("send");
-                bytes.clear();
+    let slots = 4 * MIB / SLOT;
+    let mut cookie = 0u64;
+    for _wave in 0..120 {
+        let mut free: Vec<u64> = (0..slots).collect();
+        let mut expected = std::collections::HashMap::new();
+        for _ in 0..24 {
+            let slot = free.swap_remove(rng.below(free.len() as u64) as usize);
+            let offset = slot * SLOT + rng.below(SLOT / 2);
+            let len = 1 + rng.below(SLOT / 2) as usize;
+            cookie += 1;
+            if rng.below(2) == 0 {
+                let data = rng.bytes(len);
+                model[offset as usize..offset as usize + len].copy_from_slice(&data);
+                client.queue_request(0, CMD_WRITE, cookie, offset, len as u32, &data);
+                expected.insert(cookie, None);
+            } else {
+                client.queue_request(0, CMD_READ, cookie, offset, len as u32, &[]);
+                expected.insert(cookie, Some(model[offset as usize..offset as usize + len].to_vec()));
             }
         }
-        sender.write_all(&bytes).expect("send");
-    });
-    for (cookie, command, _, len, _, expected) in &plan {
-        let (error, reply_cookie) = client.reply();
-        assert_eq!((error, reply_cookie), (0, *cookie));
-        if *command == CMD_READ {
-            assert_same(&client.bytes(*len), expected, &format!("read {cookie}"));
+        client.writer.flush().expect("send");
+        while !expected.is_empty() {
+            let (error, reply_cookie) = client.reply();
+            assert_eq!(error, 0, "cookie {reply_cookie}");
+            let wanted = expected.remove(&reply_cookie).unwrap_or_else(|| panic!("unexpected cookie {reply_cookie}"));
+            if let Some(bytes) = wanted {
+                assert_same(&client.bytes(bytes.len()), &bytes, &format!("read {reply_cookie}"));
+            }
         }
     }
-    sending.join().expect("sender");
     assert_same(&fixture.vol.contents(), &model, "export contents");
+    client.disconnect();
+}
+
+/// A slow request does not hold up the quick ones behind it: their replies overtake its reply,
+/// and the server counts them as out of order.
+#[test]
+fn a_slow_request_is_overtaken_by_later_ones() {
+    let fixture = Fixture::start(MIB);
+    tundra_nbd::Export::write(&*fixture.vol, 0, &[7u8; 4096], false).expect("write");
+    fixture.vol.delay_at(0, Some(Duration::from_millis(400)));
+    let mut client = fixture.client("vol");
+    client.queue_request(0, CMD_READ, 1, 0, 4096, &[]);
+    for cookie in 2..=5u64 {
+        client.queue_request(0, CMD_WRITE, cookie, cookie * 4096, 4096, &[cookie as u8; 4096]);
+    }
+    client.queue_request(0, CMD_READ, 6, 8192, 4096, &[]);
+    client.writer.flush().expect("send");
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        let (error, cookie) = client.reply();
+        assert_eq!(error, 0);
+        if cookie == 1 {
+            assert_eq!(client.bytes(4096), vec![7u8; 4096]);
+        }
+        if cookie == 6 {
+            // It overlaps cookie 2's write, received before it: it reads that write's data.
+            assert_eq!(client.bytes(4096), vec![2u8; 4096]);
+            assert!(order.contains(&2), "cookie 6 answered before the write it follows: {order:?}");
+        }
+        order.push(cookie);
+    }
+    assert_eq!(order.last(), Some(&1), "the slow read is answered last: {order:?}");
+    assert!(fixture.server.stats().replies_out_of_order >= 5, "{:?}", fixture.server.stats());
+    client.disconnect();
+}
+
+/// Requests that overlap one in flight which changes data wait for it: a slow write, then a
+/// write and a read of the same range, end with the second write's data; a flush is answered
+/// only after the writes received before it.
+#[test]
+fn conflicting_requests_keep_their_order_and_a_flush_follows_earlier_writes() {
+    let fixture = Fixture::start(MIB);
+    fixture.vol.delay_at(0, Some(Duration::from_millis(200)));
+    let mut client = fixture.client("vol");
+    client.queue_request(0, CMD_WRITE, 1, 0, 4096, &[1u8; 4096]);
+    client.queue_request(0, CMD_WRITE, 2, 1024, 1024, &[2u8; 1024]);
+    client.queue_request(0, CMD_READ, 3, 0, 4096, &[]);
+    client.queue_request(0, CMD_FLUSH, 4, 0, 0, &[]);
+    client.writer.flush().expect("send");
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let (error, cookie) = client.reply();
+        assert_eq!(error, 0);
+        if cookie == 3 {
+            let mut expected = vec![1u8; 4096];
+            expected[1024..2048].fill(2);
+            assert_eq!(client.bytes(4096), expected);
+        }
+        order.push(cookie);
+    }
+    assert_eq!(&order[..2], &[1, 2], "{order:?}");
+    let flush_at = order.iter().position(|&c| c == 4).expect("flush answered");
+    assert!(flush_at > 1, "the flush waited for both writes: {order:?}");
+    client.disconnect();
+}
+
+/// At most `max_requests_in_flight` requests of a connection run at once, and the rest wait
+/// for room; all are answered.
+#[test]
+fn requests_in_flight_are_bounded_per_connection() {
+    let limits = tundra_nbd::Limits { max_requests_in_flight: 3, ..tundra_nbd::Limits::default() };
+    let fixture = Fixture::start_with(MIB, limits);
+    let mut client = fixture.client("vol");
+    for i in 0..12u64 {
+        fixture.vol.delay_at(i * 4096, Some(Duration::from_millis(60)));
+        client.queue_request(0, CMD_READ, i + 1, i * 4096, 4096, &[]);
+    }
+    client.writer.flush().expect("send");
+    let mut seen = Vec::new();
+    for _ in 0..12 {
+        let (error, cookie) = client.reply();
+        assert_eq!(error, 0);
+        client.bytes(4096);
+        seen.push(cookie);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=12).collect::<Vec<_>>());
+    let max = fixture.vol.calls().max_concurrent;
+    assert!((2..=3).contains(&max), "at most 3 at once, and more than one: {max}");
+    client.disconnect();
+    // A request leaves the count just after its reply is sent.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fixture.server.stats().requests_in_flight != 0 {
+        assert!(Instant::now() < deadline, "{:?}", fixture.server.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Payload bytes in flight are bounded per connection too: two 20 MiB reads do not run at once
+/// under a 32 MiB bound, yet a request as large as the bound runs alone.
+#[test]
+fn bytes_in_flight_are_bounded_per_connection() {
+    let limits = tundra_nbd::Limits { max_bytes_in_flight: 32 * MIB, ..tundra_nbd::Limits::default() };
+    let fixture = Fixture::start_with(64 * MIB, limits);
+    let mut client = fixture.client("vol");
+    fixture.vol.delay_at(0, Some(Duration::from_millis(100)));
+    fixture.vol.delay_at(20 * MIB, Some(Duration::from_millis(100)));
+    client.queue_request(0, CMD_READ, 1, 0, 20 * MIB as u32, &[]);
+    client.queue_request(0, CMD_READ, 2, 20 * MIB, 20 * MIB as u32, &[]);
+    client.queue_request(0, CMD_READ, 3, 32 * MIB, 32 * MIB as u32, &[]);
+    client.writer.flush().expect("send");
+    for _ in 0..3 {
+        let (error, cookie) = client.reply();
+        assert_eq!(error, 0);
+        client.bytes(if cookie == 3 { 32 * MIB as usize } else { 20 * MIB as usize });
+    }
+    assert_eq!(fixture.vol.calls().max_concurrent, 1);
     client.disconnect();
 }
 

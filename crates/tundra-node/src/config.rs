@@ -238,6 +238,12 @@ pub struct LimitsConfig {
     /// NBD payload bytes held for all connections at once (e.g. "256MiB"); at least 32 MiB,
     /// the largest request.
     pub nbd_buffered: String,
+    /// NBD requests one connection may have in flight at once, run side by side and answered
+    /// as each finishes.
+    pub nbd_requests_in_flight: usize,
+    /// NBD payload bytes of one connection's requests in flight (e.g. "64MiB"); at least 32
+    /// MiB, at most `nbd_buffered`.
+    pub nbd_connection_buffered: String,
 }
 
 impl Default for LimitsConfig {
@@ -250,6 +256,8 @@ impl Default for LimitsConfig {
             evict_idle_after_secs: nbd.evict_idle_after.as_secs(),
             native_idle_timeout_secs: 3600,
             nbd_buffered: tundra_device::size::format_size(nbd.max_buffered_bytes),
+            nbd_requests_in_flight: nbd.max_requests_in_flight,
+            nbd_connection_buffered: tundra_device::size::format_size(nbd.max_bytes_in_flight),
         }
     }
 }
@@ -259,12 +267,17 @@ impl LimitsConfig {
     pub fn nbd(&self) -> Result<tundra_nbd::Limits> {
         let buffered = tundra_device::size::parse_size(&self.nbd_buffered)
             .map_err(|e| Error::Invalid(format!("[limits] nbd_buffered = {:?}: {e}", self.nbd_buffered)))?;
+        let per_connection = tundra_device::size::parse_size(&self.nbd_connection_buffered).map_err(|e| {
+            Error::Invalid(format!("[limits] nbd_connection_buffered = {:?}: {e}", self.nbd_connection_buffered))
+        })?;
         let limits = tundra_nbd::Limits {
             max_connections: self.max_connections,
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             evict_idle_after: Duration::from_secs(self.evict_idle_after_secs),
             max_buffered_bytes: buffered,
+            max_requests_in_flight: self.nbd_requests_in_flight,
+            max_bytes_in_flight: per_connection,
         };
         match limits.problem() {
             Some(problem) => Err(Error::Invalid(format!("[limits]: {problem}"))),
