@@ -8,9 +8,11 @@ Two kinds:
   made and mounted on it. The redo/WAL lives in the same filesystem: `wal_mount` is `data_mount`.
 - **Tundra configurations**: a node of its own (`tundra serve`), a compressed volume `data` and,
   where the WAL bypasses compression (seed 000 §3.3.1), an uncompressed volume `wal` (mode none,
-  on the fast device). Each volume is an NBD export; nbdfuse shows it as a file, a loop device
-  (direct I/O) makes the file a block device, ext4 is made and mounted on it, as
-  scripts/pg-on-tundra does (the kernel has no NBD client).
+  on the fast device). The node shows each volume as a file through FUSE in its own process
+  (`[[mount]]` in its config, which also creates the volume), a loop device (direct I/O) makes
+  the file a block device, ext4 is made and mounted on it, as scripts/pg-on-tundra does. The
+  `-nbdfuse` stacks take the older, longer path for comparison: each volume an NBD export that
+  nbdfuse (a second process, over TCP) shows as a file.
 
 Sizes follow scripts/bench-pg-storage's definitions (docs/bench-pg-storage.md, "Definitions"),
 taken by `Stack.sizes()` after `Stack.trim()`:
@@ -76,6 +78,11 @@ STACKS: dict[str, str] = {
                                      "(no redo bypass)",
     "tundra-zstd-wal-on-data": "Tundra: software zstd, drive on; WAL in a directory on the data volume "
                                "(no redo bypass)",
+    "tundra-off-nbdfuse": "Tundra with compression off in both layers, through NBD and nbdfuse instead of the "
+                          "in-process mount (the block path before it)",
+    "tundra-nbdfuse": "Tundra, both layers, through NBD and nbdfuse instead of the in-process mount",
+    "tundra-drive-inline": "Tundra, both layers, the drive compressing inline in the writer's thread "
+                           "(its deferred mode off)",
 }
 
 
@@ -84,6 +91,8 @@ class TundraSettings:
     software: str       # [compression] software: auto (Algorithm 1), lz4, zstd or off
     drive: str          # [drive] compression: on or off
     wal_volume: bool    # the WAL on its own mode none volume (redo bypass), else on the data volume
+    access: str = "mount"   # "mount": FUSE in the node's process; "nbdfuse": NBD and nbdfuse
+    drive_deferred: bool = True  # [drive] deferred: the drive compresses off the writer's path
 
 
 TUNDRA_SETTINGS = {
@@ -95,6 +104,9 @@ TUNDRA_SETTINGS = {
     "tundra-off": TundraSettings("off", "off", True),
     "tundra-drive-only-wal-on-data": TundraSettings("off", "on", False),
     "tundra-zstd-wal-on-data": TundraSettings("zstd", "on", False),
+    "tundra-off-nbdfuse": TundraSettings("off", "off", True, access="nbdfuse"),
+    "tundra-nbdfuse": TundraSettings("auto", "on", True, access="nbdfuse"),
+    "tundra-drive-inline": TundraSettings("auto", "on", True, drive_deferred=False),
 }
 
 # Loop filesystems: mkfs command (the device appended) and mount options.
@@ -440,7 +452,7 @@ class LoopFsStack(Stack):
 
 class TundraStack(Stack):
     """A Tundra node of its own in `work_dir/tundra-data`, its volumes as ext4 filesystems
-    through nbdfuse and loop devices. Drive physical capacity = the stack's size (its logical
+    through files the node mounts (or nbdfuse, for the `-nbdfuse` stacks) and loop devices. Drive physical capacity = the stack's size (its logical
     capacity the node's default, twice that); fast-device space for uncompressed volumes = half
     the stack's size. The data volume has the stack's size; the WAL volume, where there is one,
     takes all of the fast device's volume space."""
@@ -469,20 +481,32 @@ class TundraStack(Stack):
         self._nbdfuse: dict[str, subprocess.Popen] = {}
         self._clean_stop: bool | None = None
 
+    def volume_file(self, vol: str) -> Path:
+        """The file the node mounts a volume on (the in-process mount)."""
+        return self.work_dir / "files" / vol
+
     def config_text(self) -> str:
-        """The node's config file: listeners, sizes, and both compression switches spelled out."""
+        """The node's config file: listeners, sizes, both compression switches and the drive's
+        deferred mode spelled out, and a `[[mount]]` per volume (which creates it) unless the
+        stack goes through nbdfuse."""
         lines = ["[listen]"]
         lines += [f'{key} = "127.0.0.1:{self.ports[key]}"' for key in ("native", "nbd", "metrics")]
         lines += ["[drive]", f'physical = "{self.drive_physical_bytes}"', f'compression = "{self.settings.drive}"',
+                  f'deferred = {"true" if self.settings.drive_deferred else "false"}',
                   "[fast]", f'volumes = "{self.fast_volumes_bytes}"',
                   "[compression]", f'software = "{self.settings.software}"']
+        if self.settings.access == "mount":
+            for vol, (size, mode) in self.volumes.items():
+                lines += ["[[mount]]", f'volume = "{vol}"', f'file = "{self.volume_file(vol)}"', f'size = "{size}"',
+                          f'page_size = "{self.page_size // 1024}KiB"', f'mode = "{mode}"']
         return "\n".join(lines) + "\n"
 
     def _check_configuration(self, stats: dict) -> dict:
         """The compression settings the node reports running with (`configuration` of `tundra
         stats --json`); BenchError unless they are the stack's."""
         running = stats.get("configuration") or {}
-        wanted = {"software_compression": self.settings.software, "drive_compression": self.settings.drive}
+        wanted = {"software_compression": self.settings.software, "drive_compression": self.settings.drive,
+                  "drive_deferred": self.settings.drive == "on" and self.settings.drive_deferred}
         if {k: running.get(k) for k in wanted} != wanted:
             raise BenchError(f"{self.name}: the node runs with {running or 'no configuration in its stats'}, "
                              f"not {wanted} as {self.config_file} says")
@@ -508,13 +532,17 @@ class TundraStack(Stack):
         if self.data_dir.exists():
             raise BenchError(f"{self.data_dir} exists already")
         self.config_file.write_text(self.config_text())
+        if self.settings.access == "mount":
+            (self.work_dir / "files").mkdir(parents=True, exist_ok=True)
         self._start_node()
         self._check_configuration(self._stats())
-        for vol, (size, mode) in self.volumes.items():
-            self._tundra(["volume", "create", vol, "--size", size, "--page-size", f"{self.page_size // 1024}KiB",
-                          "--mode", mode, "--addr", self.native_addr], f"tundra volume create {vol}")
+        if self.settings.access == "nbdfuse":
+            for vol, (size, mode) in self.volumes.items():
+                self._tundra(["volume", "create", vol, "--size", size, "--page-size",
+                              f"{self.page_size // 1024}KiB", "--mode", mode, "--addr", self.native_addr],
+                             f"tundra volume create {vol}")
         for vol in self.volumes:
-            fuse_file = self._start_nbdfuse(vol)
+            fuse_file = self._start_nbdfuse(vol) if self.settings.access == "nbdfuse" else self._mounted_file(vol)
             dev = self._attach_loop(vol, fuse_file)
             # Zero-filled inode tables and journal cost nothing here (write-zeroes become trims),
             # and leave no lazy initialisation running while the stack is measured.
@@ -545,6 +573,14 @@ class TundraStack(Stack):
                                  f"{self._node_log_tail()}")
             time.sleep(0.2)
 
+    def _mounted_file(self, vol: str) -> Path:
+        """The volume's file once the node has mounted it (it does so before it says it is
+        ready, so this only checks)."""
+        f = self.volume_file(vol)
+        if not mounted(f):
+            raise BenchError(f"{self.name}: the node did not mount {vol} on {f}: {self._node_log_tail()}")
+        return f
+
     def _start_nbdfuse(self, vol: str) -> Path:
         """nbdfuse shows the volume's export as the file FUSE_DIR/nbd; returns that file."""
         fuse_dir = self.work_dir / "fuse" / vol
@@ -570,6 +606,20 @@ class TundraStack(Stack):
             time.sleep(0.1)
         return fuse_dir / "nbd"
 
+    def _settled_stats(self, timeout: float = 900) -> dict:
+        """`tundra stats` once the drive's background thread has compressed every block it
+        stored raw (deferred mode), so that physical bytes are what the drive keeps; BenchError
+        if it has not caught up within TIMEOUT seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self._stats()
+            if s["drive"].get("deferred_pending_blocks", 0) == 0:
+                return s
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name}: the drive still had {s['drive']['deferred_pending_blocks']} blocks "
+                                 f"to compress after {timeout:.0f} s")
+            time.sleep(0.5)
+
     def _stats(self) -> dict:
         p = self._tundra(["stats", "--json", "--addr", self.native_addr], "tundra stats")
         try:
@@ -592,7 +642,7 @@ class TundraStack(Stack):
         used, `ratio` both layers); the drive's space and garbage collection; write-back bytes
         not yet flushed; the host's allocation of drive.img and fast.img; the loop devices and
         their direct I/O state; the bytes the last fstrim reported."""
-        s = self._stats()
+        s = self._settled_stats()
         running = self._check_configuration(s)
         vols = {v["name"]: v for v in s["volumes"]}
         missing = [v for v in self.volumes if v not in vols]
@@ -623,6 +673,7 @@ class TundraStack(Stack):
             "software_ratio": s["software_ratio"], "drive_ratio": s["drive_ratio"], "ratio": s["ratio"],
             "compressed": s["compressed"],
             "drive": s["drive"],
+            "cpu": s.get("cpu"),
             "write_back_dirty_bytes": s["write_back_dirty_bytes"],
             "host_files_allocated_bytes": {p.name: allocated_bytes(p) for p in sorted(self.data_dir.glob("*.img"))},
             "loops": self._loop_details(),
@@ -634,7 +685,8 @@ class TundraStack(Stack):
 
     def teardown(self) -> None:
         """Unmounts the filesystems, detaches the loop devices, unmounts the FUSE files and
-        stops nbdfuse, stops the node (SIGTERM, by its PID), in that order; the node's data
+        stops nbdfuse (the `-nbdfuse` stacks), stops the node (SIGTERM, by its PID; it unmounts
+        its own files), in that order; the node's data
         directory stays for `post_check`. Raises BenchError listing whatever could not be undone
         (after trying everything)."""
         problems: list[str] = []
@@ -666,6 +718,12 @@ class TundraStack(Stack):
                 problems.append(f"tundra serve (pid {self._node.pid}) is still running")
             else:
                 self._node = None
+        for vol in self.volumes:
+            f = self.volume_file(vol)
+            if self.settings.access == "mount" and mounted(f):
+                # A node that died leaves its mount behind, its server gone.
+                self._attempt(["umount", "-l", f], f"umount -l {f}", problems)
+                problems.append(f"{f} was still mounted after the node stopped")
         if problems:
             raise BenchError(f"{self.name}: teardown: " + "; ".join(problems))
 
@@ -711,7 +769,9 @@ class TundraStack(Stack):
         v = super().versions()
         digest = hashlib.sha256(self.tundra_bin.read_bytes()).hexdigest()[:16] if self.tundra_bin.exists() else None
         v.update({"tundra": first_line([str(self.tundra_bin), "--version"]), "tundra_sha256": digest,
-                  "nbdfuse": first_line(["nbdfuse", "--version"]), "e2fsprogs": first_line(["mkfs.ext4", "-V"])})
+                  "access": self.settings.access, "e2fsprogs": first_line(["mkfs.ext4", "-V"])})
+        if self.settings.access == "nbdfuse":
+            v["nbdfuse"] = first_line(["nbdfuse", "--version"])
         return v
 
 

@@ -25,6 +25,46 @@ pub struct Config {
     pub cache: CacheConfig,
     pub redo: RedoConfig,
     pub limits: LimitsConfig,
+    /// Volumes served as files through FUSE in the node's process (`[[mount]]`, mount.rs).
+    pub mount: Vec<MountConfig>,
+}
+
+/// One `[[mount]]`: a volume shown as a file, mounted when the node starts and unmounted when
+/// it stops. With `size`, a volume that does not exist yet is created first (`page_size` and
+/// `mode` then say how); without it, the volume must exist.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    pub volume: String,
+    /// The file to mount on (created empty if missing): a regular file.
+    pub file: PathBuf,
+    /// The volume's size if it must be created (e.g. "4GiB").
+    pub size: Option<String>,
+    /// "8KiB" (the default) or "16KiB", for a volume created here.
+    pub page_size: Option<String>,
+    /// "normal" (compressed, the default) or "none" (the fast device), for a volume created here.
+    pub mode: Option<String>,
+}
+
+impl MountConfig {
+    /// The volume to create if it is missing: (size, page size, mode), or None without `size`.
+    pub fn creation(&self) -> Result<Option<(u64, u32, tundra_store::volume::VolumeMode)>> {
+        let Some(size) = &self.size else { return Ok(None) };
+        let what = |key: &str, e: String| Error::Invalid(format!("[[mount]] {:?}: {key}: {e}", self.volume));
+        let size = parse_size(size).map_err(|e| what("size", e.message().to_string()))?;
+        let page_size = match self.page_size.as_deref().map(parse_size).transpose() {
+            Ok(None) | Ok(Some(8192)) => 8192,
+            Ok(Some(16384)) => 16384,
+            Ok(Some(other)) => return Err(what("page_size", format!("{other} bytes: pages are 8KiB or 16KiB"))),
+            Err(e) => return Err(what("page_size", e.message().to_string())),
+        };
+        let mode = match self.mode.as_deref() {
+            None | Some("normal") => tundra_store::volume::VolumeMode::Normal,
+            Some("none") => tundra_store::volume::VolumeMode::None,
+            Some(other) => return Err(what("mode", format!("{other:?}: write \"normal\" or \"none\""))),
+        };
+        Ok(Some((size, page_size, mode)))
+    }
 }
 
 impl Default for Config {
@@ -38,6 +78,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             redo: RedoConfig::default(),
             limits: LimitsConfig::default(),
+            mount: Vec::new(),
         }
     }
 }
@@ -69,8 +110,8 @@ impl Default for Listen {
 }
 
 /// The emulated compressing drive. The sizes apply when the data directory is first set up;
-/// `compression` at every start.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+/// `compression` and `deferred` at every start.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DriveConfig {
     /// Physical capacity (e.g. "8GiB"); default: half the free space, between 256 MiB and 16 GiB.
@@ -79,10 +120,27 @@ pub struct DriveConfig {
     pub logical: Option<String>,
     /// Whether the drive compresses the 4 KiB blocks it stores.
     pub compression: DriveCompression,
+    /// With compression on: whether the drive stores blocks raw at once and compresses them on
+    /// its own background thread (true, the default), as a hardware drive's engine works beside
+    /// the host, or deflates each block in the writing thread before the write returns. A flush
+    /// is durable either way; the raw copy stays until its compressed copy is durable.
+    pub deferred: bool,
     /// Whether compressed volumes may together be larger than the drive's logical space (their
     /// pages must then compress to fit; writes fail with no space once they do not). Off by
     /// default: such a volume is refused.
     pub overcommit: bool,
+}
+
+impl Default for DriveConfig {
+    fn default() -> DriveConfig {
+        DriveConfig {
+            physical: None,
+            logical: None,
+            compression: DriveCompression::On,
+            deferred: true,
+            overcommit: false,
+        }
+    }
 }
 
 /// The drive layer of seed 000 §5.3 (Figure 13): on compresses every 4 KiB block in the drive
@@ -104,9 +162,11 @@ impl DriveCompression {
         }
     }
 
-    /// The drive's compression mode for this setting.
-    pub fn mode(self) -> CompressionMode {
+    /// The drive's compression mode for this setting; `deferred`: compression off the
+    /// writer's path, on the drive's background thread.
+    pub fn mode(self, deferred: bool) -> CompressionMode {
         match self {
+            DriveCompression::On if deferred => CompressionMode::Deferred,
             DriveCompression::On => CompressionMode::Inline,
             DriveCompression::Off => CompressionMode::Off,
         }
@@ -343,6 +403,13 @@ impl Config {
         self.redo.cache_bytes()?;
         if let Some(text) = &self.fast.volumes {
             parse_size(text).map_err(|e| Error::Invalid(format!("[fast] volumes = {text:?}: {}", e.message())))?;
+        }
+        let mut files = std::collections::BTreeSet::new();
+        for mount in &self.mount {
+            mount.creation()?;
+            if !files.insert(&mount.file) {
+                return Err(Error::Invalid(format!("[[mount]]: {} is named twice", mount.file.display())));
+            }
         }
         let write_back = self.cache.write_back_bytes()?;
         // Each page size on each device has its own page cache.

@@ -43,6 +43,7 @@ mod flush;
 pub mod histogram;
 mod layout;
 pub mod metrics;
+pub mod mount;
 pub mod native;
 pub mod nbd;
 mod node;

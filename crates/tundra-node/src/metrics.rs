@@ -56,6 +56,20 @@ pub fn render(node: &Node) -> String {
         stats.drive.gc_moved_bytes as f64,
     );
     gauge(&mut registry, "drive_free_segments", "Free segments of the drive", stats.drive.free_segments as f64);
+    gauge(
+        &mut registry,
+        "drive_deferred_pending_blocks",
+        "Blocks stored raw, waiting for the drive's background compression",
+        stats.drive.deferred_pending_blocks as f64,
+    );
+    for (part, value) in [("host", stats.cpu.host_seconds), ("drive", stats.cpu.drive_seconds)] {
+        let sub = registry.sub_registry_with_label(("part".into(), part.into()));
+        sub.register(
+            "cpu_seconds",
+            "The node process's CPU time: the emulated drive's (done in hardware by a real drive) and the rest",
+            ConstGauge::new(value),
+        );
+    }
     gauge(&mut registry, "index_memory_bytes", "Memory of the page index", stats.index_memory_bytes as f64);
     gauge(&mut registry, "cache_hits", "Page cache hits", stats.cache_hits as f64);
     gauge(&mut registry, "cache_misses", "Page cache misses", stats.cache_misses as f64);

@@ -112,6 +112,8 @@ pub struct Node {
     pub flush_writers: usize,
     /// Volumes' redo streams on the fast device (redo/).
     pub(crate) redo: crate::redo::Redo,
+    /// Volumes mounted as files (mount.rs), by file, for the statistics.
+    pub(crate) mounts: Mutex<BTreeMap<PathBuf, crate::mount::Registered>>,
 }
 
 /// A volume's latency histograms and liveness flag.
@@ -130,6 +132,9 @@ pub struct Configuration {
     pub software_compression: &'static str,
     /// `[drive] compression`: "on" or "off".
     pub drive_compression: &'static str,
+    /// Whether the drive compresses off the writer's path, on its own thread (`[drive]
+    /// deferred`); false when it compresses inline or not at all.
+    pub drive_deferred: bool,
 }
 
 /// The page sizes a volume may have: each has a page path on each device.

@@ -149,7 +149,8 @@ impl Node {
         let dir = config.data_dir.clone();
         let (layout, fresh, lock) = layout::open_or_create(&dir, config, progress)?;
         let drive_media = FileDevice::open(dir.join(layout::DRIVE_FILE))?;
-        let csd_config = CsdConfig { compression: config.drive.compression.mode(), ..CsdConfig::default() };
+        let csd_config =
+            CsdConfig { compression: config.drive.compression.mode(config.drive.deferred), ..CsdConfig::default() };
         let drive = Arc::new(if fresh {
             CsdDevice::format(Arc::new(drive_media), &layout.drive_format(), csd_config)?
         } else {
@@ -217,6 +218,7 @@ impl Node {
         }
         let write_back_bytes = config.cache.write_back_bytes()?;
         let redo_options = crate::redo::RedoOptions::of(config)?;
+        let drive_deferred = devices.drive.config().compression == tundra_device::csd::CompressionMode::Deferred;
         let max_version = data.entries().iter().chain(fast.entries().iter()).map(|(_, _, e)| e.lsn.0).max();
         let mut node = Node {
             data_dir: config.data_dir.clone(),
@@ -238,11 +240,13 @@ impl Node {
             configuration: Configuration {
                 software_compression: config.compression.software.name(),
                 drive_compression: config.drive.compression.name(),
+                drive_deferred,
             },
             started: environment.env.clock.now(),
             clock: environment.env.clock.clone(),
             flush_writers: environment.flush_writers.max(1),
             redo: crate::redo::Redo::empty(&environment.env, redo_options),
+            mounts: Mutex::new(BTreeMap::new()),
         };
         node.refresh_volumes();
         let volumes = node.volumes.read().clone();

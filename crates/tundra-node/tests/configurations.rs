@@ -101,11 +101,25 @@ fn workload(dir: &std::path::Path, software: &str, drive: &str) -> NodeStats {
     for (device, report) in node.check().unwrap() {
         assert!(report.damaged.is_empty(), "{device:?}: {report:?}");
     }
-    let stats = node.stats();
+    let stats = settled(&node);
     assert_eq!(stats.compressed.pages, 96, "{stats:?}");
     assert_eq!(stats.compressed.logical_bytes, 96 * PAGE as u64);
     node.close().unwrap();
     stats
+}
+
+/// The stats once the drive's thread has compressed every block it stored raw (the default
+/// deferred mode), so that physical space is what the drive keeps.
+fn settled(node: &Node) -> NodeStats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let stats = node.stats();
+        if stats.drive.deferred_pending_blocks == 0 {
+            return stats;
+        }
+        assert!(std::time::Instant::now() < deadline, "the drive's thread never caught up: {:?}", stats.drive);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Pages stored raw before the partial writes: those the page protocol asked raw (auto), or
@@ -267,4 +281,44 @@ fn unknown_values_are_refused_with_the_key_and_the_choices() {
             assert_eq!((config.compression.software.name(), config.drive.compression.name()), (software, drive));
         }
     }
+}
+
+/// The default drive compresses off the writer's path: a flush returns with blocks stored raw
+/// and queued, its background thread compresses them, and the physical space then matches what
+/// inline compression stores. The CPU it spent is reported apart from the host software's.
+/// With `deferred = false` the same writes are compressed before they return.
+#[test]
+fn the_drive_compresses_on_its_own_thread_and_reports_its_cpu() {
+    let mut physical = Vec::new();
+    for deferred in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path(), "off", "on");
+        config.drive.deferred = deferred;
+        let node = Node::open(&config, &mut |_| {}).unwrap();
+        assert_eq!(node.configuration().drive_deferred, deferred);
+        let db = node.volume_create("db", 4 << 20, PAGE as u32, VolumeMode::Normal).unwrap();
+        let run: Vec<u8> = (0..256u64).flat_map(table_page).collect();
+        node.write_bytes(&db, 0, &run).unwrap();
+        node.flush(Some(&db)).unwrap();
+        let stats = settled(&node);
+        if deferred {
+            assert!(stats.drive.deferred_compressed_blocks >= 256, "{:?}", stats.drive);
+            assert!(stats.cpu.drive_background_seconds > 0.0, "{:?}", stats.cpu);
+        } else {
+            assert_eq!(stats.drive.deferred_compressed_blocks, 0, "{:?}", stats.drive);
+            assert!(stats.cpu.drive_deflate_seconds > 0.0, "inline deflate runs in the writer: {:?}", stats.cpu);
+        }
+        assert!(stats.cpu.drive_seconds <= stats.cpu.process_seconds + 0.01, "{:?}", stats.cpu);
+        assert!(stats.cpu.host_seconds > 0.0);
+        let mut out = vec![0u8; PAGE];
+        for i in 0..256u64 {
+            node.read_page(&db, i, &mut out).unwrap();
+            assert!(out == table_page(i), "page {i} reads back");
+        }
+        assert!(node.stats().cpu.drive_inflated_blocks > 0);
+        physical.push(stats.drive.physical_used_bytes);
+        node.close().unwrap();
+    }
+    assert_eq!(physical[0], physical[1], "deferred compression stores what inline compression stores");
+    assert!(physical[0] * 2 < 256 * PAGE as u64, "the drive compressed the pages: {physical:?}");
 }

@@ -71,6 +71,12 @@ fn volumes_pages_bytes_restart_and_fsck() {
         // Byte writes wait in the write-back cache until a flush.
         assert!(node.stats().write_back_dirty_bytes > 0);
         node.flush(None).unwrap();
+        // The drive compresses on its own thread (deferred): its ratio is read once it caught up.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while node.stats().drive.deferred_pending_blocks > 0 {
+            assert!(std::time::Instant::now() < deadline, "the drive's thread never caught up");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let stats = node.stats();
         assert_eq!(stats.write_back_dirty_bytes, 0);
         let v = stats.volumes.iter().find(|v| v.name == "pg").unwrap();

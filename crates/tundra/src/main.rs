@@ -34,6 +34,9 @@ enum Command {
     /// Run the node: volumes over NBD and the native protocol, metrics; the embedded default
     /// keeps everything in ./tundra-data and listens on 127.0.0.1 only.
     Serve(serve::NodeArgs),
+    /// Run the node with a volume mounted as a file through FUSE in its own process (for a
+    /// loop device and a kernel filesystem on this machine; NBD serves remote clients).
+    Mount(serve::MountArgs),
     /// Manage a running node's volumes.
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
@@ -64,6 +67,7 @@ fn main() {
         Command::Drive(command) => drive::run(command),
         Command::Analyze(args) => analyze::run(args),
         Command::Serve(args) => serve::serve(args),
+        Command::Mount(args) => serve::mount(args),
         Command::Volume(command) => volume::run(command),
         Command::Stats(args) => volume::stats(args),
         Command::Fsck(args) => serve::fsck(args),

@@ -1,4 +1,5 @@
-//! `tundra serve`: the node process, and `tundra fsck`, its offline check.
+//! `tundra serve`: the node process, `tundra mount` (the node with one more volume mounted as a
+//! file), and `tundra fsck`, its offline check.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,8 +37,48 @@ fn say(line: &str) {
     eprintln!("tundra: {line}");
 }
 
+#[derive(Args)]
+pub struct MountArgs {
+    /// The volume to show as a file.
+    volume: String,
+    /// The file to mount it on: a regular file (created empty if missing); its size becomes
+    /// the volume's while mounted.
+    file: PathBuf,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Create the volume with this size (e.g. 4GiB) if it does not exist.
+    #[arg(long)]
+    size: Option<String>,
+    /// For a volume created here: 8KiB (default) or 16KiB.
+    #[arg(long)]
+    page_size: Option<String>,
+    /// For a volume created here: normal (compressed, default) or none (the fast device).
+    #[arg(long)]
+    mode: Option<String>,
+}
+
+/// `tundra mount`: the node, as `tundra serve` runs it with the same configuration, plus one
+/// `[[mount]]`. The mount lives in the node's process, the shortest path from a kernel
+/// filesystem to the store; a node that is already running has its mounts in its own
+/// configuration instead.
+pub fn mount(args: MountArgs) -> Result<()> {
+    let mut config = args.node.config()?;
+    config.mount.push(tundra_node::config::MountConfig {
+        volume: args.volume,
+        file: std::path::absolute(&args.file).with_context(|| format!("{}", args.file.display()))?,
+        size: args.size,
+        page_size: args.page_size,
+        mode: args.mode,
+    });
+    config.validate()?;
+    serve_config(config)
+}
+
 pub fn serve(args: NodeArgs) -> Result<()> {
-    let config = args.config()?;
+    serve_config(args.config()?)
+}
+
+fn serve_config(config: Config) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing the signal handlers")?;
@@ -104,6 +145,18 @@ pub fn serve(args: NodeArgs) -> Result<()> {
         say(&format!("Prometheus metrics on http://{}/metrics", server.local_addr()));
         Some(server)
     };
+    let mut mounts = Vec::new();
+    for entry in &config.mount {
+        let mount = tundra_node::mount::Mount::configured(node.clone(), entry)
+            .with_context(|| format!("mounting volume {:?} on {}", entry.volume, entry.file.display()))?;
+        say(&format!(
+            "volume {:?} mounted on {} (FUSE in this process, {} threads)",
+            entry.volume,
+            entry.file.display(),
+            tundra_node::mount::MOUNT_THREADS
+        ));
+        mounts.push(mount);
+    }
     say("ready; SIGTERM or Ctrl-C stops");
     let background = {
         let node = node.clone();
@@ -115,7 +168,16 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    say("stopping: closing connections");
+    say("stopping: unmounting and closing connections");
+    // Mounts first: a filesystem over one must already be unmounted and its loop device
+    // detached, or the mount stays busy and is detached lazily (said on the log).
+    for mount in mounts {
+        let file = mount.file().display().to_string();
+        match mount.unmount() {
+            Ok(()) => say(&format!("unmounted {file}")),
+            Err(e) => say(&format!("unmounting {file}: {e}")),
+        }
+    }
     if let Some(server) = nbd {
         server.shutdown();
     }

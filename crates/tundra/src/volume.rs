@@ -238,9 +238,10 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     }
     let running = &stats["configuration"];
     println!(
-        "configuration: software compression {}, drive compression {}",
+        "configuration: software compression {}, drive compression {}{}",
         running["software_compression"].as_str().unwrap_or("?"),
-        running["drive_compression"].as_str().unwrap_or("?")
+        running["drive_compression"].as_str().unwrap_or("?"),
+        if running["drive_deferred"].as_bool() == Some(true) { " (deferred, on the drive's thread)" } else { "" }
     );
     let c = &stats["compressed"];
     println!(
@@ -269,6 +270,37 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         num(d, "free_segments"),
         num(d, "segments"),
     );
+    println!(
+        "drive: {} blocks waiting for background compression, {} compressed in the background",
+        num(d, "deferred_pending_blocks"),
+        num(d, "deferred_compressed_blocks"),
+    );
+    let cpu = &stats["cpu"];
+    println!(
+        "cpu: {:.2} s in the node process, of which {:.2} s the emulated drive (background {:.2} s, deflate in writers {:.2} s, inflate in readers {:.2} s; a hardware drive takes this off the host) and {:.2} s the host software",
+        num(cpu, "process_seconds"),
+        num(cpu, "drive_seconds"),
+        num(cpu, "drive_background_seconds"),
+        num(cpu, "drive_deflate_seconds"),
+        num(cpu, "drive_inflate_seconds"),
+        num(cpu, "host_seconds"),
+    );
+    if let Some(mounts) = stats["mounts"].as_array() {
+        for m in mounts {
+            println!(
+                "mount: volume {} on {}: {} reads ({}), {} writes ({}), {} fsyncs, {} zeroed, {} errors",
+                m["volume"].as_str().unwrap_or("?"),
+                m["file"].as_str().unwrap_or("?"),
+                num(m, "reads"),
+                bytes(m, "bytes_read"),
+                num(m, "writes"),
+                bytes(m, "bytes_written"),
+                num(m, "fsyncs"),
+                bytes(m, "zeroed_bytes"),
+                num(m, "errors"),
+            );
+        }
+    }
     println!(
         "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses; write-back cache: {} not yet flushed",
         bytes(&stats, "index_memory_bytes"),

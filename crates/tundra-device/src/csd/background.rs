@@ -44,7 +44,13 @@ impl Shared {
     /// blocks, and writes checkpoints when due. It stops at the first error, which the drive
     /// then reports to every caller.
     pub(super) fn background(&self) {
+        super::cpu::mark_drive_thread();
+        lower_priority();
+        let mut counted = super::cpu::thread_cpu_ns();
         while !self.shutdown.load(Ordering::SeqCst) {
+            let now = super::cpu::thread_cpu_ns();
+            self.cpu.add_background(now.saturating_sub(counted));
+            counted = now;
             {
                 let mut state = self.state.lock();
                 let idle = state.free.len() >= self.free_low_watermark()
@@ -79,5 +85,22 @@ impl Shared {
     fn free_low_watermark(&self) -> usize {
         let reserve = (self.geometry.segment_count - self.geometry.usable_segments) as usize;
         state::GC_RESERVE_SEGMENTS + reserve.div_ceil(2)
+    }
+}
+
+/// The nice value of the drive's background thread, lower in priority than the host's threads:
+/// a real drive's controller does this work beside the host, never instead of it, so on a
+/// busy host the emulation yields the CPU to the database and its own work waits. Writers
+/// still compress themselves when the drive runs out of room (`admit`), so a backlog never
+/// makes a write fail.
+const BACKGROUND_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority by [`BACKGROUND_NICE`]; best effort.
+fn lower_priority() {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+    // SAFETY: setpriority on this thread's id; a failure only leaves the priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE);
     }
 }

@@ -46,6 +46,7 @@ impl CsdDevice {
             checkpoint: Mutex::new(cursor),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            cpu: Default::default(),
         });
         // A checkpoint right away makes the recovered map durable, so nothing older is needed.
         shared.write_checkpoint()?;
@@ -71,6 +72,11 @@ impl CsdDevice {
 
     pub fn geometry(&self) -> Geometry {
         self.shared.geometry
+    }
+
+    /// How this drive was opened.
+    pub fn config(&self) -> CsdConfig {
+        self.shared.config
     }
 
     pub fn stats(&self) -> CsdStats {
@@ -167,7 +173,11 @@ impl BlockDevice for CsdDevice {
     fn write(&self, lba: Lba, data: &[u8]) -> Result<()> {
         check_io(self.block_count(), lba, data.len())?;
         let mode = self.shared.config.compression;
-        let prepared: Vec<Prepared> = data.chunks_exact(BLOCK_SIZE).map(|b| Prepared::of(b, mode)).collect();
+        let blocks = data.len() / BLOCK_SIZE;
+        let compresses = if mode == super::CompressionMode::Inline { blocks } else { 0 };
+        let prepared: Vec<Prepared> = self.shared.cpu.measure(super::cpu::Work::Deflate, compresses, || {
+            data.chunks_exact(BLOCK_SIZE).map(|b| Prepared::of(b, mode)).collect()
+        });
         self.shared.write_prepared(lba.0, prepared)
     }
 

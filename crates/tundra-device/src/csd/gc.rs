@@ -63,11 +63,14 @@ impl Shared {
         let mut found = self.read_segment_records(victim, open_seq, filled)?;
         if self.config.compression == CompressionMode::Deferred {
             // Compress outside the lock: readers and writers must never wait for it.
-            for record in found.iter_mut().filter(|r| r.header.kind == RecordKind::Raw) {
-                if let Stored::Deflate(payload) = compress_block(&record.payload) {
-                    record.compressed = Some(payload);
+            let raw = found.iter().filter(|r| r.header.kind == RecordKind::Raw).count();
+            self.cpu.measure(super::cpu::Work::Deflate, raw, || {
+                for record in found.iter_mut().filter(|r| r.header.kind == RecordKind::Raw) {
+                    if let Stored::Deflate(payload) = compress_block(&record.payload) {
+                        record.compressed = Some(payload);
+                    }
                 }
-            }
+            });
         }
         let mut state = self.state.lock();
         for record in found {
@@ -193,6 +196,7 @@ impl Shared {
         }
         self.read_runs(&mut wanted)?;
         let mut compressed = Vec::with_capacity(wanted.len());
+        let cpu_started = super::cpu::thread_cpu_ns();
         for w in &wanted {
             let block = batch[w.index];
             let bytes = w.bytes.as_deref().expect("every record was read");
@@ -206,6 +210,7 @@ impl Shared {
                 compressed.push((block, payload));
             }
         }
+        self.cpu.measured(super::cpu::Work::Deflate, wanted.len(), cpu_started);
         let mut state = self.state.lock();
         for (block, payload) in compressed {
             // The block may have been overwritten, trimmed or relocated while we compressed.

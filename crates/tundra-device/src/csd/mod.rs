@@ -25,6 +25,7 @@
 
 mod background;
 mod config;
+mod cpu;
 mod deflate;
 mod device;
 mod gc;
@@ -45,6 +46,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::BlockDevice;
 
 pub use config::{CompressionMode, CsdConfig, GcPolicy};
+pub use cpu::DriveCpu;
 pub use deflate::{DEFLATE_LEVEL, stored_payload_bytes};
 pub use device::{CsdDevice, RangeUsage};
 use layout::Geometry;
@@ -67,6 +69,8 @@ pub(crate) struct Shared {
     checkpoint: Mutex<recovery::CheckpointCursor>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// The host CPU the drive's emulation costs (cpu.rs).
+    cpu: cpu::CpuCounters,
 }
 
 #[cfg(test)]

@@ -36,12 +36,15 @@ impl Shared {
         }
         out.fill(0);
         self.read_runs(&mut wanted)?;
-        for w in wanted {
-            let bytes = w.bytes.as_deref().expect("every record was read");
-            let block = &mut out[w.index * BLOCK_SIZE..][..BLOCK_SIZE];
-            decode_block(first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
-        }
-        Ok(())
+        let compressed = wanted.iter().filter(|w| !w.entry.raw).count();
+        self.cpu.measure(super::cpu::Work::Inflate, compressed, || {
+            for w in wanted {
+                let bytes = w.bytes.as_deref().expect("every record was read");
+                let block = &mut out[w.index * BLOCK_SIZE..][..BLOCK_SIZE];
+                decode_block(first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
+            }
+            Ok(())
+        })
     }
 
     /// Fills in the bytes of every wanted record that is not in memory, merging records whose

@@ -90,6 +90,8 @@ pub struct CsdStats {
     pub free_segments: u64,
     pub deferred_pending_blocks: u64,
     pub counters: Counters,
+    /// The host CPU the emulation cost since the drive was opened (not saved on the media).
+    pub cpu: super::DriveCpu,
 }
 
 impl CsdStats {
@@ -138,6 +140,7 @@ impl Shared {
             free_segments: free,
             deferred_pending_blocks: state.deferred.len() as u64,
             counters: state.counters,
+            cpu: self.cpu.snapshot(),
         }
     }
 }
