@@ -1,7 +1,8 @@
 //! The node's periodic upkeep: once a second the write-back cache is written to the store,
 //! redo is folded into pages (and records past the redo cache leave memory for their log
-//! slots), each store checkpoints when its journal is half full, and pages
-//! that partial writes left raw are compressed again.
+//! slots), each store checkpoints when its journal is half full, pages that partial writes
+//! left raw are compressed again, and, when the host is idle, a bounded number of pages written
+//! while it was busy are chosen again (tundra-store's rechoose.rs).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,6 +23,7 @@ impl Node {
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {
             pages.recompress_partial()?;
+            pages.rechoose(self.rechoose_pages)?;
         }
         Ok(())
     }

@@ -198,6 +198,9 @@ pub struct CompressionConfig {
     pub update_threshold: f64,
     /// B/µs for 4 KiB block ties, or 0 for the paper's rule.
     pub tie_bytes_per_us: f64,
+    /// Pages written while the host was busy (lz4 without comparing, often stored raw) that
+    /// the background pass compares again per second once the host is idle; 0 turns it off.
+    pub rechoose_pages_per_second: usize,
 }
 
 impl Default for CompressionConfig {
@@ -209,9 +212,14 @@ impl Default for CompressionConfig {
             cpu_busy_threshold: paper.cpu_busy_threshold,
             update_threshold: paper.update_threshold,
             tie_bytes_per_us: DRIVE_TIE_BYTES_PER_US,
+            rechoose_pages_per_second: DEFAULT_RECHOOSE_PAGES_PER_SECOND,
         }
     }
 }
+
+/// Pages compared again per second by default: about 8 MiB of 8 KiB pages, a few percent of
+/// one core, so the pass never competes with a database for long.
+pub const DEFAULT_RECHOOSE_PAGES_PER_SECOND: usize = 1024;
 
 /// The names of [`SoftwareCompression`] in the file.
 #[derive(Deserialize, Serialize)]

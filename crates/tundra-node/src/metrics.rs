@@ -62,6 +62,18 @@ pub fn render(node: &Node) -> String {
         "Blocks stored raw, waiting for the drive's background compression",
         stats.drive.deferred_pending_blocks as f64,
     );
+    gauge(
+        &mut registry,
+        "rechoose_pending_pages",
+        "Pages written while the host was busy, waiting to be compared again",
+        stats.rechoose.pending_pages as f64,
+    );
+    gauge(
+        &mut registry,
+        "rechoose_saved_bytes",
+        "Software bytes the idle-host pass won back by choosing again",
+        stats.rechoose.bytes_before.saturating_sub(stats.rechoose.bytes_after) as f64,
+    );
     for (part, value) in [("host", stats.cpu.host_seconds), ("drive", stats.cpu.drive_seconds)] {
         let sub = registry.sub_registry_with_label(("part".into(), part.into()));
         sub.register(

@@ -112,6 +112,9 @@ pub struct Node {
     pub flush_writers: usize,
     /// Volumes' redo streams on the fast device (redo/).
     pub(crate) redo: crate::redo::Redo,
+    /// Pages the background pass compares again per call once the host is idle
+    /// (`[compression] rechoose_pages_per_second`; the pass runs about once a second).
+    pub(crate) rechoose_pages: usize,
     /// Volumes mounted as files (mount.rs), by file, for the statistics.
     pub(crate) mounts: Mutex<BTreeMap<PathBuf, crate::mount::Registered>>,
 }

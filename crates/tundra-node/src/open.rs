@@ -247,6 +247,7 @@ impl Node {
             flush_writers: environment.flush_writers.max(1),
             redo: crate::redo::Redo::empty(&environment.env, redo_options),
             mounts: Mutex::new(BTreeMap::new()),
+            rechoose_pages: config.compression.rechoose_pages_per_second,
         };
         node.refresh_volumes();
         let volumes = node.volumes.read().clone();

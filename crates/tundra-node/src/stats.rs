@@ -92,6 +92,7 @@ impl Node {
                 deferred_compressed_blocks: drive.counters.deferred_compressed_blocks,
             },
             cpu: CpuStats::of(&drive.cpu),
+            rechoose: RechooseStats::of(self.paths.values().map(|p| p.rechoose_stats())),
             fast_volume_bytes: self.layout.fast_volume_bytes,
             index_memory_bytes: store.index_memory_bytes + self.fast.stats().index_memory_bytes,
             index_bytes_per_page: if store.pages == 0 {
@@ -145,6 +146,40 @@ impl SpaceStats {
         self.lz4_pages += o.lz4_pages;
         self.zstd_pages += o.zstd_pages;
         self.heavy_pages += o.heavy_pages;
+    }
+}
+
+/// What the pass that chooses again the pages written on a busy host has done since the node
+/// started (tundra-store's `RechooseStats`, summed over the page paths).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RechooseStats {
+    /// Pages waiting for an idle host.
+    pub pending_pages: u64,
+    /// Pages not remembered because the set was full.
+    pub dropped_pages: u64,
+    pub examined_pages: u64,
+    /// Pages stored again with the encoding the comparison chose.
+    pub rewritten_pages: u64,
+    /// 4 KiB-rounded bytes the rewritten pages took before and take now: software space won back.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Passes that found the host busy and did nothing.
+    pub busy_passes: u64,
+}
+
+impl RechooseStats {
+    fn of(paths: impl Iterator<Item = tundra_store::pages::RechooseStats>) -> RechooseStats {
+        let mut sum = RechooseStats::default();
+        for s in paths {
+            sum.pending_pages += s.pending_pages;
+            sum.dropped_pages += s.dropped_pages;
+            sum.examined_pages += s.examined_pages;
+            sum.rewritten_pages += s.rewritten_pages;
+            sum.bytes_before += s.bytes_before;
+            sum.bytes_after += s.bytes_after;
+            sum.busy_passes += s.busy_passes;
+        }
+        sum
     }
 }
 
@@ -257,6 +292,8 @@ pub struct NodeStats {
     pub drive: DriveStats,
     /// The process's CPU, the emulated drive's apart.
     pub cpu: CpuStats,
+    /// The background pass that compares again pages written while the host was busy.
+    pub rechoose: RechooseStats,
     /// The fast device's space for uncompressed volumes (mode none).
     pub fast_volume_bytes: u64,
     pub index_memory_bytes: u64,

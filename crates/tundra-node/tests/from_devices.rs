@@ -74,3 +74,56 @@ fn an_environment_without_a_page_sizes_cost_is_refused() {
         Node::from_devices(&config(dir.path()), layout.clone(), media.format(&layout), &env, false, &mut |_| {});
     assert!(matches!(built, Err(Error::Invalid(ref m)) if m.contains("16384-byte pages")), "{:?}", built.err());
 }
+
+/// A CPU gauge the test turns from busy to idle.
+struct Switch(std::sync::atomic::AtomicBool);
+
+impl tundra_env::CpuGauge for Switch {
+    fn busy_fraction(&self) -> Result<f64, String> {
+        Ok(if self.0.load(std::sync::atomic::Ordering::Relaxed) { 0.9 } else { 0.0 })
+    }
+}
+
+/// The node's background work chooses again, once the host is idle and at the configured rate,
+/// the pages a busy host stored with lz4 without comparing, and `stats` reports what it won.
+#[test]
+fn the_background_pass_chooses_again_pages_written_on_a_busy_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.compression.rechoose_pages_per_second = 16;
+    let layout = layout();
+    let media = Media::new(&layout);
+    let busy = std::sync::Arc::new(Switch(std::sync::atomic::AtomicBool::new(true)));
+    let mut env = environment();
+    env.env = tundra_env::Env::new(env.env.clock.clone(), env.env.fork_rng(), busy.clone());
+    let devices = media.format(&layout);
+    let node = Node::from_devices(&config, layout, devices, &env, false, &mut |_| {}).unwrap();
+    let db = node.volume_create("db", 4 * MIB, 8192, VolumeMode::Normal).unwrap();
+    // Rows of text: both algorithms compress them, so the comparison may pick either, but the
+    // busy host never compared.
+    let page = |i: u64| -> Vec<u8> {
+        (0..8192u64).map(|j| b"2013-01-01|UA|N12345|EWR|IAH|"[(j % 29) as usize] ^ ((i + j / 512) % 7) as u8).collect()
+    };
+    let run: Vec<u8> = (0..40u64).flat_map(page).collect();
+    node.write_bytes(&db, 0, &run).unwrap();
+    node.flush(Some(&db)).unwrap();
+    assert_eq!(node.stats().rechoose.pending_pages, 40);
+    node.background().unwrap();
+    let stats = node.stats().rechoose;
+    assert_eq!((stats.pending_pages, stats.examined_pages), (40, 0), "{stats:?}");
+    assert!(stats.busy_passes >= 1);
+    busy.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    node.background().unwrap();
+    assert_eq!(node.stats().rechoose.examined_pages, 16, "at most the configured rate per pass");
+    for _ in 0..3 {
+        node.background().unwrap();
+    }
+    let stats = node.stats().rechoose;
+    assert_eq!((stats.pending_pages, stats.examined_pages), (0, 40), "{stats:?}");
+    assert!(stats.bytes_after <= stats.bytes_before, "{stats:?}");
+    let mut out = vec![0u8; 8192];
+    for i in 0..40u64 {
+        node.read_page(&db, i, &mut out).unwrap();
+        assert!(out == page(i), "page {i}");
+    }
+}

@@ -285,6 +285,16 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         num(cpu, "drive_inflate_seconds"),
         num(cpu, "host_seconds"),
     );
+    let r = &stats["rechoose"];
+    println!(
+        "chosen again on an idle host: {} of {} pages examined stored anew, {} -> {}; {} waiting, {} passes found the host busy",
+        num(r, "rewritten_pages"),
+        num(r, "examined_pages"),
+        bytes(r, "bytes_before"),
+        bytes(r, "bytes_after"),
+        num(r, "pending_pages"),
+        num(r, "busy_passes"),
+    );
     if let Some(mounts) = stats["mounts"].as_array() {
         for m in mounts {
             println!(

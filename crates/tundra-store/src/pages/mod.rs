@@ -8,6 +8,11 @@
 //! [`Pages::recompress_partial`] compresses them again once no partial write is pending, so a
 //! database that writes in pieces does not leave its pages uncompressed for ever.
 //!
+//! Beyond the paper too, pages Algorithm 1 stored as lz4 without comparing because the host was
+//! busy (line 2 of the algorithm) are remembered, and [`Pages::rechoose`] compares lz4 and zstd
+//! for them once the host is idle (rechoose.rs): on 8 KiB pages lz4 often saves no 4 KiB
+//! block, so such pages would otherwise stay raw.
+//!
 //! A [`SoftwareCompression`] policy, fixed when the path is built, can replace Algorithm 1 by one
 //! algorithm or by none, for every whole page of a mode normal volume: the software-layer
 //! configurations that seed 000 §5.3 (Figure 13) compares.
@@ -118,6 +123,9 @@ pub struct Pages {
     page_locks: Vec<Mutex<()>>,
     /// Pages stored raw by partial writes, waiting to be compressed again.
     partial_raw: Mutex<HashSet<(ChunkId, PageNo)>>,
+    /// Pages Algorithm 1 stored without comparing the algorithms, waiting to be chosen again
+    /// when the host is idle (rechoose.rs).
+    rechoose: Mutex<rechoose::Pending>,
     /// Decompressed heavy segments by first block, each with the nonce of the segment it holds.
     segments: Mutex<(SegmentCache, std::collections::HashMap<u64, u64>)>,
     heavy: HeavyConfig,
@@ -168,6 +176,7 @@ impl Pages {
             cache: Mutex::new(PageCache::new(DEFAULT_CACHE_PAGES)),
             page_locks: (0..PAGE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             partial_raw: Mutex::new(HashSet::new()),
+            rechoose: Mutex::new(rechoose::Pending::default()),
             segments: Mutex::new((SegmentCache::new(SEGMENT_CACHE_SEGMENTS), std::collections::HashMap::new())),
             heavy: HeavyConfig::default(),
             software: SoftwareCompression::Auto,
@@ -228,19 +237,34 @@ impl Pages {
         wanted: Wanted,
         cpu: &mut Option<f64>,
     ) -> Result<EncodedPage> {
+        self.encode_noting(chunk, content, wanted, cpu).map(|(page, _)| page)
+    }
+
+    /// [`Pages::encode_whole`], also saying whether Algorithm 1 chose without comparing the two
+    /// algorithms in a way worth revisiting (rechoose.rs): lz4 because the host was busy, or a
+    /// raw page's assumed lz4 kept for a rewrite.
+    fn encode_noting(
+        &self,
+        chunk: ChunkId,
+        content: &[u8],
+        wanted: Wanted,
+        cpu: &mut Option<f64>,
+    ) -> Result<(EncodedPage, bool)> {
         if self.uncompressed(chunk) {
-            return Ok(raw(content));
+            return Ok((raw(content), false));
         }
         let wanted = self.software.forced().map_or(wanted, Wanted::Fixed);
         match wanted {
-            Wanted::Fixed(None) => Ok(raw(content)),
-            Wanted::Fixed(Some(algorithm)) => self.codec.encode(algorithm, content).map_err(codec_error),
+            Wanted::Fixed(None) => Ok((raw(content), false)),
+            Wanted::Fixed(Some(algorithm)) => Ok((self.codec.encode(algorithm, content).map_err(codec_error)?, false)),
             Wanted::Select(history) => {
                 let cpu = match *cpu {
                     Some(cpu) => cpu,
                     None => *cpu.insert(self.cpu_load()?),
                 };
-                Ok(self.selector.select(content, history, cpu).map_err(codec_error)?.page)
+                let selection = self.selector.select(content, history, cpu).map_err(codec_error)?;
+                let revisit = rechoose::worth_revisiting(&selection);
+                Ok((selection.page, revisit))
             }
         }
     }
@@ -302,8 +326,10 @@ impl Pages {
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
         let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
-        let encoded = self.encode_whole(chunk, content, wanted, &mut None)?;
-        self.store_encoded(chunk, page, content, encoded, lsn)
+        let (encoded, revisit) = self.encode_noting(chunk, content, wanted, &mut None)?;
+        let stored = self.store_encoded(chunk, page, content, encoded, lsn)?;
+        self.rechoose.lock().note(chunk, page, revisit);
+        Ok(stored)
     }
 
     /// Writes several whole pages of one chunk with one journal commit (a write-back cache's
@@ -316,10 +342,15 @@ impl Pages {
         stripes.sort_unstable();
         stripes.dedup();
         let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
-        let (command, counters) = self.encode_batch(chunk, pages)?;
+        let (command, counters, revisits) = self.encode_batch(chunk, pages)?;
         self.apply_command(&command, |command| self.store.apply(command))?;
         for counter in counters {
             counter.fetch_add(1, Ordering::Relaxed);
+        }
+        // After `forget`, which dropped these pages from the set: how each was just stored.
+        let mut rechoose = self.rechoose.lock();
+        for (&(page, ..), revisit) in pages.iter().zip(revisits) {
+            rechoose.note(chunk, page, revisit);
         }
         Ok(())
     }
@@ -333,26 +364,29 @@ impl Pages {
     }
 
     /// Encodes whole pages of one chunk into one command, with the counter each page is
-    /// counted under once stored.
+    /// counted under once stored and whether Algorithm 1 chose it without a comparison worth
+    /// revisiting (rechoose.rs).
     fn encode_batch(
         &self,
         chunk: ChunkId,
         pages: &[(PageNo, &[u8], Lsn, Option<f64>)],
-    ) -> Result<(StoreCommand, Vec<&AtomicU64>)> {
+    ) -> Result<(StoreCommand, Vec<&AtomicU64>, Vec<bool>)> {
         for &(_, content, _, _) in pages {
             self.check_page(chunk, content.len())?;
         }
         let mut cpu = None;
         let mut images = Vec::with_capacity(pages.len());
         let mut counters = Vec::with_capacity(pages.len());
+        let mut revisits = Vec::with_capacity(pages.len());
         for &(page, content, lsn, update_fraction) in pages {
             let wanted = Wanted::Select(self.history(chunk, page, update_fraction));
-            let encoded = self.encode_whole(chunk, content, wanted, &mut cpu)?;
+            let (encoded, revisit) = self.encode_noting(chunk, content, wanted, &mut cpu)?;
             let (image, counter) = self.image(chunk, page, content, encoded);
             images.push(PagePut { page, image, lsn });
             counters.push(counter);
+            revisits.push(revisit);
         }
-        Ok((StoreCommand::PutPages { chunk, pages: images }, counters))
+        Ok((StoreCommand::PutPages { chunk, pages: images }, counters, revisits))
     }
 
     /// Applies a command through `apply` (the store's, or a replica's marked apply) and then
@@ -377,9 +411,11 @@ impl Pages {
         };
         let mut partial = self.partial_raw.lock();
         let mut cache = self.cache.lock();
+        let mut rechoose = self.rechoose.lock();
         for page in pages {
             partial.remove(&(chunk, page));
             cache.invalidate((chunk, page));
+            rechoose.note(chunk, page, false);
         }
     }
 
@@ -388,6 +424,7 @@ impl Pages {
         let pages = self.cache.lock().capacity();
         *self.cache.lock() = PageCache::new(pages);
         self.partial_raw.lock().clear();
+        *self.rechoose.lock() = rechoose::Pending::default();
     }
 
     /// The host's CPU utilisation for Algorithm 1, in [0, 1].
@@ -441,6 +478,7 @@ impl Pages {
         self.check_page(chunk, content.len())?;
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
+        self.rechoose.lock().note(chunk, page, false);
         let encoded = self.encode_whole(chunk, content, Wanted::Fixed(algorithm), &mut None)?;
         self.store_encoded(chunk, page, content, encoded, lsn).map(|_| ())
     }
@@ -455,6 +493,7 @@ impl Pages {
     pub fn trim_page(&self, chunk: ChunkId, page: PageNo) -> Result<()> {
         let _one_writer = self.page_lock(chunk, page).lock();
         self.partial_raw.lock().remove(&(chunk, page));
+        self.rechoose.lock().note(chunk, page, false);
         self.store.apply(&StoreCommand::TrimPages { chunk, pages: vec![page] })?;
         self.cache.lock().invalidate((chunk, page));
         Ok(())
@@ -497,5 +536,8 @@ mod check;
 mod heavy;
 mod partial;
 mod read;
+mod rechoose;
+
+pub use rechoose::RechooseStats;
 #[cfg(test)]
 mod tests;

@@ -50,11 +50,14 @@ impl Pages {
             if self.store.entry(chunk, page) != Some(entry) {
                 continue;
             }
-            let encoded = self.encode_whole(chunk, &content, Wanted::Select(PageHistory::FirstWrite), &mut None)?;
+            let first = Wanted::Select(PageHistory::FirstWrite);
+            let (encoded, revisit) = self.encode_noting(chunk, &content, first, &mut None)?;
             if encoded.encoding != tundra_codec::Encoding::Raw {
                 self.store_encoded(chunk, page, &content, encoded, entry.lsn)?;
                 done += 1;
             }
+            // Compressed with lz4 on a busy host, or left raw by it: the idle pass compares.
+            self.rechoose.lock().note(chunk, page, revisit);
         }
         Ok(done)
     }

@@ -761,3 +761,77 @@ fn two_layer_crash_rounds(rounds: u64) -> u64 {
     }
     struck
 }
+
+/// A CPU gauge a test turns from busy to idle.
+struct Switch(std::sync::atomic::AtomicBool);
+
+impl tundra_env::CpuGauge for Switch {
+    fn busy_fraction(&self) -> std::result::Result<f64, String> {
+        Ok(if self.0.load(Ordering::Relaxed) { 0.9 } else { 0.05 })
+    }
+}
+
+/// An 8 KiB page that lz4 cannot bring under 4 KiB and zstd can: rows of text with a run of
+/// random bytes, the run as long as that takes (found, not guessed).
+fn page_zstd_saves_a_block() -> Vec<u8> {
+    let codec = PageCodec::new(1).unwrap();
+    let mut rng = tundra_env::Rng::new(5);
+    for random in (0..8192).step_by(64) {
+        let mut page = table_page(7, 8192);
+        page[..random].copy_from_slice(&rng.bytes(random));
+        let lz4 = codec.encode(Algorithm::Lz4, &page).unwrap();
+        let zstd = codec.encode(Algorithm::Zstd, &page).unwrap();
+        if lz4.bytes_4k() == 8192 && zstd.bytes_4k() == 4096 {
+            return page;
+        }
+    }
+    panic!("no page found where only zstd saves a block");
+}
+
+/// Pages written while the host is busy get lz4 without a comparison, which saves no block on
+/// these pages, so they are stored raw and remembered; the pass does nothing while the host
+/// stays busy, then, once idle, compares and stores them with zstd in half the blocks, a
+/// bounded number per call. A page written again in between leaves the set; what it reads is
+/// unchanged throughout.
+#[test]
+fn pages_written_on_a_busy_host_are_chosen_again_when_it_is_idle() {
+    let options = FormatOptions { segment_bytes: 256 * 1024, ..FormatOptions::new(64 << 20, 16 << 20) };
+    let media = Arc::new(MemDevice::new(options.geometry().unwrap().total_bytes() / 4096));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    let drive = CsdDevice::format(media, &options, CsdConfig::default()).unwrap();
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    let store = Arc::new(Store::open(Arc::new(drive), fast).unwrap());
+    store.create_volume(test_volume(8192)).unwrap();
+    let busy = Arc::new(Switch(std::sync::atomic::AtomicBool::new(true)));
+    let pages = path_of(store, 8192, CpuLoad::Gauge(busy.clone()));
+    let chunk = ChunkId(1);
+    let content = page_zstd_saves_a_block();
+    for p in 0..40u32 {
+        let encoding = pages.write_page(chunk, PageNo(p), &content, Lsn(1), None).unwrap();
+        assert_eq!(encoding, Encoding::Raw, "lz4 on a busy host saves no block");
+    }
+    // A batch write (a write-back flush) and a rewrite that keeps the assumed lz4 are noted too.
+    let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
+        (40..50u32).map(|p| (PageNo(p), content.as_slice(), Lsn(1), Some(0.0))).collect();
+    pages.write_pages(chunk, &batch).unwrap();
+    assert_eq!(pages.rechoose_stats().pending_pages, 50);
+    assert_eq!(pages.rechoose(100).unwrap().busy_passes, 1, "nothing while the host is busy");
+    assert_eq!(pages.rechoose_stats().pending_pages, 50);
+    // Page 0 written again with a named algorithm: it leaves the set.
+    pages.write_page_with(chunk, PageNo(0), &content, Lsn(2), Some(Algorithm::Lz4)).unwrap();
+    busy.0.store(false, Ordering::Relaxed);
+    let first = pages.rechoose(20).unwrap();
+    assert_eq!((first.examined_pages, first.rewritten_pages, first.pending_pages), (20, 20, 29), "{first:?}");
+    let all = pages.rechoose(100).unwrap();
+    assert_eq!((all.examined_pages, all.rewritten_pages, all.pending_pages), (49, 49, 0), "{all:?}");
+    assert_eq!((all.bytes_before, all.bytes_after), (49 * 8192, 49 * 4096));
+    for p in 0..50u32 {
+        assert_eq!(pages.read_page(chunk, PageNo(p)).unwrap().unwrap(), content, "page {p}");
+        let expected = if p == 0 { Encoding::Raw } else { Encoding::Zstd };
+        assert_eq!(pages.store().entry(chunk, PageNo(p)).unwrap().encoding, expected, "page {p}");
+    }
+    // Written on an idle host, pages are compared at once and not remembered.
+    pages.write_page(chunk, PageNo(60), &content, Lsn(3), None).unwrap();
+    assert_eq!(pages.rechoose_stats().pending_pages, 0);
+    assert_eq!(pages.rechoose(100).unwrap().examined_pages, 49);
+}
