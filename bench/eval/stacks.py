@@ -83,6 +83,12 @@ STACKS: dict[str, str] = {
     "tundra-nbdfuse": "Tundra, both layers, through NBD and nbdfuse instead of the in-process mount",
     "tundra-drive-inline": "Tundra, both layers, the drive compressing inline in the writer's thread "
                            "(its deferred mode off)",
+    "tundra-off-nbdfuse-serial": "Tundra with compression off through NBD and nbdfuse, one request in flight "
+                                 "per connection (the NBD server before requests ran side by side)",
+    "tundra-busy": "Tundra, both layers, Algorithm 1 told the host is always busy (lz4 without comparing), "
+                   "the idle-host pass off",
+    "tundra-busy-rechoose": "Tundra, both layers, Algorithm 1 told the host is always busy, the pass that "
+                            "chooses such pages again running whatever the load at 2048 pages/s",
 }
 
 
@@ -93,6 +99,8 @@ class TundraSettings:
     wal_volume: bool    # the WAL on its own mode none volume (redo bypass), else on the data volume
     access: str = "mount"   # "mount": FUSE in the node's process; "nbdfuse": NBD and nbdfuse
     drive_deferred: bool = True  # [drive] deferred: the drive compresses off the writer's path
+    compression_extra: tuple = ()  # more `key = value` lines for [compression]
+    limits_extra: tuple = ()       # `key = value` lines for [limits]
 
 
 TUNDRA_SETTINGS = {
@@ -107,6 +115,12 @@ TUNDRA_SETTINGS = {
     "tundra-off-nbdfuse": TundraSettings("off", "off", True, access="nbdfuse"),
     "tundra-nbdfuse": TundraSettings("auto", "on", True, access="nbdfuse"),
     "tundra-drive-inline": TundraSettings("auto", "on", True, drive_deferred=False),
+    "tundra-off-nbdfuse-serial": TundraSettings("off", "off", True, access="nbdfuse",
+                                                limits_extra=("nbd_requests_in_flight = 1",)),
+    "tundra-busy": TundraSettings("auto", "on", True, compression_extra=(
+        "cpu_busy_threshold = 0.0", "rechoose_pages_per_second = 0")),
+    "tundra-busy-rechoose": TundraSettings("auto", "on", True, compression_extra=(
+        "cpu_busy_threshold = 0.0", "rechoose_pages_per_second = 2048", "rechoose_idle_threshold = 1.0")),
 }
 
 # Loop filesystems: mkfs command (the device appended) and mount options.
@@ -495,6 +509,9 @@ class TundraStack(Stack):
                   f'deferred = {"true" if self.settings.drive_deferred else "false"}',
                   "[fast]", f'volumes = "{self.fast_volumes_bytes}"',
                   "[compression]", f'software = "{self.settings.software}"']
+        lines += list(self.settings.compression_extra)
+        if self.settings.limits_extra:
+            lines += ["[limits]"] + list(self.settings.limits_extra)
         if self.settings.access == "mount":
             for vol, (size, mode) in self.volumes.items():
                 lines += ["[[mount]]", f'volume = "{vol}"', f'file = "{self.volume_file(vol)}"', f'size = "{size}"',

@@ -23,7 +23,7 @@ impl Node {
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {
             pages.recompress_partial()?;
-            pages.rechoose(self.rechoose_pages)?;
+            pages.rechoose(self.rechoose_pages, self.rechoose_idle_below)?;
         }
         Ok(())
     }

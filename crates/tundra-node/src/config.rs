@@ -201,6 +201,10 @@ pub struct CompressionConfig {
     /// Pages written while the host was busy (lz4 without comparing, often stored raw) that
     /// the background pass compares again per second once the host is idle; 0 turns it off.
     pub rechoose_pages_per_second: usize,
+    /// The host's CPU utilisation in [0, 1] at or below which that pass runs; by default
+    /// Algorithm 1's own `cpu_busy_threshold` (a value here overrides it for the pass only,
+    /// e.g. 1.0 to run it whatever the load, at its rate).
+    pub rechoose_idle_threshold: Option<f64>,
 }
 
 impl Default for CompressionConfig {
@@ -213,6 +217,7 @@ impl Default for CompressionConfig {
             update_threshold: paper.update_threshold,
             tie_bytes_per_us: DRIVE_TIE_BYTES_PER_US,
             rechoose_pages_per_second: DEFAULT_RECHOOSE_PAGES_PER_SECOND,
+            rechoose_idle_threshold: None,
         }
     }
 }
@@ -385,6 +390,9 @@ impl Config {
         let cost = tundra_codec::DecompressCost { page_size: tundra_codec::PageSize::Kib8, lz4: flat, zstd: flat };
         tundra_codec::Selector::new(config.compression.selector(), tundra_codec::PageCodec::default(), cost)
             .map_err(|e| Error::Invalid(format!("[compression]: {e}")))?;
+        if config.compression.rechoose_idle_threshold.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+            return Err(Error::Invalid("[compression] rechoose_idle_threshold is not in [0, 1]".into()));
+        }
         if config.compression.tie_bytes_per_us < 0.0 {
             return Err(Error::Invalid("[compression] tie_bytes_per_us is negative".into()));
         }

@@ -115,6 +115,8 @@ pub struct Node {
     /// Pages the background pass compares again per call once the host is idle
     /// (`[compression] rechoose_pages_per_second`; the pass runs about once a second).
     pub(crate) rechoose_pages: usize,
+    /// The CPU utilisation at or below which that pass runs.
+    pub(crate) rechoose_idle_below: f64,
     /// Volumes mounted as files (mount.rs), by file, for the statistics.
     pub(crate) mounts: Mutex<BTreeMap<PathBuf, crate::mount::Registered>>,
 }

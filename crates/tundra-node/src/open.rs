@@ -248,6 +248,10 @@ impl Node {
             redo: crate::redo::Redo::empty(&environment.env, redo_options),
             mounts: Mutex::new(BTreeMap::new()),
             rechoose_pages: config.compression.rechoose_pages_per_second,
+            rechoose_idle_below: config
+                .compression
+                .rechoose_idle_threshold
+                .unwrap_or(config.compression.cpu_busy_threshold),
         };
         node.refresh_volumes();
         let volumes = node.volumes.read().clone();

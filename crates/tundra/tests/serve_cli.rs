@@ -1009,3 +1009,64 @@ print("ok")
     node.stop();
     fsck_clean(&site.data_dir());
 }
+
+/// Whether something is mounted on `path` (read from the mount table: a dead FUSE mount too).
+fn is_mounted(path: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mounts").expect("read the mount table");
+    let target = path.to_str().expect("utf-8 path");
+    table.lines().any(|line| line.split(' ').nth(1) == Some(target))
+}
+
+/// `[[mount]]`: the node creates the volume and shows it as a file; writes through the file and
+/// an fsync are durable, stats count them, SIGTERM unmounts before the node stops cleanly, and
+/// after a restart the file shows the same bytes. Needs root and /dev/fuse, as mounting does.
+#[test]
+fn a_configured_mount_serves_the_volume_as_a_file_and_is_unmounted_on_stop() {
+    let site = Site::new();
+    let file = site.scratch().join("vol.file");
+    let mount = format!(
+        "[[mount]]\nvolume = \"filevol\"\nfile = {:?}\nsize = \"16MiB\"\npage_size = \"8KiB\"\n",
+        file.to_str().expect("utf-8 path")
+    );
+    let mut rng = Rng::new(21);
+    let data = rng.bytes(3 << 20);
+    for round in 0..2 {
+        let node = site.start_with(&mount);
+        let started = Instant::now();
+        while !is_mounted(&file) {
+            assert!(started.elapsed() < Duration::from_secs(20), "not mounted:\n{}", node.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(node.log().contains("mounted on"), "{}", node.log());
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&file).expect("open the volume's file");
+        assert_eq!(f.metadata().expect("stat").len(), 16 << 20);
+        use std::os::unix::fs::FileExt;
+        if round == 0 {
+            f.write_all_at(&data, 12345).expect("write through the file");
+            f.sync_all().expect("fsync through the file");
+            let stats = stats(&node);
+            let m = &stats["mounts"][0];
+            assert_eq!(m["volume"], "filevol", "{stats}");
+            assert!(m["bytes_written"].as_u64() >= Some(3 << 20) && m["fsyncs"].as_u64() >= Some(1), "{stats}");
+        }
+        let mut back = vec![0u8; data.len()];
+        f.read_exact_at(&mut back, 12345).expect("read through the file");
+        assert_same(&back, &data, "the file's bytes");
+        drop(f);
+        let log = node.stop();
+        assert!(log.contains("unmounted") && log.contains("stopped cleanly"), "{log}");
+        assert!(!is_mounted(&file), "the node left its mount behind");
+        fsck_clean(&site.data_dir());
+    }
+}
+
+#[test]
+fn tundra_mount_refuses_bad_arguments_before_starting() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8 path");
+    fails(&["mount", "v", "/tmp/never-mounted", "--data-dir", data, "--size", "lots"], "size");
+    fails(&["mount", "v", "/tmp/never-mounted", "--data-dir", data, "--size", "1MiB", "--page-size", "4KiB"], "8KiB");
+    fails(&["mount", "v", "/tmp/never-mounted", "--data-dir", data, "--size", "1MiB", "--mode", "fast"], "mode");
+    assert!(!dir.path().join("data").exists(), "nothing set up");
+}

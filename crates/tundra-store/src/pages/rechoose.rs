@@ -13,8 +13,8 @@
 //!
 //! The pending set is memory only, bounded at [`MAX_PENDING_PAGES`]; pages noted past that
 //! are counted and left as they are (a restart forgets the set the same way). The pass runs
-//! only below Algorithm 1's own CPU threshold and at most `max_pages` pages a call, so the
-//! caller sets the rate.
+//! only below a CPU threshold the caller gives (Algorithm 1's own by default) and at most
+//! `max_pages` pages a call, so the caller sets the rate.
 
 use std::collections::HashSet;
 
@@ -82,17 +82,18 @@ pub(super) fn worth_revisiting(selection: &Selection) -> bool {
 }
 
 impl Pages {
-    /// The pass: if the host is idle (CPU at or below Algorithm 1's busy threshold), compares
-    /// lz4 and zstd for up to `max_pages` pending pages and stores each again whose chosen
-    /// encoding differs from the stored one. Returns the counters after the call.
-    pub fn rechoose(&self, max_pages: usize) -> Result<RechooseStats> {
+    /// The pass: if the host is idle (CPU at or below `idle_below`, normally Algorithm 1's own
+    /// busy threshold), compares lz4 and zstd for up to `max_pages` pending pages and stores
+    /// each again whose chosen encoding differs from the stored one. Returns the counters after
+    /// the call.
+    pub fn rechoose(&self, max_pages: usize, idle_below: f64) -> Result<RechooseStats> {
         if self.software != SoftwareCompression::Auto || max_pages == 0 {
             return Ok(self.rechoose_stats());
         }
         if self.rechoose.lock().pages.is_empty() {
             return Ok(self.rechoose_stats());
         }
-        if self.cpu_load()? > self.selector.config().cpu_busy_threshold {
+        if self.cpu_load()? > idle_below {
             self.rechoose.lock().stats.busy_passes += 1;
             return Ok(self.rechoose_stats());
         }

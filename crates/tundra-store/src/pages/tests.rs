@@ -815,14 +815,14 @@ fn pages_written_on_a_busy_host_are_chosen_again_when_it_is_idle() {
         (40..50u32).map(|p| (PageNo(p), content.as_slice(), Lsn(1), Some(0.0))).collect();
     pages.write_pages(chunk, &batch).unwrap();
     assert_eq!(pages.rechoose_stats().pending_pages, 50);
-    assert_eq!(pages.rechoose(100).unwrap().busy_passes, 1, "nothing while the host is busy");
+    assert_eq!(pages.rechoose(100, 0.2).unwrap().busy_passes, 1, "nothing while the host is busy");
     assert_eq!(pages.rechoose_stats().pending_pages, 50);
     // Page 0 written again with a named algorithm: it leaves the set.
     pages.write_page_with(chunk, PageNo(0), &content, Lsn(2), Some(Algorithm::Lz4)).unwrap();
     busy.0.store(false, Ordering::Relaxed);
-    let first = pages.rechoose(20).unwrap();
+    let first = pages.rechoose(20, 0.2).unwrap();
     assert_eq!((first.examined_pages, first.rewritten_pages, first.pending_pages), (20, 20, 29), "{first:?}");
-    let all = pages.rechoose(100).unwrap();
+    let all = pages.rechoose(100, 0.2).unwrap();
     assert_eq!((all.examined_pages, all.rewritten_pages, all.pending_pages), (49, 49, 0), "{all:?}");
     assert_eq!((all.bytes_before, all.bytes_after), (49 * 8192, 49 * 4096));
     for p in 0..50u32 {
@@ -833,5 +833,5 @@ fn pages_written_on_a_busy_host_are_chosen_again_when_it_is_idle() {
     // Written on an idle host, pages are compared at once and not remembered.
     pages.write_page(chunk, PageNo(60), &content, Lsn(3), None).unwrap();
     assert_eq!(pages.rechoose_stats().pending_pages, 0);
-    assert_eq!(pages.rechoose(100).unwrap().examined_pages, 49);
+    assert_eq!(pages.rechoose(100, 0.2).unwrap().examined_pages, 49);
 }

@@ -1,0 +1,366 @@
+"""The block path, step by step: how each change between a database and Tundra's store moves
+throughput and latency, against ext4 on a loop file measured in the same run.
+
+Steps (each a stack of bench/eval/stacks.py, compression off unless said):
+
+1. `tundra-off-nbdfuse-serial`: NBD through nbdfuse, one request in flight per connection (the
+   server as it was);
+2. `tundra-off-nbdfuse`: the same with requests side by side and out-of-order replies;
+3. `tundra-off`: the volume mounted as a file in the node's process (no nbdfuse, no TCP);
+4. `tundra-drive-inline`: both compression layers, the drive deflating in the writer's thread;
+5. `tundra`: both layers, the drive deflating on its own thread (the default).
+
+Each stack is built fresh for each repetition, in an order rotated between repetitions, and
+measured with: fio random 8 KiB writes each followed by fdatasync (a commit-like write, its
+sync latency is the write path's), fio random 8 KiB direct reads at queue depth 16, then
+PostgreSQL 15 in a 256 MiB memory cgroup: `pgbench -i` and a `pgbench` run. Every figure is the
+median of the repetitions with its min and max; /proc/loadavg is recorded before each
+measurement. For Tundra stacks, `tundra stats --json` after the run gives the drive's CPU apart
+from the host software's.
+
+The re-choice experiment (`--rechoose`): PostgreSQL loads a real dataset (nycflights13) on
+`tundra-busy` and `tundra-busy-rechoose` (Algorithm 1 told the host is always busy, so every page
+is written with lz4 without a comparison; the second runs the pass that chooses them again), then
+pgbench runs while the pass works; the space after the pass settles and the tps are compared.
+
+Usage (root, from the repository): bench/block-path [--quick|--full] [--reps N] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from bench.eval import common  # noqa: E402
+from bench.eval.common import REPO, BenchError, log, run  # noqa: E402
+
+STEPS = ["ext4", "tundra-off-nbdfuse-serial", "tundra-off-nbdfuse", "tundra-off", "tundra-drive-inline", "tundra"]
+# Each step's predecessor, for the step-over-step ratio.
+PREVIOUS = {"tundra-off-nbdfuse": "tundra-off-nbdfuse-serial", "tundra-off": "tundra-off-nbdfuse",
+            "tundra-drive-inline": "tundra-off", "tundra": "tundra-drive-inline"}
+RECHOOSE_STACKS = ["tundra-busy", "tundra-busy-rechoose"]
+
+SIZES = {
+    "quick": {"fio_seconds": 8, "fio_file": "256M", "pgbench_scale": 5, "pgbench_seconds": 15, "stack": "4GiB",
+              "rechoose_settle_seconds": 240},
+    "full": {"fio_seconds": 30, "fio_file": "1G", "pgbench_scale": 50, "pgbench_seconds": 60, "stack": "8GiB",
+             "rechoose_settle_seconds": 900},
+}
+
+
+def loadavg() -> str:
+    return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+
+
+def fio(directory: pathlib.Path, name: str, args: list[str], seconds: int, size: str) -> dict:
+    """One fio job on a file in DIRECTORY; its JSON report's job."""
+    cmd = ["fio", f"--name={name}", f"--directory={directory}", f"--size={size}", "--bs=8k", "--time_based",
+           f"--runtime={seconds}", "--output-format=json", "--buffer_compress_percentage=50",
+           "--buffer_compress_chunk=4096", "--refill_buffers", "--randrepeat=0", *args]
+    p = run(cmd, what=f"fio {name}", timeout=seconds + 600)
+    report = json.loads(p.stdout[p.stdout.index("{"):])
+    job = report["jobs"][0]
+    job["command"] = shlex.join(cmd)
+    return job
+
+
+def p99_ms(section: dict, key: str = "clat_ns") -> float | None:
+    pct = (section.get(key) or {}).get("percentile") or {}
+    value = pct.get("99.000000")
+    return None if value is None else value / 1e6
+
+
+def fio_workloads(mount: pathlib.Path, size: dict) -> dict:
+    d = mount / "fio"
+    d.mkdir(exist_ok=True)
+    out = {"loadavg": loadavg()}
+    w = fio(d, "write-sync", ["--rw=randwrite", "--ioengine=psync", "--fdatasync=1", "--numjobs=2",
+                              "--group_reporting"], size["fio_seconds"], size["fio_file"])
+    out["write_sync"] = {"iops": w["write"]["iops"], "write_p99_ms": p99_ms(w["write"]),
+                         "sync_p99_ms": p99_ms(w.get("sync") or {}, "lat_ns"), "command": w["command"]}
+    r = fio(d, "read", ["--rw=randread", "--ioengine=libaio", "--direct=1", "--iodepth=16"],
+            size["fio_seconds"], size["fio_file"])
+    out["read"] = {"iops": r["read"]["iops"], "read_p99_ms": p99_ms(r["read"]), "command": r["command"]}
+    return out
+
+
+def pgbench(db, size: dict, seconds: int | None = None) -> dict:
+    """pgbench -i at the size's scale (timed), then a run of 4 clients; tps and mean latency."""
+    base = ["-h", str(db.run_dir), "-p", str(db.port), "-U", "postgres"]
+    t0 = time.monotonic()
+    run([db.bin("pgbench"), *base, "-i", "-q", "-s", str(size["pgbench_scale"]), "postgres"], what="pgbench -i",
+        timeout=3600)
+    init_seconds = time.monotonic() - t0
+    seconds = seconds or size["pgbench_seconds"]
+    load = loadavg()
+    cmd = [db.bin("pgbench"), *base, "-c", "4", "-j", "2", "-T", str(seconds), "postgres"]
+    p = run(cmd, what="pgbench", timeout=seconds + 600)
+    tps = re.search(r"tps = ([\d.]+)", p.stdout)
+    lat = re.search(r"latency average = ([\d.]+) ms", p.stdout)
+    if not tps:
+        raise BenchError(f"pgbench printed no tps: {p.stdout[-300:]}")
+    return {"init_seconds": init_seconds, "tps": float(tps.group(1)), "latency_ms": float(lat.group(1)) if lat else None,
+            "loadavg": load, "command": shlex.join(cmd), "scale": size["pgbench_scale"]}
+
+
+def tundra_stats(stack) -> dict | None:
+    if not hasattr(stack, "_stats"):
+        return None
+    s = stack._stats()
+    return {k: s.get(k) for k in ("configuration", "cpu", "mounts", "rechoose", "drive", "compressed", "ratio",
+                                  "software_ratio", "drive_ratio")}
+
+
+class Bench:
+    def __init__(self, a, out: pathlib.Path):
+        self.a, self.out = a, out
+        self.size = SIZES[a.size]
+        self.work = pathlib.Path(a.work_dir) / f"tundra-block-path.{os.getpid()}"
+        self.tundra_bin = self.work / "bin" / "tundra"
+        self.ports = {}
+        port = 24000 + os.getpid() % 1000 * 10
+        for name in ("nbd", "native", "metrics", "db"):
+            while not common.port_free(port):
+                port += 1
+            self.ports[name] = port
+            port += 1
+
+    def with_stack(self, name: str, tag: str, body) -> dict:
+        from bench.eval.databases import make_database
+        from bench.eval.stacks import make_stack
+        work, logs = self.work / tag, self.out / "logs" / tag
+        work.mkdir(parents=True)
+        logs.mkdir(parents=True)
+        stack = make_stack(name, work_dir=work / "stack", size_bytes=common.parse_size(self.size["stack"]),
+                           tundra_bin=self.tundra_bin, ports=self.ports, log_dir=logs, page_size=8192)
+        result: dict = {"stack": name}
+        cgroup = db = None
+        try:
+            stack.setup()
+            cgroup = common.MemoryCgroup(f"block-path.{name}", common.parse_size("256MiB"))
+            db = make_database("postgresql", name=tag, data_dir=stack.data_mount / "db",
+                               wal_dir=stack.wal_mount / "wal", run_dir=work / "run", port=self.ports["db"],
+                               cgroup=cgroup, settings={"shared_buffers": "32MiB"}, log_dir=logs)
+            result.update(body(stack, db))
+            result["tundra"] = tundra_stats(stack)
+            db.stop()
+        except BenchError as e:
+            result["error"] = str(e)
+            log(f"{tag}: FAILED: {e}")
+        finally:
+            if db is not None:
+                try:
+                    db.stop()
+                except BenchError as e:
+                    log(f"{tag}: stopping PostgreSQL: {e}")
+            try:
+                stack.teardown()
+                result["post_check"] = stack.post_check()
+            except BenchError as e:
+                result.setdefault("error", str(e))
+                log(f"{tag}: FAILED after the run: {e}")
+            if cgroup is not None:
+                cgroup.remove()
+            subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
+        return result
+
+    def step_run(self, name: str, rep: int) -> dict:
+        def body(stack, db):
+            r = {"fio": fio_workloads(stack.data_mount, self.size)}
+            db.init()
+            db.start()
+            r["pgbench"] = pgbench(db, self.size)
+            return r
+        log(f"step {name}, repetition {rep + 1}")
+        return self.with_stack(name, f"{name}.{rep}", body)
+
+    def rechoose_run(self, name: str, rep: int) -> dict:
+        def body(stack, db):
+            db.init()
+            db.start()
+            t0 = time.monotonic()
+            loaded = db.load_dataset("nycflights13", "quick")
+            r = {"load": {k: loaded.get(k) for k in ("seconds", "checks_ok")}, "load_seconds": time.monotonic() - t0}
+            db.checkpoint()
+            os.sync()
+            r["after_load"] = tundra_stats(stack)
+            # pgbench while the pass has the loaded pages to work through.
+            r["pgbench"] = pgbench(db, self.size)
+            r["after_pgbench"] = tundra_stats(stack)
+            deadline = time.monotonic() + self.size["rechoose_settle_seconds"]
+            while time.monotonic() < deadline:
+                s = tundra_stats(stack)
+                if not s["rechoose"]["pending_pages"] and not s["drive"]["deferred_pending_blocks"]:
+                    break
+                time.sleep(2)
+            db.checkpoint()
+            os.sync()
+            stack.trim()
+            r["settled"] = tundra_stats(stack)
+            sizes = stack.sizes()
+            r["sizes"] = {k: sizes[k] for k in ("physical_bytes", "data_physical_bytes", "fs_used_bytes")}
+            r["data_volume"] = sizes["details"]["volumes"]["data"]
+            return r
+        log(f"re-choice {name}, repetition {rep + 1}")
+        return self.with_stack(name, f"{name}.{rep}", body)
+
+
+def median_spread(values: list[float]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def summarize(runs: list[dict]) -> dict:
+    by_stack: dict = {}
+    for r in runs:
+        if "error" in r:
+            continue
+        by_stack.setdefault(r["stack"], []).append(r)
+    metrics = {
+        "write_sync_iops": lambda r: r["fio"]["write_sync"]["iops"],
+        "write_sync_sync_p99_ms": lambda r: r["fio"]["write_sync"]["sync_p99_ms"],
+        "write_sync_write_p99_ms": lambda r: r["fio"]["write_sync"]["write_p99_ms"],
+        "read_iops": lambda r: r["fio"]["read"]["iops"],
+        "read_p99_ms": lambda r: r["fio"]["read"]["read_p99_ms"],
+        "pgbench_tps": lambda r: r["pgbench"]["tps"],
+        "pgbench_init_seconds": lambda r: r["pgbench"]["init_seconds"],
+        "drive_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("drive_seconds"),
+        "host_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("host_seconds"),
+    }
+    out = {}
+    for stack, rs in by_stack.items():
+        out[stack] = {m: median_spread([f(r) for r in rs]) for m, f in metrics.items()}
+    # Ratios per repetition (same repetition, same conditions), then their median and spread.
+    ratios: dict = {}
+    for stack in out:
+        for base_name, base in (("ext4", "ext4"), ("previous", PREVIOUS.get(stack))):
+            if base is None or base not in by_stack or stack == base:
+                continue
+            for m in ("write_sync_iops", "read_iops", "pgbench_tps", "write_sync_sync_p99_ms"):
+                per_rep = []
+                for r in by_stack[stack]:
+                    b = next((x for x in by_stack[base] if x["rep"] == r["rep"]), None)
+                    if b is not None and metrics[m](b):
+                        per_rep.append(metrics[m](r) / metrics[m](b))
+                ratios.setdefault(stack, {})[f"{m}_vs_{base_name}"] = median_spread(per_rep)
+    return {"per_stack": out, "ratios": ratios}
+
+
+def fmt(ms: dict | None, digits: int = 1) -> str:
+    if not ms:
+        return "—"
+    return f"{ms['median']:.{digits}f} [{ms['min']:.{digits}f}–{ms['max']:.{digits}f}]"
+
+
+def report(results: dict) -> str:
+    s = results["summary"]
+    lines = [f"# The block path, step by step ({results['size']} size, {results['reps']} repetitions)", "",
+             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
+             f"Load (/proc/loadavg) before and after: {results['loadavg_start']} / {results['loadavg_end']}", "",
+             "Median [min–max] over the repetitions; ratios are taken per repetition against the baseline "
+             "built in the same repetition, then their median [min–max].", "",
+             "| step | fio write+fdatasync IOPS | its sync p99 ms | fio read IOPS (QD16) | read p99 ms | pgbench tps "
+             "| tps vs ext4 | tps vs previous step | write IOPS vs ext4 | sync p99 vs previous |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for stack in STEPS:
+        m = s["per_stack"].get(stack)
+        if not m:
+            continue
+        rt = s["ratios"].get(stack, {})
+        lines.append(
+            f"| {stack} | {fmt(m['write_sync_iops'], 0)} | {fmt(m['write_sync_sync_p99_ms'], 2)} | "
+            f"{fmt(m['read_iops'], 0)} | {fmt(m['read_p99_ms'], 2)} | {fmt(m['pgbench_tps'])} | "
+            f"{fmt(rt.get('pgbench_tps_vs_ext4'), 2)} | {fmt(rt.get('pgbench_tps_vs_previous'), 2)} | "
+            f"{fmt(rt.get('write_sync_iops_vs_ext4'), 2)} | {fmt(rt.get('write_sync_sync_p99_ms_vs_previous'), 2)} |")
+    lines += ["", "CPU of the node process during a repetition (median s): the emulated drive's (what a "
+              "hardware drive does) and the rest.", "", "| step | drive CPU s | host software CPU s |", "|---|---|---|"]
+    for stack in STEPS[1:]:
+        m = s["per_stack"].get(stack)
+        if m:
+            lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} |")
+    if results.get("rechoose"):
+        lines += ["", "## Pages written while the host was busy, chosen again", "",
+                  "nycflights13 loaded into PostgreSQL with Algorithm 1 told the host is busy; pgbench while the "
+                  "pass works; sizes once it settled.", "",
+                  "| stack | rep | data pages raw / lz4 / zstd after load | after settling | software bytes after load "
+                  "| after settling | physical bytes | pages stored anew | pgbench tps |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["rechoose"]:
+            if "error" in r:
+                lines.append(f"| {r['stack']} | {r['rep']} | error: {r['error'][:80]} |")
+                continue
+            def mix(st):
+                c = st["compressed"]
+                return f"{c['raw_pages']} / {c['lz4_pages']} / {c['zstd_pages']}"
+            lines.append(
+                f"| {r['stack']} | {r['rep']} | {mix(r['after_load'])} | {mix(r['settled'])} | "
+                f"{common.mib(r['after_load']['compressed']['software_bytes'])} MiB | "
+                f"{common.mib(r['settled']['compressed']['software_bytes'])} MiB | "
+                f"{common.mib(r['sizes']['physical_bytes'])} MiB | {r['settled']['rechoose']['rewritten_pages']} | "
+                f"{r['pgbench']['tps']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench/block-path", description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", dest="size", action="store_const", const="quick")
+    g.add_argument("--full", dest="size", action="store_const", const="full")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=lambda x: x.split(","), default=STEPS)
+    p.add_argument("--rechoose", action="store_true", help="also the re-choice experiment")
+    p.add_argument("--skip-steps", action="store_true", help="only the re-choice experiment")
+    p.add_argument("--out", default=None)
+    p.add_argument("--work-dir", default="/tmp")
+    p.set_defaults(size="quick")
+    a = p.parse_args(argv)
+    if os.geteuid() != 0:
+        p.error("needs root")
+    out = pathlib.Path(a.out or REPO / "target" / "bench" / "block-path" / time.strftime("%Y%m%dT%H%M%SZ",
+                                                                                       time.gmtime()))
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(a, out)
+    bench.tundra_bin.parent.mkdir(parents=True)
+    subprocess.run(["cp", str(REPO / "target" / "release" / "tundra"), str(bench.tundra_bin)], check=True)
+    results = {"size": a.size, "reps": a.reps, "command": "bench/block-path " + " ".join(argv or sys.argv[1:]),
+               "machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "loadavg_start": loadavg(),
+               "runs": [], "rechoose": []}
+    steps = [] if a.skip_steps else [s for s in STEPS if s in a.steps]
+    for rep in range(a.reps):
+        order = steps[rep % len(steps):] + steps[:rep % len(steps)] if steps else []
+        for name in order:
+            r = bench.step_run(name, rep)
+            r["rep"] = rep
+            results["runs"].append(r)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    if a.rechoose:
+        for rep in range(a.reps):
+            for name in RECHOOSE_STACKS:
+                r = bench.rechoose_run(name, rep)
+                r["rep"] = rep
+                results["rechoose"].append(r)
+                (out / "results.json").write_text(json.dumps(results, indent=1))
+    results["loadavg_end"] = loadavg()
+    results["summary"] = summarize(results["runs"])
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(report(results))
+    subprocess.run(["rm", "-rf", "--one-file-system", str(bench.work)], check=False)
+    print(report(results))
+    log(f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
