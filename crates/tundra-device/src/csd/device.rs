@@ -50,6 +50,9 @@ impl CsdDevice {
         });
         // A checkpoint right away makes the recovered map durable, so nothing older is needed.
         shared.write_checkpoint()?;
+        if config.compression == super::CompressionMode::Deferred {
+            shared.queue_raw_blocks();
+        }
         let worker = if config.background {
             let shared = shared.clone();
             Some(

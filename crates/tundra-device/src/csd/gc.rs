@@ -224,6 +224,23 @@ impl Shared {
         Ok(())
     }
 
+    /// Queues every block stored raw for the deferred pass: the queue lives in memory, so
+    /// blocks a closed or crashed drive had not compressed yet would otherwise stay raw until
+    /// garbage collection moved them. Blocks that do not compress are tried once per open.
+    pub(crate) fn queue_raw_blocks(&self) {
+        let mut state = self.state.lock();
+        let queued: Vec<DeferredBlock> = state
+            .map
+            .iter()
+            .filter(|(_, entry)| entry.raw)
+            .map(|(lba, entry)| {
+                let (segment, _) = self.geometry.split_location(entry.location);
+                DeferredBlock { lba, location: entry.location, open_seq: state.segments[segment as usize].open_seq }
+            })
+            .collect();
+        state.deferred.extend(queued);
+    }
+
     fn still_queued(&self, state: &State, block: DeferredBlock, entry: MapEntry) -> bool {
         let (segment, _) = self.geometry.split_location(entry.location);
         entry.location == block.location && entry.raw && state.segments[segment as usize].open_seq == block.open_seq

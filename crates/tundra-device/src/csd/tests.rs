@@ -274,6 +274,33 @@ fn deferred_compression_catches_up() {
     assert_eq!(back, data);
 }
 
+/// The deferred queue lives in memory: a drive closed (or crashed) before its pass caught up
+/// queues its raw blocks again when it opens, so none stays raw for good.
+#[test]
+fn deferred_blocks_left_raw_at_close_are_queued_again_at_open() {
+    let config = CsdConfig { compression: CompressionMode::Deferred, ..quiet() };
+    let options = options(512, 4 << 20);
+    let media = media_for(&options);
+    let drive = CsdDevice::format(media.clone(), &options, config).unwrap();
+    let data: Vec<u8> = (0..256).flat_map(|i| block_content(i + 1, 1)).collect();
+    drive.write(Lba(0), &data).unwrap();
+    drive.close().unwrap();
+    let drive = CsdDevice::open(media.clone(), config).unwrap();
+    let raw = drive.stats();
+    assert_eq!(raw.deferred_pending_blocks, 256, "{raw:?}");
+    drive.drain_deferred().unwrap();
+    let compressed = drive.stats();
+    assert!(compressed.physical_used_bytes * 4 < raw.physical_used_bytes, "{compressed:?}");
+    let mut back = vec![0u8; 256 * 4096];
+    drive.read(Lba(0), &mut back).unwrap();
+    assert_eq!(back, data);
+    drive.close().unwrap();
+    // Opened inline, nothing is queued; opened deferred again, only blocks still raw are.
+    let inline = CsdConfig { compression: CompressionMode::Inline, ..quiet() };
+    assert_eq!(CsdDevice::open(media.clone(), inline).unwrap().stats().deferred_pending_blocks, 0);
+    assert_eq!(CsdDevice::open(media, config).unwrap().stats().deferred_pending_blocks, 0);
+}
+
 /// With compression off, physical usage is exactly the blocks written (zeros included); the
 /// setting belongs to the opened drive, not to the media: blocks written compressed stay
 /// readable and compressed after a reopen with compression off, and the other way round.
