@@ -37,6 +37,10 @@ FIEMAP_EXTENT = struct.Struct("=QQQQQIIII")
 FUSE_WRITE = 16
 # fuse_in_header (40 bytes) and fuse_write_in (40 bytes) precede a FUSE_WRITE's data.
 FUSE_WRITE_OVERHEAD = 80
+# The loop device's limits that decide how the block layer may split or merge a write.
+QUEUE_LIMITS = ("logical_block_size", "physical_block_size", "minimum_io_size", "optimal_io_size",
+                "max_sectors_kb", "max_hw_sectors_kb", "max_segments", "max_segment_size", "stable_writes",
+                "atomic_write_max_bytes", "atomic_write_unit_max_bytes", "write_cache", "fua")
 
 
 def fiemap(path: str) -> list[tuple[int, int, int]]:
@@ -110,12 +114,19 @@ class PageMap:
 
 
 def parse_perf(path: str, loop_dev: str):
-    """(loop write requests as (byte offset, bytes)), (FUSE write data sizes)."""
+    """Loop write requests as (byte offset, bytes), FUSE write data sizes, the byte offsets where
+    the block layer split a write bio for the loop device, the other requests by type."""
     rq = re.compile(r"block:block_rq_issue:\s+(\d+,\d+)\s+(\S+)\s+(\d+)\s+\(.*?\)\s+(\d+)\s+\+\s+(\d+)")
     fuse = re.compile(r"fuse:fuse_request_send:.*opcode (\d+) \(\w+\) len (\d+)")
-    writes, fuse_writes, other = [], [], collections.Counter()
+    split = re.compile(r"block:block_split:\s+(\d+,\d+)\s+(\S+)\s+(\d+)\s+/\s+(\d+)")
+    writes, fuse_writes, splits, other = [], [], [], collections.Counter()
     with open(path, errors="replace") as f:
         for line in f:
+            m = split.search(line)
+            if m:
+                if m.group(1) == loop_dev and "W" in m.group(2):
+                    splits.append(int(m.group(4)) * 512)
+                continue
             m = rq.search(line)
             if m:
                 dev, rwbs, nbytes, sector, nr = m.groups()
@@ -129,7 +140,7 @@ def parse_perf(path: str, loop_dev: str):
             m = fuse.search(line)
             if m and int(m.group(1)) == FUSE_WRITE:
                 fuse_writes.append(int(m.group(2)) - FUSE_WRITE_OVERHEAD)
-    return writes, fuse_writes, other
+    return writes, fuse_writes, splits, other
 
 
 def histogram(sizes) -> dict[str, int]:
@@ -145,9 +156,11 @@ def main() -> int:
     p.add_argument("--file-pattern", default=".", help="only files whose path matches (default: all)")
     p.add_argument("--db-page-size", type=int, required=True)
     p.add_argument("--store-page-size", type=int, required=True)
+    p.add_argument("--queue-dir", help="the loop device's /sys/block/loopN/queue: its limits go in the output")
+    p.add_argument("--extra", action="append", default=[], help="KEY=VALUE recorded in the output as it is")
     a = p.parse_args()
     pages = PageMap(a.files, re.compile(a.file_pattern), a.db_page_size, a.store_page_size)
-    writes, fuse_writes, other = parse_perf(a.perf_script, a.loop_dev)
+    writes, fuse_writes, splits, other = parse_perf(a.perf_script, a.loop_dev)
     kinds = collections.Counter()
     examples: dict[str, list] = collections.defaultdict(list)
     other_writes = 0
@@ -168,13 +181,25 @@ def main() -> int:
         ("contiguous" if pg["contiguous"] else "in pieces") + (", one store page" if pg["one_store_page"] else
                                                                ", across store pages")
         for pg in pages.pages if pg["bytes"] == a.db_page_size)
+    queue = {}
+    if a.queue_dir:
+        for name in QUEUE_LIMITS:
+            try:
+                with open(os.path.join(a.queue_dir, name)) as f:
+                    queue[name] = f.read().strip()
+            except OSError:
+                queue[name] = None
     print(json.dumps({
-        "db_page_size": a.db_page_size, "store_page_size": a.store_page_size,
+        "db_page_size": a.db_page_size, "store_page_size": a.store_page_size, "loop_queue": queue,
+        **dict(kv.split("=", 1) for kv in a.extra),
         "database_pages_mapped": len(pages.pages), "page_placement": dict(placement),
         "loop_write_requests": len(writes), "loop_write_sizes": histogram(n for _, n in writes),
         "loop_writes_aligned_to_db_page": sum(1 for s, n in writes if s % a.db_page_size == 0
                                               and n % a.db_page_size == 0),
         "loop_other_requests": dict(other), "loop_writes_touching_no_database_page": other_writes,
+        "block_write_splits": len(splits),
+        "block_write_splits_inside_a_db_page": sum(1 for o in splits if o % a.db_page_size),
+        "block_write_splits_inside_a_store_page": sum(1 for o in splits if o % a.store_page_size),
         "fuse_write_requests": len(fuse_writes), "fuse_write_sizes": histogram(fuse_writes),
         "page_writes": dict(kinds), "examples": examples,
     }, indent=1))
