@@ -149,7 +149,13 @@ class MemoryCgroup:
     cache. Databases are started inside it so that they really read from storage; nothing is
     ever moved out of another cgroup."""
 
-    def __init__(self, name: str, limit_bytes: int):
+    def __init__(self, name: str, limit_bytes: int, parent: "MemoryCgroup | None" = None):
+        if parent is not None:
+            # A child: the parent's limit covers it and its siblings together (v1 hierarchy).
+            self.path, self.rel, self.limit_bytes = parent.path / name, f"{parent.rel}/{name}", limit_bytes
+            self.path.mkdir()
+            (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            return
         rel = None
         for line in pathlib.Path("/proc/self/cgroup").read_text().splitlines():
             _id, controllers, path = line.split(":", 2)

@@ -17,6 +17,11 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.eval.stacks import NODE_CACHE  # noqa: E402
+
+NODE_CACHE_TEXT = (f"{NODE_CACHE['pages']:,} pages per page size and device and {NODE_CACHE['write_back']} "
+                   "of write-back")
+
 MIB = 1 << 20
 PALETTE = {
     "ext4": "#7f7f7f", "xfs": "#bcbd22", "btrfs-force": "#1f77b4", "btrfs-zstd": "#17becf",
@@ -102,7 +107,8 @@ class Report:
             f"- sysbench: {size.get('sysbench_tables')} tables × {size.get('sysbench_rows'):,} rows, "
             f"{size.get('threads')} threads, {size.get('workload_seconds')} s per workload: {', '.join(m.get('workloads', []))}",
             f"- databases: {', '.join(m.get('databases', []))}; each in a memory cgroup of {size.get('memory_limit')} "
-            f"(page cache included), {size.get('db_memory')} of shared_buffers / buffer pool; caches dropped between phases",
+            f"(page cache included; a Tundra node in the same budget, its caches cut to {NODE_CACHE_TEXT}), "
+            f"{size.get('db_memory')} of shared_buffers / buffer pool; the kernel's caches dropped between phases",
             f"- every stack is {size.get('stack_size')} logical, built fresh for every dataset and for the sysbench run",
             "",
         ]

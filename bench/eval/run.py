@@ -161,18 +161,27 @@ class Runner:
         logs = self.out / "logs" / tag
         work.mkdir(parents=True)
         logs.mkdir(parents=True)
-        stack = make_stack(system.stack, work_dir=work / "stack", size_bytes=common.parse_size(self.size.stack_size),
-                           tundra_bin=self.tundra_bin, ports=self.ports, log_dir=logs,
-                           page_size=PAGE_SIZE[database])
         cgroup = None
+        children: list = []
+        stack = None
         db = None
         result = {"database": database, "system": system.name, "stack": system.stack, "dataset": label}
         try:
+            # The memory budget, made first: the database runs in one child of it and a Tundra
+            # node in another, so that the node's caches (stacks.NODE_CACHE) count against the
+            # same limit as the database and its page cache; a filesystem's page cache is the
+            # database's own.
+            limit = common.parse_size(self.size.memory_limit)
+            cgroup = common.MemoryCgroup(f"{database}.{system.name}", limit)
+            children = [common.MemoryCgroup("db", limit, parent=cgroup), common.MemoryCgroup("node", limit, parent=cgroup)]
+            stack = make_stack(system.stack, work_dir=work / "stack",
+                               size_bytes=common.parse_size(self.size.stack_size), tundra_bin=self.tundra_bin,
+                               ports=self.ports, log_dir=logs, page_size=PAGE_SIZE[database],
+                               node_cgroup=children[1])
             stack.setup()
-            cgroup = common.MemoryCgroup(f"{database}.{system.name}", common.parse_size(self.size.memory_limit))
             db = make_database(database, name=tag, data_dir=stack.data_mount / "db",
                                wal_dir=stack.wal_mount / "wal", run_dir=work / "run", port=self.ports["db"],
-                               cgroup=cgroup, settings=db_settings(database, self.size, system), log_dir=logs)
+                               cgroup=children[0], settings=db_settings(database, self.size, system), log_dir=logs)
             db.init()
             db.start()
             result.update(body(db, stack, cgroup))
@@ -192,11 +201,14 @@ class Runner:
                 except BenchError as e:
                     log(f"{tag}: warning: stopping the database: {e}")
             try:
-                stack.teardown()
-                result["post_check"] = stack.post_check()
+                if stack is not None:
+                    stack.teardown()
+                    result["post_check"] = stack.post_check()
             except BenchError as e:
                 result.setdefault("error", str(e))
                 log(f"{tag}: FAILED after the run: {e}")
+            for c in reversed(children):
+                c.remove()
             if cgroup is not None:
                 cgroup.remove()
             remove_tree(work)

@@ -135,6 +135,12 @@ LOOP_FILESYSTEMS = {
     "btrfs-zstd": (["mkfs.btrfs", "-q", "-f"], "compress=zstd"),
 }
 
+# The node's caches when it shares the database's memory cgroup: decompressed pages per page
+# size and device (8 KiB pages on two devices: 32 MiB) and write-back bytes, 64 MiB in all, so
+# that the node and a database with 64 MiB of buffers fit a 256 MiB budget with room for the
+# kernel's page cache (the node's defaults, 4,096 pages and 64 MiB, take 128 MiB).
+NODE_CACHE = {"pages": 2048, "write_back": "32MiB"}
+
 NODE_START_SECONDS = 60
 NBDFUSE_START_SECONDS = 30
 NODE_STOP_SECONDS = 60
@@ -471,9 +477,12 @@ class TundraStack(Stack):
     the stack's size. The data volume has the stack's size; the WAL volume, where there is one,
     takes all of the fast device's volume space."""
 
-    def __init__(self, name: str, *, tundra_bin: Path, ports: dict, page_size: int, **kw):
+    def __init__(self, name: str, *, tundra_bin: Path, ports: dict, page_size: int, node_cgroup=None, **kw):
         super().__init__(name, **kw)
         self.settings = TUNDRA_SETTINGS[name]
+        # The database's memory cgroup, when the node's memory is to count against the
+        # database's budget (bench/eval/run.py): the node starts inside it, caches cut to fit.
+        self.node_cgroup = node_cgroup
         self.compresses = self.settings.software != "off" or self.settings.drive != "off"
         self.tundra_bin = Path(tundra_bin)
         self.ports = ports
@@ -510,6 +519,8 @@ class TundraStack(Stack):
                   "[fast]", f'volumes = "{self.fast_volumes_bytes}"',
                   "[compression]", f'software = "{self.settings.software}"']
         lines += list(self.settings.compression_extra)
+        if self.node_cgroup is not None:
+            lines += ["[cache]"] + [f'{key} = {json.dumps(value)}' for key, value in NODE_CACHE.items()]
         if self.settings.limits_extra:
             lines += ["[limits]"] + list(self.settings.limits_extra)
         if self.settings.access == "mount":
@@ -571,8 +582,16 @@ class TundraStack(Stack):
         with open(self.log_dir / "tundra.log", "ab") as out:
             self._node = subprocess.Popen(
                 [str(self.tundra_bin), "serve", "--data-dir", str(self.data_dir), "--config", str(self.config_file)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=self.node_cgroup.preexec() if self.node_cgroup is not None else None)
         self._node_started = True
+        if self.node_cgroup is not None:
+            cgroups = Path(f"/proc/{self._node.pid}/cgroup").read_text().splitlines()
+            memory = next((line.split(":", 2)[2] for line in cgroups if "memory" in line.split(":", 2)[1].split(",")),
+                          None)
+            if memory != self.node_cgroup.rel:
+                raise BenchError(f"tundra serve (pid {self._node.pid}) is in memory cgroup {memory}, "
+                                 f"not {self.node_cgroup.rel}")
         with open(self.log_file, "a") as f:
             f.write(f"+ {self.tundra_bin} serve --data-dir {self.data_dir} --config {self.config_file} "
                     f"(pid {self._node.pid})\n{self.config_text()}")
@@ -693,6 +712,8 @@ class TundraStack(Stack):
             "cpu": s.get("cpu"),
             "write_back_dirty_bytes": s["write_back_dirty_bytes"],
             "host_files_allocated_bytes": {p.name: allocated_bytes(p) for p in sorted(self.data_dir.glob("*.img"))},
+            "node_memory": ({"cgroup": self.node_cgroup.rel, "cache": NODE_CACHE} if self.node_cgroup is not None
+                            else "outside the database's memory cgroup, default caches"),
             "loops": self._loop_details(),
             "fstrim_bytes": dict(self._fstrim_bytes),
         }
@@ -798,9 +819,10 @@ def round_down(n: int, unit: int) -> int:
 
 
 def make_stack(name: str, *, work_dir: Path, size_bytes: int, tundra_bin: Path, ports: dict, log_dir: Path,
-               page_size: int = 8192) -> Stack:
+               page_size: int = 8192, node_cgroup=None) -> Stack:
     """The stack NAME (a key of STACKS), not yet set up. PORTS ({"nbd", "native", "metrics"})
-    are used by the Tundra stacks only."""
+    are used by the Tundra stacks only, and so is NODE_CGROUP (a common.MemoryCgroup): given,
+    the node runs inside it, with the caches of NODE_CACHE."""
     shared = dict(work_dir=Path(work_dir), size_bytes=size_bytes, log_dir=Path(log_dir))
     if name in LOOP_FILESYSTEMS:
         return LoopFsStack(name, **shared)
@@ -808,7 +830,8 @@ def make_stack(name: str, *, work_dir: Path, size_bytes: int, tundra_bin: Path, 
         missing = [k for k in ("nbd", "native", "metrics") if k not in ports]
         if missing:
             raise BenchError(f"{name}: no port given for {', '.join(missing)}")
-        return TundraStack(name, tundra_bin=Path(tundra_bin), ports=ports, page_size=page_size, **shared)
+        return TundraStack(name, tundra_bin=Path(tundra_bin), ports=ports, page_size=page_size,
+                           node_cgroup=node_cgroup, **shared)
     raise BenchError(f"unknown stack {name!r} (one of: {', '.join(STACKS)})")
 
 
