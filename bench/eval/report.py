@@ -40,6 +40,14 @@ def times(x) -> str:
     return "—" if x is None else f"{x:.2f}x"
 
 
+def media_bytes(sizes: dict) -> tuple:
+    """(live, allocated) bytes of one measurement, each None when the run did not record it."""
+    details = sizes.get("details", {})
+    if "host_files_allocated_bytes" in details:
+        return sizes.get("physical_bytes"), sum(details["host_files_allocated_bytes"].values())
+    return sizes.get("fs_used_bytes"), sizes.get("physical_bytes")
+
+
 def mib(n) -> str:
     return "—" if n is None else f"{n / MIB:,.1f}"
 
@@ -152,6 +160,28 @@ class Report:
                            "seconds; the row counts are checked against the source data.", ""]
             self.table(["dataset", "database", "tables", "rows", "data MiB", "WAL MiB", "load s", "check"], rows)
 
+    def space_media(self, datasets: list, systems: list, by: dict) -> None:
+        """Every store's space counted both ways after the updates: what it holds live, and the
+        media it has allocated for that (a filesystem's image blocks; Tundra's drive and fast
+        device files as the host allocated them, garbage not yet collected included)."""
+        rows = []
+        for s in systems:
+            row = [f"`{s}`"]
+            for d in datasets:
+                e = by.get((s, d))
+                if e is None or "error" in e:
+                    row.append("" if e is None else "failed")
+                    continue
+                live, allocated = media_bytes(e["after_updates"])
+                row.append(f"{mib(live)} / {mib(allocated)}")
+            rows.append(row)
+        self.lines += ["Space after the updates, MiB, live / allocated media. Live: what the filesystem "
+                       "counts as used (`statvfs`), or for Tundra the drive's live payloads and the fast "
+                       "device's blocks of mode none volumes (`physical_bytes`). Allocated: the host blocks "
+                       "of the loop image, or of Tundra's drive and fast device files (`drive.img`, "
+                       "`fast.img`), which also hold the drive's garbage not yet collected.", ""]
+        self.table(["system"] + datasets, rows)
+
     def space(self, database: str) -> None:
         entries = self.space_entries(database)
         if not entries:
@@ -183,6 +213,7 @@ class Report:
                                f"<br>{times(vs)} vs ext4")
             rows.append(row)
         self.table(["system"] + datasets, rows)
+        self.space_media(datasets, systems, by)
 
         # Bars: ratio after load and after updates, per dataset.
         fig, axes = plt.subplots(1, len(datasets), figsize=(max(6, 3.2 * len(datasets)), 3.6), squeeze=False)

@@ -93,3 +93,14 @@ class ReportTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MediaBytesTest(unittest.TestCase):
+    def test_live_and_allocated_for_a_filesystem_and_for_tundra(self):
+        from bench.eval.report import media_bytes
+        ext4 = {"physical_bytes": 70 * MIB, "fs_used_bytes": 66 * MIB, "details": {"image_allocated_bytes": 70 * MIB}}
+        self.assertEqual(media_bytes(ext4), (66 * MIB, 70 * MIB))
+        tundra = {"physical_bytes": 30 * MIB, "fs_used_bytes": 90 * MIB,
+                  "details": {"host_files_allocated_bytes": {"drive.img": 50 * MIB, "fast.img": 12 * MIB}}}
+        self.assertEqual(media_bytes(tundra), (30 * MIB, 62 * MIB))
+        self.assertEqual(media_bytes({}), (None, None))
