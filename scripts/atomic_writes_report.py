@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The tables of docs/atomic-writes.md from the raw files of one results directory
 (bench/results/<date>-atomic-writes/): the page write traces (trace-*.json), the torn-page
-protection benchmarks (bench-*.jsonl) and the crash rounds (crash-*.jsonl).
+protection benchmarks (bench-*.jsonl), the torn-page rounds (torn-pages-*.jsonl) and the crash
+rounds (crash-*.jsonl).
 
 Usage: scripts/atomic_writes_report.py DIR     (prints Markdown; standard library only)
 
@@ -39,7 +40,7 @@ def traces(d: str) -> list[str]:
         partial = sum(n for k, n in writes.items() if k.startswith("partial"))
         splits = t.get("block_write_splits")
         split_text = "not traced" if splits is None else f"{splits} ({t['block_write_splits_inside_a_db_page']})"
-        out.append(f"| {os.path.basename(path).removesuffix('.json')} | {t.get('ext4', '?')} | "
+        out.append(f"| {os.path.basename(path).removesuffix('.json')} | {t.get('ext4') or 'mkfs.ext4 ' + t.get('mkfs_ext4_options', '?')} | "
                    f"{t['database_pages_mapped']} | {across} | {t['loop_write_requests']} | "
                    f"{t['fuse_write_requests']} | {split_text} | {writes.get('whole, one store page', 0)} | "
                    f"{writes.get('whole, across store pages', 0)} | {partial} |")
@@ -99,6 +100,14 @@ def main() -> int:
     out = ["## Page write traces", ""] + traces(d)
     for path in sorted(glob.glob(os.path.join(d, "bench-*.jsonl"))):
         out += ["", "## " + os.path.basename(path).removesuffix(".jsonl"), ""] + bench(path)
+    for path in sorted(glob.glob(os.path.join(d, "torn-pages-*.jsonl"))):
+        rows = load_lines(path)
+        out += ["", "## " + os.path.basename(path).removesuffix(".jsonl"), "",
+                f"{len(rows)} rounds of {rows[0]['mode']} writes of {rows[0]['db_page_size']}-byte pages "
+                f"({rows[0]['pages']} pages; mkfs.ext4 {rows[0]['mkfs_ext4_options'] or 'defaults'}), the node killed "
+                f"after {min(r['delay_seconds'] for r in rows)}–{max(r['delay_seconds'] for r in rows)} s: "
+                f"{sum(r['torn'] for r in rows)} torn pages; pages rewritten and durable at the kill, per round: "
+                f"{', '.join(str(r['pages_changed']) for r in rows)}"]
     for path in sorted(glob.glob(os.path.join(d, "crash-*.jsonl"))):
         out += ["", "## " + os.path.basename(path).removesuffix(".jsonl"), ""] + crashes(path)
     print("\n".join(out))
