@@ -285,8 +285,9 @@ class Report:
             return a / b if a is not None and b else None
 
         self.lines += [f"## Throughput on {database} (seed 000 Figure 12)", "",
-                       "tps of each sysbench workload, normalised to the system's uncompressed baseline measured "
-                       "in the same run (and, for Tundra's configurations, to ext4 in brackets); below: tps, p95 latency in ms "
+                       "tps of each sysbench workload (the median of its runs), normalised to the system's uncompressed "
+                       "baseline's median measured in the same run (and, for Tundra's configurations, to ext4 in "
+                       "brackets); below: tps with the range of the runs, p95 latency in ms of the median run "
                        "and the machine's 1-minute load average after the run (2 cores).", ""]
         rows = []
         systems_cfg = self.meta.get("systems", {})
@@ -305,7 +306,11 @@ class Report:
                 cell = times(norm(s, w, base))
                 if base != "ext4":
                     cell += f" ({times(norm(s, w, 'ext4'))})"
-                cell += f"<br>{run['tps']:,.0f} tps, p95 {run.get('p95_ms')}"
+                cell += f"<br>{run['tps']:,.0f} tps"
+                spread = [x["tps"] for x in run.get("runs", [])]
+                if len(spread) > 1:
+                    cell += f" ({min(spread):,.0f}–{max(spread):,.0f}, median of {len(spread)})"
+                cell += f", p95 {run.get('p95_ms')}"
                 if run.get("load_average") is not None:
                     cell += f", load {run['load_average']:.1f}"
                 row.append(cell)

@@ -26,6 +26,7 @@ import os
 import pathlib
 import platform
 import shlex
+import statistics
 import sys
 import time
 import traceback
@@ -103,6 +104,7 @@ class Size:
     stack_size: str            # each stack's logical size
     drive_bench: list
     systems: dict              # database -> system names
+    repetitions: int = 1       # runs of each sysbench workload on a stack: tps is their median
 
 
 QUICK = Size(
@@ -120,7 +122,8 @@ FULL = Size(
     stack_size="8GiB", drive_bench=["--size", "64MiB", "--reads", "2000"],
     systems={"postgresql": [s.name for s in SYSTEMS if "postgresql" in s.databases],
              "mariadb": ["ext4", "btrfs-force", "innodb-lz4", "innodb-zlib", "innodb-row-compressed",
-                         "tundra", "tundra-off"]})
+                         "tundra", "tundra-off"]},
+    repetitions=3)
 # Tundra volumes take the database's page size, so that a page write is one store page.
 PAGE_SIZE = {"postgresql": 8192, "mariadb": 16384}
 
@@ -269,16 +272,21 @@ class Runner:
             after_load = self.measure(db, stack)
             runs = {}
             for workload in self.workloads:
-                db.checkpoint()
-                common.drop_caches()
-                cgroup.reset_peak()
-                r = db.sysbench_run(workload, size.workload_seconds, size.threads)
-                r["memory"] = cgroup.usage()
-                # The machine is shared: the 1-minute load average after the run says how busy
-                # it was (2 cores; sysbench, the database and the storage stack count too).
-                r["load_average"] = round(os.getloadavg()[0], 2)
-                runs[workload] = r
-                log(f"{database}/{system.name}: {workload}: {r['tps']:.1f} tps, p95 {r['p95_ms']} ms")
+                repeated = []
+                # Back to back, each after a checkpoint and with the kernel's caches dropped; a
+                # workload's runs come before the next workload, so inserts still come last.
+                for _ in range(size.repetitions):
+                    db.checkpoint()
+                    common.drop_caches()
+                    cgroup.reset_peak()
+                    r = db.sysbench_run(workload, size.workload_seconds, size.threads)
+                    r["memory"] = cgroup.usage()
+                    # The machine is shared: the 1-minute load average after the run says how
+                    # busy it was (2 cores; sysbench, the database and the storage stack count too).
+                    r["load_average"] = round(os.getloadavg()[0], 2)
+                    repeated.append(r)
+                    log(f"{database}/{system.name}: {workload}: {r['tps']:.1f} tps, p95 {r['p95_ms']} ms")
+                runs[workload] = median_run(repeated)
             after = self.measure(db, stack)
             return {"dataset": "sysbench", "prepare": prep, "after_load": after_load, "workloads": runs,
                     "after_updates": after}
@@ -415,6 +423,17 @@ class Runner:
         }
 
 
+def median_run(repeated: list) -> dict:
+    """One workload's runs as one result: the run of median tps (its p95, memory and load),
+    with every run's tps, p95 and load kept in `runs`."""
+    ordered = sorted(repeated, key=lambda r: r["tps"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["tps"] = statistics.median(r["tps"] for r in repeated)
+    median["runs"] = [{"tps": r["tps"], "p95_ms": r.get("p95_ms"), "load_average": r.get("load_average")}
+                      for r in repeated]
+    return median
+
+
 def remove_tree(path: pathlib.Path) -> None:
     """Deletes a work directory, unless anything is still mounted under it (read from the mount
     table, which also lists a FUSE mount whose server died); then it is left and said so."""
@@ -450,6 +469,8 @@ def main(argv=None) -> int:
                    help="scripts/datasets scale of TPC-H and TPC-DS (quick: sf 0.01, full: sf 1)")
     p.add_argument("--update-seconds", type=float, help="sustained updates per dataset")
     p.add_argument("--workload-seconds", type=float, help="seconds per sysbench workload")
+    p.add_argument("--repetitions", type=int,
+                   help="runs of each sysbench workload (median and range reported; --quick 1, --full 3)")
     p.add_argument("--skip-space", action="store_true", help="no dataset loads")
     p.add_argument("--skip-throughput", action="store_true", help="no sysbench")
     p.add_argument("--skip-store", action="store_true",
@@ -472,6 +493,10 @@ def main(argv=None) -> int:
         size.scale = a.scale
     if a.workload_seconds is not None:
         size.workload_seconds = a.workload_seconds
+    if a.repetitions is not None:
+        if a.repetitions < 1:
+            p.error("--repetitions must be at least 1")
+        size.repetitions = a.repetitions
     for name in a.systems or []:
         if name not in SYSTEM_BY_NAME:
             p.error(f"unknown system {name!r}; see --list")

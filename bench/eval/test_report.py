@@ -104,3 +104,13 @@ class MediaBytesTest(unittest.TestCase):
                   "details": {"host_files_allocated_bytes": {"drive.img": 50 * MIB, "fast.img": 12 * MIB}}}
         self.assertEqual(media_bytes(tundra), (30 * MIB, 62 * MIB))
         self.assertEqual(media_bytes({}), (None, None))
+
+
+class MedianRunTest(unittest.TestCase):
+    def test_median_of_three_keeps_every_run(self):
+        from bench.eval.run import median_run
+        runs = [{"tps": 90.0, "p95_ms": 9}, {"tps": 110.0, "p95_ms": 7}, {"tps": 100.0, "p95_ms": 8}]
+        m = median_run(runs)
+        self.assertEqual((m["tps"], m["p95_ms"]), (100.0, 8))
+        self.assertEqual(sorted(r["tps"] for r in m["runs"]), [90.0, 100.0, 110.0])
+        self.assertEqual(median_run([{"tps": 10.0}, {"tps": 20.0}])["tps"], 15.0)
