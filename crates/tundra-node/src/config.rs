@@ -25,6 +25,20 @@ pub struct Config {
     pub cache: CacheConfig,
     pub redo: RedoConfig,
     pub limits: LimitsConfig,
+    /// Membership of a cluster (docs/cli.md, "Clusters"); absent, the node stands alone.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: this node's id and every node's id and peer address, itself included, as
+/// `"ID@HOST:PORT"`. Peers prove they belong to the cluster with the key in `key_file`
+/// (required unless every peer address is on loopback).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub node_id: u64,
+    pub peers: Vec<String>,
+    /// A file holding the cluster's shared secret (at least 32 bytes).
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -38,6 +52,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             redo: RedoConfig::default(),
             limits: LimitsConfig::default(),
+            cluster: None,
         }
     }
 }

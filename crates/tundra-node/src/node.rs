@@ -65,6 +65,12 @@ impl VolumeRef {
     pub fn page_size(&self) -> usize {
         self.volume.page_size as usize
     }
+
+    /// The page path that serves the volume: a replicated volume's chunk groups apply their
+    /// commands through it.
+    pub fn pages(&self) -> &Arc<Pages> {
+        &self.pages
+    }
 }
 
 /// Latency histograms of one volume.

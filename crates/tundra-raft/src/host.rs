@@ -76,6 +76,9 @@ pub struct Host {
     transport: Arc<dyn Transport>,
     config: Arc<Config>,
     groups: Mutex<BTreeMap<GroupId, Raft>>,
+    /// The page path of groups started on another than the host's (a volume of another page
+    /// size).
+    paths: Mutex<BTreeMap<GroupId, Arc<Pages>>>,
     hook: Option<ApplyHook>,
 }
 
@@ -92,8 +95,17 @@ impl Host {
         hook: Option<ApplyHook>,
     ) -> Result<Host, String> {
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
-        let log = Arc::new(NodeLog::open(media, flush_latency)?);
-        Ok(Host { id, pages, log, transport, config, groups: Mutex::new(BTreeMap::new()), hook })
+        let log = NodeLog::open(media, flush_latency)?;
+        Ok(Host {
+            id,
+            pages,
+            log,
+            transport,
+            config,
+            groups: Mutex::new(BTreeMap::new()),
+            paths: Mutex::new(BTreeMap::new()),
+            hook,
+        })
     }
 
     pub fn id(&self) -> NodeId {
@@ -110,9 +122,19 @@ impl Host {
 
     /// Starts this node's replica of `group`, where its log and its store's mark left it.
     pub async fn add_group(&self, group: GroupId) -> Result<(), String> {
+        self.add_group_on(group, self.pages.clone()).await
+    }
+
+    /// [`Host::add_group`] on the page path `pages` (a volume's page size and store); a group
+    /// this host runs already is left as it is.
+    pub async fn add_group_on(&self, group: GroupId, pages: Arc<Pages>) -> Result<(), String> {
+        if self.groups.lock().contains_key(&group) {
+            return Ok(());
+        }
         let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
         let log = GroupLogStore::new(self.log.clone(), group);
-        let machine = ChunkStateMachine::open(group, self.pages.clone(), self.hook.clone())?;
+        self.paths.lock().insert(group, pages.clone());
+        let machine = ChunkStateMachine::open(group, pages, self.hook.clone())?;
         let raft = Raft::new(self.id, self.config.clone(), network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
@@ -151,7 +173,7 @@ impl Host {
         let raft = self.leader_raft(chunk)?;
         let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
             pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
-        let command = self.pages.encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        let command = self.pages_of(chunk).encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
         self.propose(chunk, &raft, Proposal::new(&command)).await
     }
 
@@ -172,7 +194,16 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
-        self.pages.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))
+        self.pages_of(chunk).read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))
+    }
+
+    fn pages_of(&self, group: GroupId) -> Arc<Pages> {
+        self.paths.lock().get(&group).cloned().unwrap_or_else(|| self.pages.clone())
+    }
+
+    /// The group's committed log index as this node last saved it.
+    pub fn committed(&self, group: GroupId) -> Option<u64> {
+        self.log.with_group(group, |log| log.committed.map(|id| id.index))
     }
 
     /// The group's Raft if this node believes it leads the group.

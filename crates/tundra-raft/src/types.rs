@@ -34,7 +34,7 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// The payload of a group's log entry: a [`StoreCommand`]'s versioned encoding
 /// (docs/format.md, "Store commands"), as the leader built it once with its images already
 /// compressed. Followers decode and apply it; nothing on their side compresses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Proposal {
     pub command: Vec<u8>,
 }
@@ -53,7 +53,7 @@ impl std::fmt::Display for Proposal {
 
 /// What applying an entry answered: the command was applied, or every replica refused it the
 /// same way (a command of another chunk, an image that does not fit its volume).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     pub refused: Option<String>,
 }
