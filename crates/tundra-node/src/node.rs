@@ -162,6 +162,12 @@ impl Node {
         }
     }
 
+    /// The page path of the compressing drive for pages of `page_size` bytes, if the node has
+    /// one (8 and 16 KiB).
+    pub fn drive_pages(&self, page_size: u32) -> Option<Arc<Pages>> {
+        self.paths.get(&(Device::Drive, page_size)).cloned()
+    }
+
     /// The LSN for the next write the node stores.
     pub(crate) fn next_lsn(&self) -> Lsn {
         Lsn(self.version.fetch_add(1, Ordering::Relaxed))

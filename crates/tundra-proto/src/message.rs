@@ -38,6 +38,9 @@ pub enum Request<'a> {
         size_bytes: u64,
         page_size: u32,
         mode: VolumeMode,
+        /// Copies of the volume in a cluster (1: this node only). Sent as an optional last
+        /// byte, absent when 1, so a request for one copy is the same bytes as before.
+        replicas: u8,
     },
     VolumeList,
     VolumeResize {
@@ -148,6 +151,7 @@ impl<'a> Request<'a> {
             size_bytes: spec.size_bytes,
             page_size: spec.page_size,
             mode: spec.mode,
+            replicas: 1,
         }
     }
 
@@ -169,11 +173,14 @@ impl<'a> Request<'a> {
         match *self {
             Request::Ping { .. } | Request::VolumeList => {}
             Request::VolumeLookup { name } | Request::VolumeDelete { name } => put_str(out, name),
-            Request::VolumeCreate { name, size_bytes, page_size, mode } => {
+            Request::VolumeCreate { name, size_bytes, page_size, mode, replicas } => {
                 put_u64(out, size_bytes);
                 put_u32(out, page_size);
                 out.push(mode.code());
                 put_str(out, name);
+                if replicas != 1 {
+                    out.push(replicas);
+                }
             }
             Request::VolumeResize { name, size_bytes } => {
                 put_u64(out, size_bytes);
@@ -244,7 +251,8 @@ impl<'a> Request<'a> {
                 let page_size = cursor.u32("the page size")?;
                 let mode = cursor.volume_mode()?;
                 let name = cursor.str("the volume name")?;
-                Request::VolumeCreate { name, size_bytes, page_size, mode }
+                let replicas = if cursor.remaining() > 0 { cursor.u8("the replica count")? } else { 1 };
+                Request::VolumeCreate { name, size_bytes, page_size, mode, replicas }
             }
             Opcode::VolumeList => Request::VolumeList,
             Opcode::VolumeResize => {

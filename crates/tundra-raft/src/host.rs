@@ -187,6 +187,12 @@ impl Host {
     /// A linearizable read on the leader: leadership confirmed by a quorum, everything
     /// committed before the read applied here, then the page read and verified.
     pub async fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>, Error> {
+        let mut pages = self.read_pages(chunk, &[page]).await?;
+        Ok(pages.pop().flatten())
+    }
+
+    /// [`Host::read_page`] of several pages of one chunk after one confirmation of leadership.
+    pub async fn read_pages(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<Vec<Option<Vec<u8>>>, Error> {
         let raft = self.leader_raft(chunk)?;
         raft.ensure_linearizable().await.map_err(|e| match e {
             RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
@@ -194,7 +200,8 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
-        self.pages_of(chunk).read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))
+        let path = self.pages_of(chunk);
+        pages.iter().map(|&page| path.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))).collect()
     }
 
     fn pages_of(&self, group: GroupId) -> Arc<Pages> {

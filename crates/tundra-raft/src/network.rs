@@ -28,6 +28,7 @@ pub enum Rpc {
     Snapshot {
         vote: Vote<NodeId>,
         meta: SnapshotMeta<NodeId, EmptyNode>,
+        #[serde(with = "crate::codec::bytes")]
         data: Vec<u8>,
     },
 }

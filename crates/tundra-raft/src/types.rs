@@ -36,6 +36,7 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// compressed. Followers decode and apply it; nothing on their side compresses.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Proposal {
+    #[serde(with = "crate::codec::bytes")]
     pub command: Vec<u8>,
 }
 
