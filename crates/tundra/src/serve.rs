@@ -47,6 +47,11 @@ pub fn serve(args: NodeArgs) -> Result<()> {
     {
         check_local(addr, what)?;
     }
+    // A cluster's membership is checked before anything is opened: a node that may not
+    // listen where it is told to formats nothing.
+    if let Some(cluster) = &config.cluster {
+        tundra_member::peers::Membership::from_config(cluster).map_err(|e| anyhow::anyhow!(e))?;
+    }
     // A new data directory is set up only once the ports are known to be free, so a second
     // node started by mistake formats nothing.
     if !config.data_dir.join("layout.toml").exists() {
