@@ -184,11 +184,11 @@ async fn dial_loop(inner: Arc<Inner>, peer: u64, link: Arc<Link>) {
                 said = false;
                 serve(inner.clone(), stream, session).await;
             }
-            Ok(Err(why)) if why.contains("cluster key") || why.contains("not node") || why.contains("version") => {
-                if !said {
-                    eprintln!("tundra: node {peer} at {} refused: {why}", link.addr);
-                    said = true;
-                }
+            Ok(Err(why))
+                if !said && (why.contains("cluster key") || why.contains("not node") || why.contains("version")) =>
+            {
+                eprintln!("tundra: node {peer} at {} refused: {why}", link.addr);
+                said = true;
             }
             _ => {}
         }
