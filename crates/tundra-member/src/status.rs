@@ -2,7 +2,8 @@
 //! nodes (`nodes[]`: `id`, `addr`, `up`) and the chunks (`chunks[]`: `volume`, `chunk`,
 //! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
 //! applied index). A chunk's figures are its leader's; `lag` is how many committed entries the
-//! replica furthest behind has not applied (null while a replica does not answer).
+//! replica furthest behind has not applied (null while a replica does not answer). `traffic`
+//! counts the bytes the answering node sent its peers: Raft messages and everything else.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,6 +44,8 @@ pub struct ClusterStatus {
     pub node: u64,
     pub nodes: Vec<NodeStatus>,
     pub chunks: Vec<ChunkStatus>,
+    /// What the answering node sent to its peers since it started (message bodies).
+    pub traffic: crate::transport::TrafficStats,
 }
 
 impl ClusterNode {
@@ -134,6 +137,6 @@ impl ClusterNode {
                 });
             }
         }
-        ClusterStatus { node: self.me, nodes, chunks }
+        ClusterStatus { node: self.me, nodes, chunks, traffic: self.transport.traffic() }
     }
 }

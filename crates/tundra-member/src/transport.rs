@@ -41,7 +41,7 @@ struct Link {
 }
 
 /// Bytes this node sent, by what they carried.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TrafficStats {
     /// Frame bytes of Raft messages (appends, votes, snapshots) sent to peers.
     pub raft_bytes_sent: u64,

@@ -251,7 +251,15 @@ impl<'a> Request<'a> {
                 let page_size = cursor.u32("the page size")?;
                 let mode = cursor.volume_mode()?;
                 let name = cursor.str("the volume name")?;
-                let replicas = if cursor.remaining() > 0 { cursor.u8("the replica count")? } else { 1 };
+                // Present only when more than one copy is asked for, so that no body has two
+                // encodings: a count below 2 sent explicitly is malformed.
+                let replicas = match cursor.remaining() {
+                    0 => 1,
+                    _ => match cursor.u8("the replica count")? {
+                        n if n >= 2 => n,
+                        n => return Err(cursor.error(format!("a replica count of {n} (counts below 2 are not sent)"))),
+                    },
+                };
                 Request::VolumeCreate { name, size_bytes, page_size, mode, replicas }
             }
             Opcode::VolumeList => Request::VolumeList,
