@@ -94,7 +94,7 @@ fn round(count: usize) -> Round {
     let after = cluster.status(leader)["traffic"]["raft_bytes_sent"].as_u64().expect("traffic");
     let stats: serde_json::Value =
         serde_json::from_str(&client.stats(Some(volume)).expect("stats")).expect("stats are JSON");
-    let compressed = stats["space"]["compressed_bytes"].as_u64().expect("compressed bytes");
+    let compressed = stats["compressed_bytes"].as_u64().expect("compressed bytes");
     let follower_bytes_per_page = (after - before) as f64 / 2.0 / count as f64;
     Round {
         single_us_p50: median(&mut single_us),

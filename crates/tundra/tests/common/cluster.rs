@@ -3,6 +3,8 @@
 //! free, readiness awaited in a bounded loop, stopped by PID (kill -9 where a test crashes a
 //! node), and killed when the test ends, whatever happens.
 
+#![allow(dead_code)]
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
