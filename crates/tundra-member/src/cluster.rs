@@ -29,6 +29,8 @@ pub const RAFT_LOG_FILE: &str = "raft.log";
 const COMPACT_BYTES: u64 = 64 << 20;
 /// How long a peer may take over a forwarded request before it counts as lost.
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a volume's creation waits for a peer it cannot reach yet.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
 /// How long a volume's creation waits for its groups' first leaders.
 const FIRST_LEADER_WAIT: Duration = Duration::from_secs(20);
 
@@ -44,6 +46,9 @@ pub struct ClusterNode {
     /// The LSN given to the next page this node writes as a leader: above every LSN it gave
     /// before, since it starts from the clock in microseconds.
     pub(crate) lsn: AtomicU64,
+    /// The id of this node's next client request: from a random start, so ids of different
+    /// nodes and of one node's runs do not meet.
+    pub(crate) next_request: AtomicU64,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -96,6 +101,7 @@ impl ClusterNode {
             catalog: Mutex::new(catalog),
             locks: PageLocks::default(),
             lsn: AtomicU64::new(start_lsn as u64),
+            next_request: AtomicU64::new(random_u64()? | 1),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -143,7 +149,9 @@ impl ClusterNode {
     /// Does what a [`Forward`] asks, here.
     pub(crate) async fn serve(&self, forward: Forward) -> Result<Answer, Refusal> {
         match forward {
-            Forward::Write { volume, chunk, pages } => self.lead_write(volume, ChunkId(chunk), pages).await,
+            Forward::Write { volume, chunk, pages, request, retry } => {
+                self.lead_write(volume, ChunkId(chunk), pages, request, retry).await
+            }
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
             Forward::Prepare { name } => {
@@ -219,7 +227,7 @@ impl ClusterNode {
         self.block_on(async {
             let mut id = 0;
             for &node in &nodes {
-                match self.ask(node, Forward::Prepare { name: name.to_string() }).await? {
+                match self.ask_patiently(node, Forward::Prepare { name: name.to_string() }).await? {
                     Answer::VolumeId(next) => id = id.max(next),
                     other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
                 }
@@ -243,6 +251,20 @@ impl ClusterNode {
         })
     }
 
+    /// [`ClusterNode::ask`], asked again while the node is unreachable, for up to
+    /// [`CONNECT_WAIT`] (a node that just started may not have connected to its peers yet).
+    async fn ask_patiently(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
+        let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        loop {
+            match self.ask(node, forward.clone()).await {
+                Err(Refusal::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Sends `forward` to `node` (or does it here) and returns its answer.
     pub(crate) async fn ask(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
         if node == self.me {
@@ -254,6 +276,15 @@ impl ClusterNode {
             Err(why) => Err(Refusal::Unavailable(why)),
         }
     }
+}
+
+fn random_u64() -> Result<u64, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 /// The chunks of a volume.

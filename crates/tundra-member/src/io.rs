@@ -6,7 +6,10 @@
 //! [`STALL_LIMIT`], so its clients see a stall, not an error.
 //!
 //! Every write to a page takes the page's lock on the leader for its whole round, so a piece
-//! merged into a page is never merged into a version another write is replacing.
+//! merged into a page is never merged into a version another write is replacing. Every write
+//! carries a request id, the same on each attempt: a leader asked again checks whether an
+//! earlier attempt took effect before proposing it again (`Host::write_pages_once`), so a
+//! write whose answer was lost in a failover is applied once.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -99,6 +102,8 @@ impl ClusterNode {
         volume: u32,
         chunk: ChunkId,
         writes: Vec<PageWrite>,
+        request: u64,
+        retry: bool,
     ) -> Result<Answer, Refusal> {
         let volume = self.replicated(volume, chunk)?;
         let page_size = volume.page_size();
@@ -135,7 +140,7 @@ impl ClusterNode {
             };
             batch.push((PageNo(write.page), content, Lsn(self.lsn.fetch_add(1, Ordering::Relaxed))));
         }
-        self.host.write_pages(chunk, &batch).await.map_err(refusal)?;
+        self.host.write_pages_once(chunk, &batch, request, retry).await.map_err(refusal)?;
         Ok(Answer::Done)
     }
 
@@ -160,10 +165,16 @@ impl ClusterNode {
 
     /// Sends `forward` about `chunk` to its leader, again and again until it is done, refused
     /// as invalid, or [`STALL_LIMIT`] passed.
-    pub(crate) async fn to_leader(&self, chunk: ChunkId, forward: Forward) -> Result<Answer, Refusal> {
+    pub(crate) async fn to_leader(&self, chunk: ChunkId, mut forward: Forward) -> Result<Answer, Refusal> {
         let deadline = tokio::time::Instant::now() + STALL_LIMIT;
         let mut hint: Option<u64> = None;
+        let mut first = true;
         loop {
+            // Every attempt after the first may follow one that took effect unseen.
+            if let Forward::Write { retry, .. } = &mut forward {
+                *retry = !first;
+            }
+            first = false;
             let result = match hint.take().or_else(|| self.local_leader(chunk)) {
                 Some(leader) => self.ask(leader, forward.clone()).await,
                 None => Err(Refusal::Unavailable(format!("chunk {} has no leader now", chunk.0))),
@@ -222,7 +233,8 @@ impl ClusterNode {
 
     fn send_writes(&self, volume: &VolumeRef, writes: Vec<(ChunkId, PageWrite)>) -> Result<(), Refusal> {
         for (chunk, pages) in by_chunk(writes) {
-            let forward = Forward::Write { volume: volume.volume.id.0, chunk: chunk.0, pages };
+            let request = self.next_request.fetch_add(2, Ordering::Relaxed);
+            let forward = Forward::Write { volume: volume.volume.id.0, chunk: chunk.0, pages, request, retry: false };
             self.block_on(self.to_leader(chunk, forward))?;
         }
         Ok(())

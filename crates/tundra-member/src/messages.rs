@@ -40,8 +40,10 @@ pub struct VolumeDef {
 /// Work one node asks of another.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Forward {
-    /// Pieces of pages of one chunk, written by its leader in one proposal.
-    Write { volume: u32, chunk: u64, pages: Vec<PageWrite> },
+    /// Pieces of pages of one chunk, written by its leader in one proposal. `request` names
+    /// the client request (the same on every attempt); `retry` says an earlier attempt's
+    /// answer was lost, so the leader first checks whether it took effect.
+    Write { volume: u32, chunk: u64, pages: Vec<PageWrite>, request: u64, retry: bool },
     /// Pages of one chunk, read by its leader (linearizable).
     Read { volume: u32, chunk: u64, pages: Vec<u32> },
     /// Pages of one chunk removed through its group.

@@ -93,7 +93,8 @@ mod tests {
 
     fn records() -> Vec<LogRecord> {
         let log_id = LogId::new(CommittedLeaderId::new(3, 2), 17);
-        let entry = Entry { log_id, payload: EntryPayload::Normal(Proposal { command: vec![1, 2, 3, 250] }) };
+        let entry =
+            Entry { log_id, payload: EntryPayload::Normal(Proposal { command: vec![1, 2, 3, 250], request: 7 }) };
         vec![
             LogRecord::Entries { group: ChunkId(1 << 32), entries: vec![entry] },
             LogRecord::Vote { group: ChunkId(7), vote: Vote::new(4, 1) },

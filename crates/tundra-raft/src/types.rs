@@ -38,11 +38,15 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub struct Proposal {
     #[serde(with = "crate::codec::bytes")]
     pub command: Vec<u8>,
+    /// The id of the client request this entry carries out (0: none), so that a leader asked
+    /// again after an answer was lost can tell whether the first attempt took effect
+    /// ([`crate::state_machine::AppliedRequests`]).
+    pub request: u64,
 }
 
 impl Proposal {
     pub fn new(command: &StoreCommand) -> Proposal {
-        Proposal { command: command.encode() }
+        Proposal { command: command.encode(), request: 0 }
     }
 }
 

@@ -106,6 +106,11 @@ fn round(count: usize) -> Round {
     }
 }
 
+/// A results directory named relative to the repository's root (tests run in the crate's).
+fn results_dir(dir: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)
+}
+
 fn spread(values: &[f64]) -> (f64, f64, f64) {
     let mut sorted = values.to_vec();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -162,7 +167,7 @@ fn replication_costs() {
     writeln!(text, "single_us_p50 median {s:.0} (min {slo:.0}, max {shi:.0}); replicated_us_p50 median {r:.0} (min {rlo:.0}, max {rhi:.0})").unwrap();
     let (m, lo, hi) = spread(&bytes);
     writeln!(text, "bytes_ratio median {m:.4} (min {lo:.4}, max {hi:.4})").unwrap();
-    std::fs::create_dir_all(&dir).expect("create the results directory");
-    std::fs::write(PathBuf::from(&dir).join("replication.txt"), &text).expect("write the results");
+    std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
+    std::fs::write(results_dir(&dir).join("replication.txt"), &text).expect("write the results");
     print!("{text}");
 }

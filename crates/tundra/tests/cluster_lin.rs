@@ -111,6 +111,11 @@ fn client(
     history
 }
 
+/// A results directory named relative to the repository's root (tests run in the crate's).
+fn results_dir(dir: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)
+}
+
 fn lincheck(dir: &Path) -> PathBuf {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lincheck");
     let binary = dir.join("lincheck");
@@ -194,7 +199,7 @@ fn reads_and_writes_stay_linearizable_while_nodes_are_killed() {
     );
     println!("{summary}");
     if let Ok(dir) = std::env::var("TUNDRA_LIN_OUT") {
-        std::fs::create_dir_all(&dir).expect("results dir");
+        std::fs::create_dir_all(results_dir(&dir)).expect("results dir");
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let text = format!(
             "# TUNDRA_LIN_OPS={} TUNDRA_LIN_OUT={dir} cargo test -p tundra --test cluster_lin -- --nocapture\n\
@@ -205,7 +210,7 @@ fn reads_and_writes_stay_linearizable_while_nodes_are_killed() {
             verdict,
             start.elapsed().as_secs_f64()
         );
-        std::fs::write(PathBuf::from(dir).join("linearizability.txt"), format!("{text}{summary}\n"))
+        std::fs::write(results_dir(&dir).join("linearizability.txt"), format!("{text}{summary}\n"))
             .expect("write results");
     }
     assert_eq!(status, 0, "{summary}\n{}", cluster.logs());

@@ -23,7 +23,7 @@ fn random_batch(rng: &mut Rng, index: &mut u64) -> Vec<LogRecord> {
                 let log_id = LogId::new(CommittedLeaderId::new(1, 1), *index);
                 LogRecord::Entries {
                     group,
-                    entries: vec![Entry { log_id, payload: EntryPayload::Normal(Proposal { command }) }],
+                    entries: vec![Entry { log_id, payload: EntryPayload::Normal(Proposal { command, request: 0 }) }],
                 }
             }
         })
