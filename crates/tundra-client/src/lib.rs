@@ -172,6 +172,17 @@ impl Client {
         self.call_volume(Request::volume_create(spec))
     }
 
+    /// Creates a volume with `replicas` copies on the nodes of the server's cluster.
+    pub fn volume_create_replicated(&mut self, spec: &VolumeSpec, replicas: u8) -> Result<VolumeInfo> {
+        let request = match Request::volume_create(spec) {
+            Request::VolumeCreate { name, size_bytes, page_size, mode, .. } => {
+                Request::VolumeCreate { name, size_bytes, page_size, mode, replicas }
+            }
+            other => other,
+        };
+        self.call_volume(request)
+    }
+
     pub fn volume_list(&mut self) -> Result<Vec<VolumeInfo>> {
         match self.call(Request::VolumeList)? {
             Reply::Volumes(infos) => Ok(infos),

@@ -105,8 +105,9 @@ impl Node {
         self.deleted_listeners.lock().push(listener);
     }
 
-    /// The next volume id: above every id either store ever gave out.
-    fn next_volume_id(&self) -> VolumeId {
+    /// The next volume id: above every id either store ever gave out. A cluster takes the
+    /// largest of its nodes' for a replicated volume, which gets the same id on each.
+    pub fn next_volume_id(&self) -> VolumeId {
         let stores = self.data.next_volume_id().max(self.fast.next_volume_id());
         let listed = self.volumes.read().keys().map(|id| id.0.saturating_add(1)).max().unwrap_or(0);
         VolumeId(stores.0.max(listed).max(1))
@@ -114,13 +115,32 @@ impl Node {
 
     /// Creates a volume: mode normal on the drive, mode none on the fast device.
     pub fn volume_create(&self, name: &str, size_bytes: u64, page_size: u32, mode: VolumeMode) -> Result<VolumeRef> {
+        self.volume_create_as(None, name, size_bytes, page_size, mode)
+    }
+
+    /// [`Node::volume_create`] with the id chosen by the caller (a cluster's, the same on every
+    /// replica), which must be unused here; `None` takes the next.
+    pub fn volume_create_as(
+        &self,
+        id: Option<VolumeId>,
+        name: &str,
+        size_bytes: u64,
+        page_size: u32,
+        mode: VolumeMode,
+    ) -> Result<VolumeRef> {
         let _one = self.admin.lock();
         validate_name(name)?;
         if self.volume_by_name(name).is_ok() {
             return Err(Error::Exists(format!("a volume named {name:?} exists; choose another name or delete it")));
         }
         let device = if mode == VolumeMode::None { Device::Fast } else { Device::Drive };
-        let id = self.next_volume_id();
+        let id = match id {
+            None => self.next_volume_id(),
+            Some(id) if id >= self.next_volume_id() => id,
+            Some(id) => {
+                return Err(Error::Exists(format!("volume id {} was given out on this node already", id.0)));
+            }
+        };
         let volume =
             Volume { id, name: name.to_string(), size_bytes, page_size, chunk_bytes: DEFAULT_CHUNK_BYTES, mode };
         volume.validate()?;

@@ -27,6 +27,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Volumes served as files through FUSE in the node's process (`[[mount]]`, mount.rs).
     pub mount: Vec<MountConfig>,
+    /// Membership of a cluster (docs/cli.md, "Clusters"); absent, the node stands alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// One `[[mount]]`: a volume shown as a file, mounted when the node starts and unmounted when
@@ -67,6 +69,18 @@ impl MountConfig {
     }
 }
 
+/// `[cluster]`: this node's id and every node's id and peer address, itself included, as
+/// `"ID@HOST:PORT"`. Peers prove they belong to the cluster with the key in `key_file`
+/// (required unless every peer address is on loopback).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub node_id: u64,
+    pub peers: Vec<String>,
+    /// A file holding the cluster's shared secret (at least 32 bytes).
+    pub key_file: Option<PathBuf>,
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {
@@ -79,6 +93,7 @@ impl Default for Config {
             redo: RedoConfig::default(),
             limits: LimitsConfig::default(),
             mount: Vec::new(),
+            cluster: None,
         }
     }
 }

@@ -57,7 +57,7 @@ mod writeback;
 
 pub use admin::DeletedListener;
 pub use background::background_loop;
-pub use config::{Config, DriveCompression};
+pub use config::{ClusterConfig, Config, DriveCompression};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use node::{Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};

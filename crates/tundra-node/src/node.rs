@@ -65,6 +65,12 @@ impl VolumeRef {
     pub fn page_size(&self) -> usize {
         self.volume.page_size as usize
     }
+
+    /// The page path that serves the volume: a replicated volume's chunk groups apply their
+    /// commands through it.
+    pub fn pages(&self) -> &Arc<Pages> {
+        &self.pages
+    }
 }
 
 /// Latency histograms of one volume.
@@ -164,6 +170,12 @@ impl Node {
             Device::Drive => &self.data,
             Device::Fast => &self.fast,
         }
+    }
+
+    /// The page path of the compressing drive for pages of `page_size` bytes, if the node has
+    /// one (8 and 16 KiB).
+    pub fn drive_pages(&self, page_size: u32) -> Option<Arc<Pages>> {
+        self.paths.get(&(Device::Drive, page_size)).cloned()
     }
 
     /// The LSN for the next write the node stores.

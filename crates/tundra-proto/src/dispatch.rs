@@ -115,9 +115,13 @@ fn execute(service: &dyn Service, request: Request<'_>, reply: &mut Reply) -> Re
     match request {
         Request::Ping { payload } => head.extend_from_slice(payload),
         Request::VolumeLookup { name } => put_volume_info(head, &service.volume_lookup(name)?),
-        Request::VolumeCreate { name, size_bytes, page_size, mode } => {
+        Request::VolumeCreate { name, size_bytes, page_size, mode, replicas } => {
             let spec = VolumeSpec { name: name.to_string(), size_bytes, page_size, mode };
-            put_volume_info(head, &service.volume_create(spec)?);
+            let info = match replicas {
+                1 => service.volume_create(spec)?,
+                _ => service.volume_create_replicated(spec, replicas)?,
+            };
+            put_volume_info(head, &info);
         }
         Request::VolumeList => put_volume_list(head, &service.volume_list()?),
         Request::VolumeResize { name, size_bytes } => put_volume_info(head, &service.volume_resize(name, size_bytes)?),

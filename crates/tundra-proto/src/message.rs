@@ -38,6 +38,9 @@ pub enum Request<'a> {
         size_bytes: u64,
         page_size: u32,
         mode: VolumeMode,
+        /// Copies of the volume in a cluster (1: this node only). Sent as an optional last
+        /// byte, absent when 1, so a request for one copy is the same bytes as before.
+        replicas: u8,
     },
     VolumeList,
     VolumeResize {
@@ -148,6 +151,7 @@ impl<'a> Request<'a> {
             size_bytes: spec.size_bytes,
             page_size: spec.page_size,
             mode: spec.mode,
+            replicas: 1,
         }
     }
 
@@ -169,11 +173,14 @@ impl<'a> Request<'a> {
         match *self {
             Request::Ping { .. } | Request::VolumeList => {}
             Request::VolumeLookup { name } | Request::VolumeDelete { name } => put_str(out, name),
-            Request::VolumeCreate { name, size_bytes, page_size, mode } => {
+            Request::VolumeCreate { name, size_bytes, page_size, mode, replicas } => {
                 put_u64(out, size_bytes);
                 put_u32(out, page_size);
                 out.push(mode.code());
                 put_str(out, name);
+                if replicas != 1 {
+                    out.push(replicas);
+                }
             }
             Request::VolumeResize { name, size_bytes } => {
                 put_u64(out, size_bytes);
@@ -244,7 +251,16 @@ impl<'a> Request<'a> {
                 let page_size = cursor.u32("the page size")?;
                 let mode = cursor.volume_mode()?;
                 let name = cursor.str("the volume name")?;
-                Request::VolumeCreate { name, size_bytes, page_size, mode }
+                // Present only when more than one copy is asked for, so that no body has two
+                // encodings: a count below 2 sent explicitly is malformed.
+                let replicas = match cursor.remaining() {
+                    0 => 1,
+                    _ => match cursor.u8("the replica count")? {
+                        n if n >= 2 => n,
+                        n => return Err(cursor.error(format!("a replica count of {n} (counts below 2 are not sent)"))),
+                    },
+                };
+                Request::VolumeCreate { name, size_bytes, page_size, mode, replicas }
             }
             Opcode::VolumeList => Request::VolumeList,
             Opcode::VolumeResize => {
@@ -460,7 +476,20 @@ mod tests {
             Request::Ping { payload: b"" },
             Request::Ping { payload: b"echo" },
             Request::VolumeLookup { name: "db" },
-            Request::VolumeCreate { name: "wal", size_bytes: 1 << 34, page_size: 8192, mode: VolumeMode::None },
+            Request::VolumeCreate {
+                name: "wal",
+                size_bytes: 1 << 34,
+                page_size: 8192,
+                mode: VolumeMode::None,
+                replicas: 1,
+            },
+            Request::VolumeCreate {
+                name: "db",
+                size_bytes: 1 << 30,
+                page_size: 8192,
+                mode: VolumeMode::Normal,
+                replicas: 3,
+            },
             Request::VolumeList,
             Request::VolumeResize { name: "db", size_bytes: 1 << 35 },
             Request::VolumeDelete { name: "é" },

@@ -16,6 +16,15 @@ use crate::types::{HeavyResult, VolumeInfo, VolumeSpec, WriteMode};
 pub trait Service: Send + Sync {
     fn volume_lookup(&self, name: &str) -> Result<VolumeInfo, ServiceError>;
     fn volume_create(&self, spec: VolumeSpec) -> Result<VolumeInfo, ServiceError>;
+    /// Creates a volume with `replicas` copies on as many nodes of a cluster (more than one;
+    /// one copy is [`Service::volume_create`]). A node outside a cluster refuses.
+    fn volume_create_replicated(&self, spec: VolumeSpec, replicas: u8) -> Result<VolumeInfo, ServiceError> {
+        let _ = spec;
+        Err(ServiceError::new(
+            Status::Invalid,
+            format!("this node is not part of a cluster: a volume of {replicas} replicas needs a [cluster] section"),
+        ))
+    }
     fn volume_list(&self) -> Result<Vec<VolumeInfo>, ServiceError>;
     fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, ServiceError>;
     fn volume_delete(&self, name: &str) -> Result<(), ServiceError>;

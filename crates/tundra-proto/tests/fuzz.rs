@@ -45,9 +45,13 @@ impl Fields {
         match self.opcode {
             Opcode::Ping => Request::Ping { payload: &self.data },
             Opcode::VolumeLookup => Request::VolumeLookup { name: &self.name },
-            Opcode::VolumeCreate => {
-                Request::VolumeCreate { name: &self.name, size_bytes: a, page_size: b as u32, mode: self.volume_mode }
-            }
+            Opcode::VolumeCreate => Request::VolumeCreate {
+                name: &self.name,
+                size_bytes: a,
+                page_size: b as u32,
+                mode: self.volume_mode,
+                replicas: 1,
+            },
             Opcode::VolumeList => Request::VolumeList,
             Opcode::VolumeResize => Request::VolumeResize { name: &self.name, size_bytes: a },
             Opcode::VolumeDelete => Request::VolumeDelete { name: &self.name },

@@ -49,7 +49,13 @@ fn valid_session(page: u64, fill: u8) -> Vec<u8> {
     let pages = [page, page + 1, 0];
     let requests = [
         Request::Ping { payload: b"hello" },
-        Request::VolumeCreate { name: "fuzz", size_bytes: 1 << 20, page_size: 8192, mode: VolumeMode::Normal },
+        Request::VolumeCreate {
+            name: "fuzz",
+            size_bytes: 1 << 20,
+            page_size: 8192,
+            mode: VolumeMode::Normal,
+            replicas: 1,
+        },
         Request::VolumeLookup { name: "fuzz" },
         Request::WritePage { volume: 1, page, mode: WriteMode::Lz4, data: &data },
         Request::ReadPage { volume: 1, page },

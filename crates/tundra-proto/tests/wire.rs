@@ -138,7 +138,13 @@ fn every_opcode_answers_on_the_wire() {
     let mut stream = open(&server);
     let page = vec![0x5A; 8192];
     let requests = [
-        Request::VolumeCreate { name: "db", size_bytes: 8192 * 64, page_size: 8192, mode: VolumeMode::Normal },
+        Request::VolumeCreate {
+            name: "db",
+            size_bytes: 8192 * 64,
+            page_size: 8192,
+            mode: VolumeMode::Normal,
+            replicas: 1,
+        },
         Request::VolumeLookup { name: "db" },
         Request::VolumeList,
         Request::VolumeResize { name: "db", size_bytes: 8192 * 128 },

@@ -25,7 +25,7 @@ use tundra_store::store::Store;
 
 use crate::log::{GroupLogStore, LogMedia, NodeLog};
 use crate::network::{Envelope, GroupNetwork, Reply, Rpc, Transport};
-use crate::state_machine::{ApplyHook, ChunkStateMachine};
+use crate::state_machine::{AppliedRequests, ApplyHook, ChunkStateMachine};
 use crate::types::{GroupId, NodeId, Proposal, Raft};
 
 /// What a replicated operation can answer besides success.
@@ -76,7 +76,13 @@ pub struct Host {
     transport: Arc<dyn Transport>,
     config: Arc<Config>,
     groups: Mutex<BTreeMap<GroupId, Raft>>,
+    /// The page path of groups started on another than the host's (a volume of another page
+    /// size).
+    paths: Mutex<BTreeMap<GroupId, Arc<Pages>>>,
     hook: Option<ApplyHook>,
+    requests: Arc<AppliedRequests>,
+    /// Requests this node proposed as a leader whose proposals have not answered yet.
+    pending: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Host {
@@ -92,8 +98,19 @@ impl Host {
         hook: Option<ApplyHook>,
     ) -> Result<Host, String> {
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
-        let log = Arc::new(NodeLog::open(media, flush_latency)?);
-        Ok(Host { id, pages, log, transport, config, groups: Mutex::new(BTreeMap::new()), hook })
+        let log = NodeLog::open(media, flush_latency)?;
+        Ok(Host {
+            id,
+            pages,
+            log,
+            transport,
+            config,
+            groups: Mutex::new(BTreeMap::new()),
+            paths: Mutex::new(BTreeMap::new()),
+            hook,
+            requests: Arc::default(),
+            pending: Mutex::default(),
+        })
     }
 
     pub fn id(&self) -> NodeId {
@@ -110,9 +127,29 @@ impl Host {
 
     /// Starts this node's replica of `group`, where its log and its store's mark left it.
     pub async fn add_group(&self, group: GroupId) -> Result<(), String> {
+        self.add_group_on(group, self.pages.clone()).await
+    }
+
+    /// [`Host::add_group`] on the page path `pages` (a volume's page size and store); a group
+    /// this host runs already is left as it is.
+    pub async fn add_group_on(&self, group: GroupId, pages: Arc<Pages>) -> Result<(), String> {
+        if self.groups.lock().contains_key(&group) {
+            return Ok(());
+        }
         let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
         let log = GroupLogStore::new(self.log.clone(), group);
-        let machine = ChunkStateMachine::open(group, self.pages.clone(), self.hook.clone())?;
+        self.paths.lock().insert(group, pages.clone());
+        // The requests of the committed entries the log still holds: those a restarted node
+        // applied before it stopped are never applied again, so never recorded otherwise.
+        self.log.with_group(group, |log| {
+            let committed = log.committed.map_or(0, |id| id.index);
+            for entry in log.entries.range(..=committed).map(|(_, e)| e) {
+                if let openraft::EntryPayload::Normal(proposal) = &entry.payload {
+                    self.requests.record(group, proposal.request);
+                }
+            }
+        });
+        let machine = ChunkStateMachine::open(group, pages, self.hook.clone(), self.requests.clone())?;
         let raft = Raft::new(self.id, self.config.clone(), network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
@@ -151,8 +188,41 @@ impl Host {
         let raft = self.leader_raft(chunk)?;
         let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
             pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
-        let command = self.pages.encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        let command = self.pages_of(chunk).encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
         self.propose(chunk, &raft, Proposal::new(&command)).await
+    }
+
+    /// [`Host::write_pages`] on behalf of client request `request` (a nonzero id unique to it).
+    /// When `retry` says the request was sent before and its answer was lost, the first attempt
+    /// may have taken effect: after waiting for any proposal of it still pending here, the
+    /// leader confirms its leadership and applies everything committed (so an entry of the
+    /// first attempt is either applied now or can never commit), and answers at once if the
+    /// request was applied. A write is thus applied once, however often it is asked.
+    pub async fn write_pages_once(
+        &self,
+        chunk: ChunkId,
+        pages: &[(PageNo, Vec<u8>, Lsn)],
+        request: u64,
+        retry: bool,
+    ) -> Result<(), Error> {
+        assert!(request != 0, "a request id is never 0");
+        let raft = self.leader_raft(chunk)?;
+        if retry {
+            // A proposal stuck past this long answers with an error of its own first.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while self.pending.lock().contains(&request) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            self.read_pages(chunk, &[]).await?;
+            if self.requests.contains(chunk, request) {
+                return Ok(());
+            }
+        }
+        let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
+            pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
+        let command = self.pages_of(chunk).encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        let _pending = Pending::new(&self.pending, request);
+        self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await
     }
 
     /// Removes pages of one chunk through the group.
@@ -165,6 +235,12 @@ impl Host {
     /// A linearizable read on the leader: leadership confirmed by a quorum, everything
     /// committed before the read applied here, then the page read and verified.
     pub async fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>, Error> {
+        let mut pages = self.read_pages(chunk, &[page]).await?;
+        Ok(pages.pop().flatten())
+    }
+
+    /// [`Host::read_page`] of several pages of one chunk after one confirmation of leadership.
+    pub async fn read_pages(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<Vec<Option<Vec<u8>>>, Error> {
         let raft = self.leader_raft(chunk)?;
         raft.ensure_linearizable().await.map_err(|e| match e {
             RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
@@ -172,7 +248,17 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
-        self.pages.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))
+        let path = self.pages_of(chunk);
+        pages.iter().map(|&page| path.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))).collect()
+    }
+
+    fn pages_of(&self, group: GroupId) -> Arc<Pages> {
+        self.paths.lock().get(&group).cloned().unwrap_or_else(|| self.pages.clone())
+    }
+
+    /// The group's committed log index as this node last saved it.
+    pub fn committed(&self, group: GroupId) -> Option<u64> {
+        self.log.with_group(group, |log| log.committed.map(|id| id.index))
     }
 
     /// The group's Raft if this node believes it leads the group.
@@ -205,6 +291,26 @@ impl Host {
             let _ = raft.shutdown().await;
         }
         self.log.stop();
+    }
+}
+
+/// A request marked pending for as long as its proposal runs (even if the caller gives up on
+/// it midway).
+struct Pending<'a> {
+    set: &'a Mutex<std::collections::HashSet<u64>>,
+    request: u64,
+}
+
+impl<'a> Pending<'a> {
+    fn new(set: &'a Mutex<std::collections::HashSet<u64>>, request: u64) -> Pending<'a> {
+        set.lock().insert(request);
+        Pending { set, request }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.request);
     }
 }
 

@@ -5,7 +5,9 @@
 //!
 //! - [`types`]: the type configuration, the entry (a `StoreCommand`'s bytes), snapshots.
 //! - [`runtime`]: tokio with a seeded generator for openraft's election timeouts.
-//! - [`log`]: a node's shared Raft log for all its groups, with group commit.
+//! - [`codec`]: the bytes of log records and of messages between nodes.
+//! - [`log`]: a node's shared Raft log for all its groups, with group commit, in memory or in a
+//!   file.
 //! - [`mark`]: the apply mark the store journals with each applied command.
 //! - [`state_machine`]: a chunk replica as openraft's state machine.
 //! - [`network`]: messages tagged with their group, over one transport per node.
@@ -16,6 +18,7 @@
 // bytes); the functions that return them on its behalf cannot box them.
 #![allow(clippy::result_large_err)]
 
+pub mod codec;
 pub mod host;
 pub mod log;
 pub mod mark;

@@ -20,7 +20,7 @@ use openraft::{EmptyNode, OptionalSend, RaftNetwork, RaftNetworkFactory, Vote};
 use crate::types::{GroupId, NodeId, TypeConfig};
 
 /// A Raft RPC of one group.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
@@ -28,6 +28,7 @@ pub enum Rpc {
     Snapshot {
         vote: Vote<NodeId>,
         meta: SnapshotMeta<NodeId, EmptyNode>,
+        #[serde(with = "crate::codec::bytes")]
         data: Vec<u8>,
     },
 }
@@ -52,7 +53,7 @@ impl Rpc {
 }
 
 /// The answer to an [`Rpc`], from the target group's Raft.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum Reply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
@@ -60,10 +61,11 @@ pub enum Reply {
 }
 
 /// One message on a link between two nodes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Envelope {
     pub from: NodeId,
     pub to: NodeId,
+    #[serde(with = "crate::codec::chunk")]
     pub group: GroupId,
     pub rpc: Rpc,
 }

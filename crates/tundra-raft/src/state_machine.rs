@@ -24,6 +24,47 @@ use tundra_store::{Error, ErrorKind};
 use crate::mark::ApplyMark;
 use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
 
+/// The request ids of the entries each group applied lately, on this node: a leader asked
+/// again for a request whose first answer was lost looks here (after confirming its leadership
+/// and applying everything committed) before it proposes the request a second time. Kept in
+/// memory, the newest [`REQUESTS_KEPT`] per group; a restarted node refills it from the
+/// committed entries its log still holds ([`crate::Host::add_group_on`]).
+#[derive(Default)]
+pub struct AppliedRequests {
+    groups: parking_lot::Mutex<std::collections::HashMap<GroupId, Recent>>,
+}
+
+/// How many request ids a group remembers.
+pub const REQUESTS_KEPT: usize = 65_536;
+
+#[derive(Default)]
+struct Recent {
+    ids: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl AppliedRequests {
+    pub fn record(&self, group: GroupId, request: u64) {
+        if request == 0 {
+            return;
+        }
+        let mut groups = self.groups.lock();
+        let recent = groups.entry(group).or_default();
+        if recent.ids.insert(request) {
+            recent.order.push_back(request);
+            if recent.order.len() > REQUESTS_KEPT
+                && let Some(old) = recent.order.pop_front()
+            {
+                recent.ids.remove(&old);
+            }
+        }
+    }
+
+    pub fn contains(&self, group: GroupId, request: u64) -> bool {
+        self.groups.lock().get(&group).is_some_and(|recent| recent.ids.contains(&request))
+    }
+}
+
 /// Told of every entry (or snapshot) a replica applied, with the store it applied to: the
 /// simulation's checkers listen here.
 pub type ApplyHook = Arc<dyn Fn(&Store, GroupId, u64) + Send + Sync>;
@@ -35,17 +76,23 @@ pub struct ChunkStateMachine {
     mark: ApplyMark,
     snapshot: Option<(SnapshotMeta<NodeId, EmptyNode>, Vec<u8>)>,
     hook: Option<ApplyHook>,
+    requests: Arc<AppliedRequests>,
 }
 
 impl ChunkStateMachine {
     /// The replica of `group` on the store `pages` writes to, where its last journalled mark
     /// says it stands.
-    pub fn open(group: GroupId, pages: Arc<Pages>, hook: Option<ApplyHook>) -> Result<ChunkStateMachine, String> {
+    pub fn open(
+        group: GroupId,
+        pages: Arc<Pages>,
+        hook: Option<ApplyHook>,
+        requests: Arc<AppliedRequests>,
+    ) -> Result<ChunkStateMachine, String> {
         let mark = match pages.store().chunk_mark(group) {
             Some(bytes) => ApplyMark::decode(&bytes).map_err(|e| format!("chunk {}: {e}", group.0))?,
             None => ApplyMark::default(),
         };
-        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook })
+        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook, requests })
     }
 
     fn store(&self) -> &Store {
@@ -83,6 +130,9 @@ impl ChunkStateMachine {
             Err(error) => return Err(apply_error(entry.log_id, error)),
         };
         self.mark = mark;
+        if let EntryPayload::Normal(proposal) = &entry.payload {
+            self.requests.record(self.group, proposal.request);
+        }
         if let Some(hook) = &self.hook {
             hook(self.store(), self.group, entry.log_id.index);
         }

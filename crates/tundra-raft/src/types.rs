@@ -34,14 +34,19 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// The payload of a group's log entry: a [`StoreCommand`]'s versioned encoding
 /// (docs/format.md, "Store commands"), as the leader built it once with its images already
 /// compressed. Followers decode and apply it; nothing on their side compresses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Proposal {
+    #[serde(with = "crate::codec::bytes")]
     pub command: Vec<u8>,
+    /// The id of the client request this entry carries out (0: none), so that a leader asked
+    /// again after an answer was lost can tell whether the first attempt took effect
+    /// ([`crate::state_machine::AppliedRequests`]).
+    pub request: u64,
 }
 
 impl Proposal {
     pub fn new(command: &StoreCommand) -> Proposal {
-        Proposal { command: command.encode() }
+        Proposal { command: command.encode(), request: 0 }
     }
 }
 
@@ -53,7 +58,7 @@ impl std::fmt::Display for Proposal {
 
 /// What applying an entry answered: the command was applied, or every replica refused it the
 /// same way (a command of another chunk, an image that does not fit its volume).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     pub refused: Option<String>,
 }

@@ -6,6 +6,7 @@
 mod analyze;
 mod analyze_report;
 mod bench;
+mod cluster;
 mod drive;
 mod kv;
 mod repair;
@@ -40,6 +41,9 @@ enum Command {
     /// Manage a running node's volumes.
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
+    /// A cluster's nodes and chunk groups, as a node of it sees them.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// A running node's space, compression ratios per layer, algorithm mix, GC and latencies.
     Stats(volume::StatsArgs),
     /// Check a stopped node's data directory: every page read and verified, no block used twice,
@@ -70,6 +74,7 @@ fn main() {
         Command::Mount(args) => serve::mount(args),
         Command::Volume(command) => volume::run(command),
         Command::Stats(args) => volume::stats(args),
+        Command::Cluster(command) => cluster::run(command),
         Command::Fsck(args) => serve::fsck(args),
         Command::Repair(args) => repair::repair(args),
         Command::Kv(command) => kv::run(command),

@@ -88,12 +88,48 @@ fn serve_config(config: Config) -> Result<()> {
     {
         check_local(addr, what)?;
     }
+    // A cluster's membership is checked before anything is opened: a node that may not
+    // listen where it is told to formats nothing.
+    if let Some(cluster) = &config.cluster {
+        tundra_member::peers::Membership::from_config(cluster).map_err(|e| anyhow::anyhow!(e))?;
+    }
     // A new data directory is set up only once the ports are known to be free, so a second
     // node started by mistake formats nothing.
     if !config.data_dir.join("layout.toml").exists() {
         check_ports(&config)?;
     }
     let node = Arc::new(open_node(&config)?);
+    // A member of a cluster serves its volumes through the cluster: replicated ones go to
+    // their chunks' leaders, the node's own ones as a node alone serves them.
+    let cluster = match &config.cluster {
+        None => None,
+        Some(cluster_config) => {
+            let cluster = tundra_member::ClusterNode::start(cluster_config, node.clone())
+                .map_err(|e| anyhow::anyhow!("joining the cluster: {e}"))?;
+            say(&format!(
+                "cluster node {} listening for peers on {} ({} nodes; peers {})",
+                cluster.me,
+                tundra_member::peers::Membership::from_config(cluster_config)
+                    .map(|m| m.my_addr().to_string())
+                    .unwrap_or_default(),
+                cluster_config.peers.len(),
+                if cluster_config.key_file.is_some() {
+                    "authenticated with the cluster key"
+                } else {
+                    "on loopback, unauthenticated"
+                }
+            ));
+            Some(cluster)
+        }
+    };
+    let service: Arc<dyn tundra_proto::Service> = match &cluster {
+        Some(cluster) => Arc::new(tundra_member::ClusterService::new(cluster.clone())),
+        None => Arc::new(tundra_node::native::NodeService(node.clone())),
+    };
+    let exports: Arc<dyn tundra_nbd::Exports> = match &cluster {
+        Some(cluster) => Arc::new(tundra_member::ClusterExports::new(cluster.clone())),
+        None => Arc::new(tundra_node::nbd::NodeExports(node.clone())),
+    };
     let layout = node.layout();
     say(&format!(
         "data in {}: drive {} logical / {} physical, {} for uncompressed volumes; {} volume(s)",
@@ -111,7 +147,7 @@ fn serve_config(config: Config) -> Result<()> {
     let native = if config.listen.native.is_empty() {
         None
     } else {
-        let server = tundra_node::native::start_with(&config.listen.native, node.clone(), config.limits.native()?)
+        let server = tundra_proto::Server::start_with(&config.listen.native, service.clone(), config.limits.native()?)
             .with_context(|| format!("listening on {} (native protocol)", config.listen.native))?;
         say(&format!("native protocol on {}", server.local_addr()));
         Some(server)
@@ -119,8 +155,7 @@ fn serve_config(config: Config) -> Result<()> {
     let nbd = if config.listen.nbd.is_empty() {
         None
     } else {
-        let exports = Arc::new(tundra_node::nbd::NodeExports(node.clone()));
-        let server = tundra_nbd::Server::start_with(&config.listen.nbd, exports, config.limits.nbd()?)
+        let server = tundra_nbd::Server::start_with(&config.listen.nbd, exports.clone(), config.limits.nbd()?)
             .with_context(|| format!("listening on {} (NBD)", config.listen.nbd))?;
         // A deleted volume's NBD connections are closed: nothing they could serve remains.
         let close_export = server.export_closer();
@@ -188,6 +223,9 @@ fn serve_config(config: Config) -> Result<()> {
         server.shutdown();
     }
     let _ = background.join();
+    if let Some(cluster) = &cluster {
+        cluster.shutdown();
+    }
     node.close().context("checkpointing the node")?;
     say("stopped cleanly");
     Ok(())

@@ -15,7 +15,7 @@ pub struct Connect {
 }
 
 impl Connect {
-    fn client(&self) -> Result<Client> {
+    pub fn client(&self) -> Result<Client> {
         Client::connect(self.addr.as_str())
             .with_context(|| format!("connecting to the node at {} (is `tundra serve` running?)", self.addr))
     }
@@ -33,6 +33,10 @@ pub enum VolumeCommand {
         page_size: String,
         #[arg(long, default_value = "normal", value_name = "normal|none")]
         mode: String,
+        /// Copies on the nodes of the server's cluster (every node holds one: the cluster's
+        /// node count); 1 keeps the volume on the node asked only.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        replicas: u8,
         #[command(flatten)]
         connect: Connect,
     },
@@ -88,7 +92,7 @@ fn print_volume(v: &VolumeInfo) {
 
 pub fn run(command: VolumeCommand) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size, page_size, mode, connect } => {
+        VolumeCommand::Create { name, size, page_size, mode, replicas, connect } => {
             let size_bytes = size_arg("--size", &size)?;
             let page_size = size_arg("--page-size", &page_size)?;
             if page_size != 8192 && page_size != 16384 {
@@ -101,7 +105,11 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             };
             let spec = VolumeSpec { name, size_bytes, page_size: page_size as u32, mode };
             let mut client = connect.client()?;
-            let v = client.volume_create(&spec)?;
+            let v = match replicas {
+                0 => bail!("--replicas 0: a volume has at least one copy"),
+                1 => client.volume_create(&spec)?,
+                n => client.volume_create_replicated(&spec, n)?,
+            };
             print_volume(&v);
             warn_if_overcommitted(&mut client, v.mode)?;
         }

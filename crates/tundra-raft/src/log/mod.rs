@@ -11,6 +11,7 @@
 //! The in-memory index of every group's entries ([`NodeLog`]'s groups) is what openraft reads;
 //! it is rebuilt from the medium's durable records when the node restarts.
 
+mod file;
 mod mem;
 mod store;
 
@@ -24,30 +25,52 @@ use openraft::{Entry, LogId, Vote};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
+pub use file::{FileLog, FileLogBug, LogFile, MemLogFile, OsLogFile};
 pub use mem::{LogFault, MemLog};
 pub use store::GroupLogStore;
 
 use crate::types::{GroupId, NodeId, TypeConfig};
 
-/// One record of the shared log: a change to one group's log or vote.
-#[derive(Clone, Debug)]
+/// One record of the shared log: a change to one group's log or vote. Its encoding on a
+/// durable medium is `crate::codec`'s (docs/format.md, "Raft log").
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum LogRecord {
     /// Entries appended to a group's log, after every entry it holds.
-    Entries { group: GroupId, entries: Vec<Entry<TypeConfig>> },
+    Entries {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        entries: Vec<Entry<TypeConfig>>,
+    },
     /// The group's vote.
-    Vote { group: GroupId, vote: Vote<NodeId> },
+    Vote {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        vote: Vote<NodeId>,
+    },
     /// The group's entries from `since` on are removed (a new leader overwrote them).
-    Truncate { group: GroupId, since: u64 },
+    Truncate {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        since: u64,
+    },
     /// The group's entries up to and including `upto` are purged (a snapshot covers them).
-    Purge { group: GroupId, upto: LogId<NodeId> },
+    Purge {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        upto: LogId<NodeId>,
+    },
     /// The group's committed position, kept so that a restarted node applies as far at once.
-    Committed { group: GroupId, committed: Option<LogId<NodeId>> },
+    Committed {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        committed: Option<LogId<NodeId>>,
+    },
 }
 
 /// Where a node's shared log lives. An implementation keeps records in the order appended and
 /// after a crash holds a prefix of them that includes every record appended before the last
-/// successful flush. (The in-memory [`MemLog`] of the simulation is the one implementation so
-/// far; a log on the node's fast device implements the same three calls.)
+/// successful flush. The simulation's is in memory ([`MemLog`]); a node's is a file in its data
+/// directory ([`FileLog`]).
 pub trait LogMedia: Send + Sync + 'static {
     /// Appends records to the log's volatile tail.
     fn append(&self, records: &[LogRecord]) -> Result<(), String>;
@@ -55,6 +78,17 @@ pub trait LogMedia: Send + Sync + 'static {
     fn flush(&self) -> Result<(), String>;
     /// The durable records, in order, read when the node starts.
     fn replay(&self) -> Result<Vec<LogRecord>, String>;
+    /// Whether the medium holds so many dead records (of purged or overwritten entries) that
+    /// it should be rewritten with the live ones only.
+    fn wants_compaction(&self) -> bool {
+        false
+    }
+    /// Replaces everything the medium holds, atomically and durably, with `live`: records
+    /// that rebuild every group's log as the node knows it.
+    fn compact(&self, live: &[LogRecord]) -> Result<(), String> {
+        let _ = live;
+        Ok(())
+    }
 }
 
 /// One group's log as the node knows it in memory.
@@ -134,15 +168,17 @@ impl NodeLog {
     /// starts the writer task on the current tokio runtime. `flush_latency` is how long a
     /// flush takes (zero on a real medium, whose flush takes its own time; the simulation's
     /// time for an fsync).
-    pub fn open(media: Arc<dyn LogMedia>, flush_latency: Duration) -> Result<NodeLog, String> {
+    pub fn open(media: Arc<dyn LogMedia>, flush_latency: Duration) -> Result<Arc<NodeLog>, String> {
         let mut groups: BTreeMap<GroupId, GroupLog> = BTreeMap::new();
         for record in media.replay()? {
             groups.entry(group_of(&record)).or_default().apply(&record);
         }
         let (queue, writes) = mpsc::unbounded_channel();
         let flushes = Arc::new(AtomicU64::new(0));
-        let writer = tokio::spawn(write_loop(media, writes, flush_latency, flushes.clone()));
-        Ok(NodeLog { groups: Mutex::new(groups), queue, records: AtomicU64::new(0), flushes, writer })
+        Ok(Arc::new_cyclic(|me: &std::sync::Weak<NodeLog>| {
+            let writer = tokio::spawn(write_loop(media, writes, flush_latency, flushes.clone(), me.clone()));
+            NodeLog { groups: Mutex::new(groups), queue, records: AtomicU64::new(0), flushes, writer }
+        }))
     }
 
     pub fn stats(&self) -> LogStats {
@@ -153,6 +189,28 @@ impl NodeLog {
     /// after every group stopped).
     pub fn stop(&self) {
         self.writer.abort();
+    }
+
+    /// Records that rebuild every group's log as it stands in memory: what a compaction
+    /// writes. Records queued but not yet written are in memory already; writing them again
+    /// after these changes nothing, as each record sets state (a vote, a purge point, the
+    /// entries at given indexes, a truncation followed by the entries that replace it).
+    fn live_records(&self) -> Vec<LogRecord> {
+        let groups = self.groups.lock();
+        let mut records = Vec::new();
+        for (&group, log) in groups.iter() {
+            if let Some(vote) = log.vote {
+                records.push(LogRecord::Vote { group, vote });
+            }
+            if let Some(upto) = log.purged {
+                records.push(LogRecord::Purge { group, upto });
+            }
+            if !log.entries.is_empty() {
+                records.push(LogRecord::Entries { group, entries: log.entries.values().cloned().collect() });
+            }
+            records.push(LogRecord::Committed { group, committed: log.committed });
+        }
+        records
     }
 
     pub(crate) fn with_group<T>(&self, group: GroupId, f: impl FnOnce(&mut GroupLog) -> T) -> T {
@@ -174,6 +232,7 @@ async fn write_loop(
     mut writes: mpsc::UnboundedReceiver<Write>,
     flush_latency: Duration,
     flushes: Arc<AtomicU64>,
+    log: std::sync::Weak<NodeLog>,
 ) {
     while let Some(first) = writes.recv().await {
         let mut batch = vec![first];
@@ -196,6 +255,14 @@ async fn write_loop(
                     let _ = sender.send(result.clone());
                 }
                 Done::Nobody => {}
+            }
+        }
+        if media.wants_compaction() {
+            let Some(log) = log.upgrade() else { return };
+            if let Err(error) = media.compact(&log.live_records()) {
+                // The old log is still whole (a compaction replaces it atomically): the node
+                // goes on with it and tries again after the next flush.
+                eprintln!("tundra: compacting the Raft log failed: {error}");
             }
         }
     }

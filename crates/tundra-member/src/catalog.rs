@@ -1,0 +1,93 @@
+//! Which volumes of a node are replicated, and on which nodes: `cluster-volumes.json` in the
+//! data directory, replaced atomically (written to a new file, synced, renamed). A volume is
+//! entered here before its store creates it, so a node that crashed in between finds the entry
+//! at its next start and creates the volume then: a replicated volume never becomes a local
+//! one by accident.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::messages::VolumeDef;
+
+pub const CATALOG_FILE: &str = "cluster-volumes.json";
+const CATALOG_FORMAT: u32 = 1;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Stored {
+    format: u32,
+    volumes: Vec<VolumeDef>,
+}
+
+/// The replicated volumes of one node.
+#[derive(Debug)]
+pub struct Catalog {
+    path: PathBuf,
+    volumes: Vec<VolumeDef>,
+}
+
+impl Catalog {
+    /// Reads the catalog in `data_dir` (empty if there is none yet).
+    pub fn open(data_dir: &Path) -> Result<Catalog, String> {
+        let path = data_dir.join(CATALOG_FILE);
+        let volumes = match std::fs::read(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+            Ok(bytes) => {
+                let stored: Stored = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("{} is damaged: {e}; restore it from another replica's", path.display()))?;
+                if stored.format != CATALOG_FORMAT {
+                    return Err(format!(
+                        "{} is of format {}; this build reads {CATALOG_FORMAT}",
+                        path.display(),
+                        stored.format
+                    ));
+                }
+                stored.volumes
+            }
+        };
+        Ok(Catalog { path, volumes })
+    }
+
+    pub fn volumes(&self) -> &[VolumeDef] {
+        &self.volumes
+    }
+
+    pub fn get(&self, id: u32) -> Option<&VolumeDef> {
+        self.volumes.iter().find(|v| v.id == id)
+    }
+
+    /// Enters a volume, durably; the same definition again changes nothing, another under
+    /// the same id or name is refused.
+    pub fn add(&mut self, def: VolumeDef) -> Result<(), String> {
+        if let Some(existing) = self.volumes.iter().find(|v| v.id == def.id || v.name == def.name) {
+            if *existing == def {
+                return Ok(());
+            }
+            return Err(format!("volume {:?} (id {}) is replicated here already as another volume", def.name, def.id));
+        }
+        let mut volumes = self.volumes.clone();
+        volumes.push(def);
+        self.write(&volumes)?;
+        self.volumes = volumes;
+        Ok(())
+    }
+
+    fn write(&self, volumes: &[VolumeDef]) -> Result<(), String> {
+        let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec() };
+        let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| e.to_string())?;
+        let temporary = self.path.with_extension("json.new");
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&temporary)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, &self.path)?;
+            if let Some(dir) = self.path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| format!("writing {}: {e}", self.path.display()))
+    }
+}

@@ -1,0 +1,320 @@
+//! A node as a member of a cluster ([`ClusterNode`]): the node's stores, its Raft host with a
+//! group per chunk of each replicated volume, the shared Raft log in `raft.log`, the
+//! connections to its peers, and the catalog of replicated volumes. This module builds it,
+//! answers peers' requests, and creates replicated volumes; io.rs serves page I/O through
+//! the chunks' leaders and status.rs reports.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tundra_node::{ClusterConfig, Node};
+use tundra_raft::log::{FileLog, FileLogBug, OsLogFile};
+use tundra_raft::{Host, heartbeat_config};
+use tundra_store::ids::{ChunkId, VolumeId};
+use tundra_store::volume::VolumeMode;
+
+use crate::catalog::Catalog;
+use crate::io::PageLocks;
+use crate::messages::{Answer, Forward, PeerRequest, PeerResponse, Refusal, VolumeDef};
+use crate::peers::Membership;
+use crate::transport::{Handler, PeerTransport};
+
+/// The file of the node's shared Raft log, in its data directory.
+pub const RAFT_LOG_FILE: &str = "raft.log";
+/// The log is compacted past this size (and twice its size after the last compaction).
+const COMPACT_BYTES: u64 = 64 << 20;
+/// How long a peer may take over a forwarded request before it counts as lost.
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a volume's creation waits for a peer it cannot reach yet.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// How long a volume's creation waits for its groups' first leaders.
+const FIRST_LEADER_WAIT: Duration = Duration::from_secs(20);
+
+/// A node of a cluster.
+pub struct ClusterNode {
+    pub me: u64,
+    pub node: Arc<Node>,
+    pub(crate) host: Arc<Host>,
+    pub(crate) transport: PeerTransport,
+    pub(crate) membership: Membership,
+    pub(crate) catalog: Mutex<Catalog>,
+    pub(crate) locks: PageLocks,
+    /// The LSN given to the next page this node writes as a leader: above every LSN it gave
+    /// before, since it starts from the clock in microseconds.
+    pub(crate) lsn: AtomicU64,
+    /// The id of this node's next client request: from a random start, so ids of different
+    /// nodes and of one node's runs do not meet.
+    pub(crate) next_request: AtomicU64,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl ClusterNode {
+    /// Joins `node` to the cluster `config` describes: opens the Raft log in the node's data
+    /// directory, listens for peers, starts a group for every chunk of every replicated volume
+    /// the catalog names (creating a volume the store lacks, which a crash between the two
+    /// writes leaves), and dials the peers.
+    pub fn start(config: &ClusterConfig, node: Arc<Node>) -> Result<Arc<ClusterNode>, String> {
+        let membership = Membership::from_config(config)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tundra-member")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("starting the cluster runtime: {e}"))?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(membership.my_addr()))
+            .map_err(|e| format!("listening for peers on {}: {e}", membership.my_addr()))?;
+        let catalog = Catalog::open(node.data_dir())?;
+        let media =
+            FileLog::open(OsLogFile::new(&node.data_dir().join(RAFT_LOG_FILE)), COMPACT_BYTES, FileLogBug::None)
+                .map_err(|e| format!("{}: {e}", node.data_dir().join(RAFT_LOG_FILE).display()))?;
+        let transport = PeerTransport::new(membership.me, &membership.others(), membership.key.clone());
+        let default_pages = node.drive_pages(8192).ok_or("the node has no page path for 8 KiB pages")?;
+        let mut raft_config = heartbeat_config(catalog_groups(&catalog));
+        // A snapshot is the whole chunk: taken rarely, and the log keeps enough entries for a
+        // replica that was down for a short while to catch up from the log alone.
+        raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(1024);
+        raft_config.max_in_snapshot_log_to_keep = 256;
+        raft_config.purge_batch_size = 64;
+        let host = runtime.block_on(async {
+            Host::open(
+                membership.me,
+                default_pages,
+                Arc::new(media),
+                Duration::ZERO,
+                Arc::new(transport.clone()),
+                raft_config,
+                None,
+            )
+        })?;
+        let start_lsn = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros());
+        let cluster = Arc::new(ClusterNode {
+            me: membership.me,
+            node,
+            host: Arc::new(host),
+            transport,
+            membership,
+            catalog: Mutex::new(catalog),
+            locks: PageLocks::default(),
+            lsn: AtomicU64::new(start_lsn as u64),
+            next_request: AtomicU64::new(random_u64()? | 1),
+            runtime,
+        });
+        let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
+        for def in defs {
+            cluster.runtime.block_on(cluster.open_replica(&def))?;
+        }
+        let weak = Arc::downgrade(&cluster);
+        cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak)) });
+        Ok(cluster)
+    }
+
+    /// Runs `future` on the cluster's runtime from a thread outside it (a protocol's
+    /// connection thread).
+    pub(crate) fn block_on<T>(&self, future: impl Future<Output = T>) -> T {
+        self.runtime.handle().block_on(future)
+    }
+
+    /// Whether volume `id` is replicated (its I/O goes through the chunks' groups).
+    pub fn is_replicated(&self, id: u32) -> bool {
+        self.catalog.lock().get(id).is_some()
+    }
+
+    pub fn transport(&self) -> &PeerTransport {
+        &self.transport
+    }
+
+    /// The node this node believes leads `chunk`.
+    pub(crate) fn local_leader(&self, chunk: ChunkId) -> Option<u64> {
+        self.host.raft(chunk).ok().and_then(|raft| raft.metrics().borrow().current_leader)
+    }
+
+    /// Stops every group and the log writer (what they had not flushed stays unflushed).
+    pub fn shutdown(&self) {
+        self.block_on(self.host.shutdown());
+    }
+
+    /// A peer's request, answered.
+    async fn handle(&self, request: PeerRequest) -> PeerResponse {
+        match request {
+            PeerRequest::Raft(envelope) => PeerResponse::Raft(self.host.handle(envelope).await),
+            PeerRequest::Forward(forward) => PeerResponse::Forward(self.serve(forward).await),
+        }
+    }
+
+    /// Does what a [`Forward`] asks, here.
+    pub(crate) async fn serve(&self, forward: Forward) -> Result<Answer, Refusal> {
+        match forward {
+            Forward::Write { volume, chunk, pages, request, retry } => {
+                self.lead_write(volume, ChunkId(chunk), pages, request, retry).await
+            }
+            Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
+            Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
+            Forward::Prepare { name } => {
+                if self.node.volume_by_name(&name).is_ok() {
+                    return Err(Refusal::Invalid(format!("node {} has a volume named {name:?} already", self.me)));
+                }
+                Ok(Answer::VolumeId(self.node.next_volume_id().0))
+            }
+            Forward::CreateVolume(def) => {
+                tokio::task::block_in_place(|| self.catalog.lock().add(def.clone())).map_err(Refusal::Invalid)?;
+                self.open_replica(&def).await.map_err(Refusal::Invalid)?;
+                Ok(Answer::Done)
+            }
+            Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
+            Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
+        }
+    }
+
+    /// Creates the volume in the store if it is not there yet and starts its chunks' groups.
+    async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
+        let volume = match self.node.volume(VolumeId(def.id)) {
+            Ok(volume) => volume,
+            Err(_) => tokio::task::block_in_place(|| {
+                self.node.volume_create_as(
+                    Some(VolumeId(def.id)),
+                    &def.name,
+                    def.size_bytes,
+                    def.page_size,
+                    VolumeMode::Normal,
+                )
+            })
+            .map_err(|e| format!("creating replicated volume {:?} here: {e}", def.name))?,
+        };
+        if volume.volume.name != def.name {
+            return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
+        }
+        for chunk in chunks(&volume.volume) {
+            self.host.add_group_on(chunk, volume.pages().clone()).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the volume's replicas the first membership of each of its groups.
+    async fn initialize(&self, volume: u32) -> Result<(), Refusal> {
+        let def = self.catalog.lock().get(volume).cloned();
+        let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
+        let voters: BTreeSet<u64> = def.replicas.iter().copied().collect();
+        let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        for chunk in chunks(&volume.volume) {
+            if let Err(why) = self.host.initialize(chunk, voters.clone()).await {
+                // A group initialized before (a retried creation) keeps its membership.
+                if !why.contains("NotAllowed") && !why.contains("not allowed") {
+                    return Err(Refusal::Unavailable(why));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a volume with a replica on every node of the cluster: the same id on each (the
+    /// largest next id any of them would give), entered in every catalog, then its groups'
+    /// first membership set on the lowest node, and answered once every chunk has a leader.
+    /// Every node must be up.
+    pub fn create_replicated(&self, name: &str, size_bytes: u64, page_size: u32, replicas: u8) -> Result<u32, Refusal> {
+        let nodes = self.membership.ids();
+        if usize::from(replicas) != nodes.len() {
+            return Err(Refusal::Invalid(format!(
+                "a replicated volume has a replica on every node: this cluster has {} nodes, so --replicas {}",
+                nodes.len(),
+                nodes.len()
+            )));
+        }
+        self.block_on(async {
+            let mut id = 0;
+            for &node in &nodes {
+                match self.ask_patiently(node, Forward::Prepare { name: name.to_string() }).await? {
+                    Answer::VolumeId(next) => id = id.max(next),
+                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
+                }
+            }
+            let def = VolumeDef { id, name: name.to_string(), size_bytes, page_size, replicas: nodes.clone() };
+            for &node in &nodes {
+                self.ask(node, Forward::CreateVolume(def.clone())).await?;
+            }
+            self.ask(nodes[0], Forward::Initialize { volume: id }).await?;
+            let volume = self.node.volume(VolumeId(id)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+            let deadline = tokio::time::Instant::now() + FIRST_LEADER_WAIT;
+            for chunk in chunks(&volume.volume) {
+                while self.local_leader(chunk).is_none() {
+                    if tokio::time::Instant::now() > deadline {
+                        return Err(Refusal::Unavailable(format!("chunk {} of {name:?} elected no leader", chunk.0)));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Ok(id)
+        })
+    }
+
+    /// [`ClusterNode::ask`], asked again while the node is unreachable, for up to
+    /// [`CONNECT_WAIT`] (a node that just started may not have connected to its peers yet).
+    async fn ask_patiently(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
+        let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        loop {
+            match self.ask(node, forward.clone()).await {
+                Err(Refusal::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Sends `forward` to `node` (or does it here) and returns its answer.
+    pub(crate) async fn ask(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
+        if node == self.me {
+            return self.serve(forward).await;
+        }
+        match self.transport.call(node, &PeerRequest::Forward(forward), FORWARD_TIMEOUT).await {
+            Ok(PeerResponse::Forward(answer)) => answer,
+            Ok(PeerResponse::Raft(_)) => Err(Refusal::Unavailable(format!("node {node} answered another kind"))),
+            Err(why) => Err(Refusal::Unavailable(why)),
+        }
+    }
+}
+
+fn random_u64() -> Result<u64, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// The chunks of a volume.
+pub(crate) fn chunks(volume: &tundra_store::volume::Volume) -> impl Iterator<Item = ChunkId> + use<> {
+    let count = volume.page_count().div_ceil(volume.pages_per_chunk()).max(1);
+    let id = volume.id;
+    (0..count as u32).map(move |index| ChunkId::new(id, index))
+}
+
+fn catalog_groups(catalog: &Catalog) -> usize {
+    catalog
+        .volumes()
+        .iter()
+        .map(|def| def.size_bytes.div_ceil(tundra_store::volume::DEFAULT_CHUNK_BYTES).max(1) as usize)
+        .sum()
+}
+
+fn handler(cluster: Weak<ClusterNode>) -> Handler {
+    Arc::new(move |_from, request| {
+        let cluster = cluster.clone();
+        Box::pin(async move {
+            match cluster.upgrade() {
+                Some(cluster) => cluster.handle(request).await,
+                None => PeerResponse::Raft(Err("the node is stopping".into())),
+            }
+        })
+    })
+}
+
+/// The data directory holds a node that has been part of a cluster.
+pub fn has_cluster_state(data_dir: &Path) -> bool {
+    data_dir.join(RAFT_LOG_FILE).exists()
+}

@@ -1,0 +1,30 @@
+//! A cluster of Tundra nodes (seed 000 §3.2.1, §4.2): replicated volumes whose chunks are Raft
+//! groups with a replica on each node (tundra-raft), the node's shared Raft log in a file of
+//! its data directory, one authenticated TCP connection per pair of nodes carrying every
+//! group's messages, and page I/O that any node accepts and sends to the chunk's leader.
+//!
+//! - [`peers`]: `[cluster]` read and checked (ids, addresses, the key rule).
+//! - [`wire`]: the handshake with the cluster key and the checked frames.
+//! - [`messages`]: what nodes ask each other besides Raft.
+//! - [`transport`]: the connections, dialed, redialed and multiplexed.
+//! - [`catalog`]: which volumes are replicated, in `cluster-volumes.json`.
+//! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
+//!   creation.
+//! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
+//! - [`status`]: the merged view `tundra cluster status` prints.
+//! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
+
+pub mod catalog;
+pub mod cluster;
+mod io;
+pub mod messages;
+pub mod peers;
+pub mod service;
+pub mod status;
+pub mod transport;
+pub mod wire;
+
+pub use cluster::ClusterNode;
+pub use io::STALL_LIMIT;
+pub use service::{ClusterExports, ClusterService};
+pub use status::ClusterStatus;

@@ -1,0 +1,126 @@
+//! A cluster's membership as `[cluster]` states it: this node's id, every node's id and peer
+//! address (`"ID@HOST:PORT"`), and the shared key. A node refuses to listen for peers on an
+//! address other than loopback without a key: anyone who could reach the port could then
+//! vote in its groups and write its volumes.
+
+use tundra_node::ClusterConfig;
+
+use crate::wire::ClusterKey;
+
+/// The nodes of a cluster, as this node knows them.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    pub me: u64,
+    /// Every node (this one included), by id.
+    pub nodes: Vec<(u64, String)>,
+    pub key: Option<ClusterKey>,
+}
+
+/// Parses one `"ID@HOST:PORT"`.
+pub fn parse_peer(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text.split_once('@').ok_or_else(|| format!("peer {text:?} is not of the form ID@HOST:PORT"))?;
+    let id: u64 =
+        id.trim().parse().map_err(|_| format!("peer {text:?}: {id:?} is not a node id (a positive integer)"))?;
+    if id == 0 {
+        return Err(format!("peer {text:?}: node ids start at 1"));
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("peer {text:?}: no port in {addr:?}"))?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("peer {text:?}: {addr:?} is not HOST:PORT"));
+    }
+    Ok((id, addr.to_string()))
+}
+
+/// Whether `addr` (HOST:PORT) is on loopback.
+pub fn is_loopback(addr: &str) -> bool {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_matches(['[', ']']);
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+impl Membership {
+    /// Checks and reads `[cluster]`: ids unique, this node among the peers, the key read from
+    /// its file, and a key present unless every address is on loopback.
+    pub fn from_config(config: &ClusterConfig) -> Result<Membership, String> {
+        let mut nodes = Vec::new();
+        for text in &config.peers {
+            let (id, addr) = parse_peer(text)?;
+            if nodes.iter().any(|(other, _)| *other == id) {
+                return Err(format!("[cluster] peers names node {id} twice"));
+            }
+            nodes.push((id, addr));
+        }
+        nodes.sort();
+        if !nodes.iter().any(|(id, _)| *id == config.node_id) {
+            return Err(format!(
+                "[cluster] node_id = {} is not among the peers; list this node as \"{}@HOST:PORT\"",
+                config.node_id, config.node_id
+            ));
+        }
+        let key = match &config.key_file {
+            None => None,
+            Some(path) => {
+                let bytes = std::fs::read(path).map_err(|e| format!("[cluster] key_file {}: {e}", path.display()))?;
+                let trimmed = String::from_utf8_lossy(&bytes).trim().as_bytes().to_vec();
+                Some(ClusterKey::new(trimmed).map_err(|e| format!("[cluster] key_file {}: {e}", path.display()))?)
+            }
+        };
+        if key.is_none()
+            && let Some((id, addr)) = nodes.iter().find(|(_, addr)| !is_loopback(addr))
+        {
+            return Err(format!(
+                "[cluster] node {id} is at {addr}, not on loopback: peers must prove they hold the cluster's \
+                 key there; set key_file to a file of at least 32 secret bytes, the same on every node"
+            ));
+        }
+        Ok(Membership { me: config.node_id, nodes, key })
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|(id, _)| *id).collect()
+    }
+
+    pub fn my_addr(&self) -> &str {
+        self.nodes.iter().find(|(id, _)| *id == self.me).map(|(_, addr)| addr.as_str()).unwrap_or("")
+    }
+
+    pub fn others(&self) -> Vec<(u64, String)> {
+        self.nodes.iter().filter(|(id, _)| *id != self.me).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(peers: &[&str], key_file: Option<std::path::PathBuf>) -> ClusterConfig {
+        ClusterConfig { node_id: 1, peers: peers.iter().map(|p| p.to_string()).collect(), key_file }
+    }
+
+    #[test]
+    fn peers_parse_and_are_checked() {
+        assert_eq!(parse_peer("2@127.0.0.1:7812").unwrap(), (2, "127.0.0.1:7812".to_string()));
+        for bad in ["2", "x@127.0.0.1:1", "0@127.0.0.1:1", "2@127.0.0.1", "2@:1", "2@h:port"] {
+            assert!(parse_peer(bad).is_err(), "{bad}");
+        }
+        assert!(Membership::from_config(&config(&["1@127.0.0.1:1", "1@127.0.0.1:2"], None)).is_err());
+        assert!(Membership::from_config(&config(&["2@127.0.0.1:1"], None)).is_err());
+        let ok = Membership::from_config(&config(&["2@127.0.0.1:2", "1@127.0.0.1:1"], None)).unwrap();
+        assert_eq!(ok.ids(), vec![1, 2]);
+        assert_eq!(ok.my_addr(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn a_non_loopback_peer_needs_a_key() {
+        let error = Membership::from_config(&config(&["1@10.0.0.1:7811", "2@10.0.0.2:7811"], None)).unwrap_err();
+        assert!(error.contains("key_file"), "{error}");
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "too short").unwrap();
+        assert!(Membership::from_config(&config(&["1@10.0.0.1:7811"], Some(short))).is_err());
+        let good = dir.path().join("key");
+        std::fs::write(&good, "0123456789abcdef0123456789abcdef\n").unwrap();
+        assert!(Membership::from_config(&config(&["1@10.0.0.1:7811"], Some(good))).unwrap().key.is_some());
+        assert!(is_loopback("127.0.0.1:1") && is_loopback("[::1]:1") && is_loopback("localhost:1"));
+        assert!(!is_loopback("0.0.0.0:1") && !is_loopback("10.0.0.1:1"));
+    }
+}

@@ -1,0 +1,277 @@
+//! A cluster node behind the native protocol and NBD: requests on replicated volumes go
+//! through [`ClusterNode`]'s page I/O (to the chunks' leaders), everything else to the node
+//! as it is served alone (`tundra_node::native`, `tundra_node::nbd`). Operations not built for
+//! replicated volumes yet (resize, delete, heavy compression, redo streams) are refused with
+//! a message that says so, never done on one replica alone.
+
+use std::sync::Arc;
+
+use tundra_nbd::{Export, ExportError, Exports};
+use tundra_node::VolumeRef;
+use tundra_node::native::NodeService;
+use tundra_node::nbd::NodeExports;
+use tundra_proto::{
+    AppendOutcome, BatchLsns, HeavyResult, LeaseRenewal, PageLsns, ReadAt, ReaderLease, RedoAppend, RedoStatus,
+    Service, ServiceError, VolumeInfo, VolumeSpec,
+};
+use tundra_store::ids::VolumeId;
+
+use crate::cluster::ClusterNode;
+use crate::messages::Refusal;
+
+/// The native protocol's service of a cluster node.
+pub struct ClusterService {
+    cluster: Arc<ClusterNode>,
+    local: NodeService,
+}
+
+impl ClusterService {
+    pub fn new(cluster: Arc<ClusterNode>) -> ClusterService {
+        let local = NodeService(cluster.node.clone());
+        ClusterService { cluster, local }
+    }
+
+    /// The volume if it is replicated, None if it is this node's alone.
+    fn replicated(&self, volume: u32) -> Result<Option<VolumeRef>, ServiceError> {
+        if !self.cluster.is_replicated(volume) {
+            return Ok(None);
+        }
+        self.cluster.node.volume(VolumeId(volume)).map(Some).map_err(|e| ServiceError::not_found(e.message()))
+    }
+
+    fn not_built(&self, volume: u32, what: &str) -> Result<(), ServiceError> {
+        if self.cluster.is_replicated(volume) {
+            return Err(ServiceError::invalid(format!("{what} of a replicated volume is not supported yet")));
+        }
+        Ok(())
+    }
+}
+
+fn service_error(refusal: Refusal) -> ServiceError {
+    match refusal {
+        Refusal::Invalid(why) => ServiceError::invalid(why),
+        Refusal::NotLeader { .. } => ServiceError::io("the chunk's leader moved while the request ran"),
+        Refusal::Unavailable(why) => ServiceError::io(why),
+    }
+}
+
+impl Service for ClusterService {
+    fn volume_lookup(&self, name: &str) -> Result<VolumeInfo, ServiceError> {
+        self.local.volume_lookup(name)
+    }
+
+    fn volume_create(&self, spec: VolumeSpec) -> Result<VolumeInfo, ServiceError> {
+        self.local.volume_create(spec)
+    }
+
+    fn volume_create_replicated(&self, spec: VolumeSpec, replicas: u8) -> Result<VolumeInfo, ServiceError> {
+        if spec.mode != tundra_proto::VolumeMode::Normal {
+            return Err(ServiceError::invalid("a replicated volume is compressed (mode normal)"));
+        }
+        let id = self
+            .cluster
+            .create_replicated(&spec.name, spec.size_bytes, spec.page_size, replicas)
+            .map_err(service_error)?;
+        let volume = self.cluster.node.volume(VolumeId(id)).map_err(|e| ServiceError::internal(e.message()))?;
+        self.local.volume_lookup(&volume.volume.name)
+    }
+
+    fn volume_list(&self) -> Result<Vec<VolumeInfo>, ServiceError> {
+        self.local.volume_list()
+    }
+
+    fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, ServiceError> {
+        let info = self.local.volume_lookup(name)?;
+        self.not_built(info.id, "resizing")?;
+        self.local.volume_resize(name, size_bytes)
+    }
+
+    fn volume_delete(&self, name: &str) -> Result<(), ServiceError> {
+        let info = self.local.volume_lookup(name)?;
+        self.not_built(info.id, "deleting")?;
+        self.local.volume_delete(name)
+    }
+
+    fn read_page(&self, volume: u32, page: u64, out: &mut Vec<u8>) -> Result<(), ServiceError> {
+        let Some(v) = self.replicated(volume)? else { return self.local.read_page(volume, page, out) };
+        out.resize(v.page_size(), 0);
+        let offset =
+            page.checked_mul(v.page_size() as u64).ok_or_else(|| ServiceError::invalid("page past the end"))?;
+        self.cluster.read_bytes(&v, offset, out).map_err(service_error)
+    }
+
+    fn write_page(
+        &self,
+        volume: u32,
+        page: u64,
+        mode: tundra_proto::WriteMode,
+        data: &[u8],
+    ) -> Result<(), ServiceError> {
+        let Some(v) = self.replicated(volume)? else { return self.local.write_page(volume, page, mode, data) };
+        if data.len() != v.page_size() {
+            return Err(ServiceError::invalid(format!(
+                "a page of {} bytes for {}-byte pages",
+                data.len(),
+                v.page_size()
+            )));
+        }
+        let offset =
+            page.checked_mul(v.page_size() as u64).ok_or_else(|| ServiceError::invalid("page past the end"))?;
+        self.cluster.write_bytes(&v, offset, data).map_err(service_error)
+    }
+
+    fn trim(&self, volume: u32, first: u64, count: u64) -> Result<(), ServiceError> {
+        let Some(v) = self.replicated(volume)? else { return self.local.trim(volume, first, count) };
+        let size = v.page_size() as u64;
+        let (offset, len) = first
+            .checked_mul(size)
+            .zip(count.checked_mul(size))
+            .ok_or_else(|| ServiceError::invalid("pages past the end"))?;
+        self.cluster.zero_bytes(&v, offset, len).map_err(service_error)
+    }
+
+    /// A replicated volume's writes are durable on a majority when answered: nothing to do.
+    fn flush(&self, volume: Option<u32>) -> Result<(), ServiceError> {
+        match volume {
+            Some(id) if self.replicated(id)?.is_some() => Ok(()),
+            other => self.local.flush(other),
+        }
+    }
+
+    fn heavy_compress(&self, volume: u32, first: u64, count: u64) -> Result<HeavyResult, ServiceError> {
+        self.not_built(volume, "heavy compression")?;
+        self.local.heavy_compress(volume, first, count)
+    }
+
+    /// The node's stats; the whole node's also carry `cluster`, the status of every node and
+    /// chunk (`tundra cluster status` reads it).
+    fn stats(&self, volume: Option<u32>) -> Result<String, ServiceError> {
+        let local = self.local.stats(volume)?;
+        if volume.is_some() {
+            return Ok(local);
+        }
+        let mut json: serde_json::Value =
+            serde_json::from_str(&local).map_err(|e| ServiceError::internal(e.to_string()))?;
+        let status = serde_json::to_value(self.cluster.status()).map_err(|e| ServiceError::internal(e.to_string()))?;
+        if let Some(object) = json.as_object_mut() {
+            object.insert("cluster".into(), status);
+        }
+        Ok(json.to_string())
+    }
+
+    fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
+        self.not_built(append.volume, "a redo stream")?;
+        self.local.append_redo(append)
+    }
+
+    fn redo_status(&self, volume: u32) -> Result<RedoStatus, ServiceError> {
+        self.not_built(volume, "a redo stream")?;
+        self.local.redo_status(volume)
+    }
+
+    fn get_page_at_lsn(&self, volume: u32, page: u64, at: ReadAt, out: &mut Vec<u8>) -> Result<PageLsns, ServiceError> {
+        self.not_built(volume, "a read at an LSN")?;
+        self.local.get_page_at_lsn(volume, page, at, out)
+    }
+
+    fn get_pages_at_lsn(
+        &self,
+        volume: u32,
+        pages: &[u64],
+        at: ReadAt,
+        out: &mut Vec<u8>,
+    ) -> Result<BatchLsns, ServiceError> {
+        self.not_built(volume, "a read at an LSN")?;
+        self.local.get_pages_at_lsn(volume, pages, at, out)
+    }
+
+    fn register_reader(&self, volume: u32, reader_id: u64, start_lsn: u64) -> Result<ReaderLease, ServiceError> {
+        self.not_built(volume, "a reader lease")?;
+        self.local.register_reader(volume, reader_id, start_lsn)
+    }
+
+    fn renew_reader(&self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
+        self.not_built(volume, "a reader lease")?;
+        self.local.renew_reader(volume, lease_id, apply_lsn)
+    }
+
+    fn release_reader(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
+        self.not_built(volume, "a reader lease")?;
+        self.local.release_reader(volume, lease_id)
+    }
+}
+
+/// A cluster node's NBD exports: every volume, replicated ones through the cluster.
+pub struct ClusterExports {
+    cluster: Arc<ClusterNode>,
+    local: NodeExports,
+}
+
+impl ClusterExports {
+    pub fn new(cluster: Arc<ClusterNode>) -> ClusterExports {
+        let local = NodeExports(cluster.node.clone());
+        ClusterExports { cluster, local }
+    }
+}
+
+impl Exports for ClusterExports {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let volume = self.cluster.node.volume_by_name(name).ok()?;
+        if !self.cluster.is_replicated(volume.volume.id.0) {
+            return self.local.lookup(name);
+        }
+        Some(Arc::new(ReplicatedExport { cluster: self.cluster.clone(), volume }))
+    }
+
+    fn list(&self) -> Vec<(String, String)> {
+        self.local.list()
+    }
+
+    fn default_name(&self) -> Option<String> {
+        self.local.default_name()
+    }
+}
+
+/// A replicated volume through NBD: every write is durable on a majority when answered, so a
+/// flush or FUA has nothing left to do.
+struct ReplicatedExport {
+    cluster: Arc<ClusterNode>,
+    volume: VolumeRef,
+}
+
+fn export_error(refusal: Refusal) -> ExportError {
+    match refusal {
+        Refusal::Invalid(why) => ExportError::invalid(why),
+        other => ExportError::io(format!("{other:?}")),
+    }
+}
+
+impl Export for ReplicatedExport {
+    fn size(&self) -> u64 {
+        self.volume.volume.size_bytes
+    }
+
+    fn preferred_block_size(&self) -> u32 {
+        self.volume.volume.page_size
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.cluster.read_bytes(&self.volume, offset, buf).map_err(export_error)
+    }
+
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        self.cluster.write_bytes(&self.volume, offset, data).map_err(export_error)
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
+        self.cluster.zero_bytes(&self.volume, offset, len).map_err(export_error)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool, _fua: bool) -> Result<(), ExportError> {
+        self.cluster.zero_bytes(&self.volume, offset, len).map_err(export_error)
+    }
+}

@@ -1,0 +1,142 @@
+//! `tundra cluster status`: every node's view of its groups, merged into one report of the
+//! nodes (`nodes[]`: `id`, `addr`, `up`) and the chunks (`chunks[]`: `volume`, `chunk`,
+//! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
+//! applied index). A chunk's figures are its leader's; `lag` is how many committed entries the
+//! replica furthest behind has not applied (null while a replica does not answer). `traffic`
+//! counts the bytes the answering node sent its peers: Raft messages and everything else.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cluster::ClusterNode;
+use crate::messages::{Answer, Forward, GroupView, LocalStatus, PeerRequest, PeerResponse};
+
+/// How long a status waits for each peer.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    pub id: u64,
+    pub addr: String,
+    pub up: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChunkStatus {
+    pub volume: String,
+    pub volume_id: u32,
+    pub chunk: u32,
+    pub replicas: Vec<u64>,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub commit_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub lag: Option<u64>,
+    /// Each replica's applied index, by node id (null for a node that did not answer).
+    pub replica_applied: BTreeMap<u64, Option<u64>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterStatus {
+    /// The node that answered.
+    pub node: u64,
+    pub nodes: Vec<NodeStatus>,
+    pub chunks: Vec<ChunkStatus>,
+    /// What the answering node sent to its peers since it started (message bodies).
+    pub traffic: crate::transport::TrafficStats,
+}
+
+impl ClusterNode {
+    /// This node's groups as it sees them.
+    pub(crate) fn local_status(&self) -> LocalStatus {
+        let groups = self
+            .host
+            .groups()
+            .into_iter()
+            .filter_map(|chunk| {
+                let raft = self.host.raft(chunk).ok()?;
+                let metrics = raft.metrics().borrow().clone();
+                Some(GroupView {
+                    volume: chunk.volume().0,
+                    chunk: chunk.0,
+                    leader: metrics.current_leader,
+                    term: metrics.current_term,
+                    last_log_index: metrics.last_log_index,
+                    commit_index: self.host.committed(chunk),
+                    applied_index: metrics.last_applied.map(|id| id.index),
+                    voters: metrics.membership_config.membership().voter_ids().collect(),
+                })
+            })
+            .collect();
+        LocalStatus { node: self.me, groups }
+    }
+
+    /// Every node's view, merged.
+    pub fn status(&self) -> ClusterStatus {
+        let views: BTreeMap<u64, Option<LocalStatus>> = self.block_on(async {
+            let mut views = BTreeMap::new();
+            for id in self.membership.ids() {
+                let view = if id == self.me {
+                    Some(self.local_status())
+                } else {
+                    match self.transport.call(id, &PeerRequest::Forward(Forward::LocalStatus), STATUS_TIMEOUT).await {
+                        Ok(PeerResponse::Forward(Ok(Answer::Status(status)))) => Some(status),
+                        _ => None,
+                    }
+                };
+                views.insert(id, view);
+            }
+            views
+        });
+        let nodes = self
+            .membership
+            .nodes
+            .iter()
+            .map(|(id, addr)| NodeStatus {
+                id: *id,
+                addr: addr.clone(),
+                up: views.get(id).is_some_and(|v| v.is_some()),
+            })
+            .collect();
+        let catalog = self.catalog.lock().volumes().to_vec();
+        let mut chunks = Vec::new();
+        for def in &catalog {
+            let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
+            for chunk in crate::cluster::chunks(&volume.volume) {
+                let of = |node: u64| -> Option<&GroupView> {
+                    views.get(&node)?.as_ref()?.groups.iter().find(|g| g.chunk == chunk.0)
+                };
+                let leader = def
+                    .replicas
+                    .iter()
+                    .filter_map(|&n| of(n))
+                    .filter_map(|g| g.leader)
+                    .max_by_key(|&l| of(l).map_or(0, |g| g.term));
+                let led = leader.and_then(of).filter(|g| g.leader == leader);
+                let replica_applied: BTreeMap<u64, Option<u64>> =
+                    def.replicas.iter().map(|&n| (n, of(n).map(|g| g.applied_index.unwrap_or(0)))).collect();
+                let commit = led.and_then(|g| g.commit_index);
+                let lag = match (commit, replica_applied.values().copied().collect::<Option<Vec<u64>>>()) {
+                    (Some(commit), Some(applied)) => applied.iter().map(|&a| commit.saturating_sub(a)).max(),
+                    (None, Some(_)) => Some(0),
+                    _ => None,
+                };
+                chunks.push(ChunkStatus {
+                    volume: def.name.clone(),
+                    volume_id: def.id,
+                    chunk: chunk.index(),
+                    replicas: def.replicas.clone(),
+                    leader: led.and(leader),
+                    term: led.map_or(0, |g| g.term),
+                    commit_index: commit,
+                    applied_index: led.and_then(|g| g.applied_index),
+                    lag,
+                    replica_applied,
+                });
+            }
+        }
+        ClusterStatus { node: self.me, nodes, chunks, traffic: self.transport.traffic() }
+    }
+}

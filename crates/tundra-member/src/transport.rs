@@ -1,0 +1,266 @@
+//! The connections between nodes: one TCP connection per pair of nodes, dialed by the node of
+//! the lower id and redialed whenever it drops, carrying every group's Raft messages and the
+//! forwarded page I/O in both directions, each request tagged with an id its response names.
+//! A request on a pair with no connection fails at once (openraft retries on its heartbeat; a
+//! forwarding node waits and asks again), so a dead node costs its peers nothing but a
+//! redial every [`REDIAL`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tundra_raft::network::{Call, Envelope, Transport};
+
+use crate::messages::{PeerRequest, PeerResponse};
+use crate::wire::{self, ClusterKey, Kind, Session};
+
+/// How long a node waits before dialing a peer again.
+pub const REDIAL: Duration = Duration::from_millis(100);
+/// How long a Raft RPC may take before it counts as lost.
+const RAFT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a node does with a peer's request.
+pub type Handler =
+    Arc<dyn Fn(u64, PeerRequest) -> std::pin::Pin<Box<dyn Future<Output = PeerResponse> + Send>> + Send + Sync>;
+
+/// One established connection.
+struct Conn {
+    out: mpsc::UnboundedSender<(Kind, u64, Vec<u8>)>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
+    next_id: AtomicU64,
+}
+
+struct Link {
+    addr: String,
+    conn: Mutex<Option<Arc<Conn>>>,
+}
+
+/// Bytes this node sent, by what they carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TrafficStats {
+    /// Frame bytes of Raft messages (appends, votes, snapshots) sent to peers.
+    pub raft_bytes_sent: u64,
+    /// Frame bytes of everything else sent (forwarded I/O, answers).
+    pub other_bytes_sent: u64,
+}
+
+struct Inner {
+    me: u64,
+    key: Option<ClusterKey>,
+    links: BTreeMap<u64, Arc<Link>>,
+    handler: OnceLock<Handler>,
+    raft_bytes: AtomicU64,
+    other_bytes: AtomicU64,
+}
+
+/// A node's connections to its peers.
+#[derive(Clone)]
+pub struct PeerTransport {
+    inner: Arc<Inner>,
+}
+
+impl PeerTransport {
+    /// The transport of node `me` to `peers` (id and peer address, `me` excluded).
+    pub fn new(me: u64, peers: &[(u64, String)], key: Option<ClusterKey>) -> PeerTransport {
+        let links = peers
+            .iter()
+            .filter(|(id, _)| *id != me)
+            .map(|(id, addr)| (*id, Arc::new(Link { addr: addr.clone(), conn: Mutex::new(None) })))
+            .collect();
+        let inner = Inner {
+            me,
+            key,
+            links,
+            handler: OnceLock::new(),
+            raft_bytes: AtomicU64::new(0),
+            other_bytes: AtomicU64::new(0),
+        };
+        PeerTransport { inner: Arc::new(inner) }
+    }
+
+    /// Starts accepting peers on `listener` and dialing the peers of higher ids; requests
+    /// go to `handler`. Called once, on the node's runtime.
+    pub fn start(&self, listener: TcpListener, handler: Handler) {
+        assert!(self.inner.handler.set(handler).is_ok(), "a transport is started once");
+        tokio::spawn(accept_loop(self.inner.clone(), listener));
+        for (&peer, link) in &self.inner.links {
+            if peer > self.inner.me {
+                tokio::spawn(dial_loop(self.inner.clone(), peer, link.clone()));
+            }
+        }
+    }
+
+    /// Whether a connection to `peer` is established now.
+    pub fn is_connected(&self, peer: u64) -> bool {
+        self.inner.links.get(&peer).is_some_and(|link| link.conn.lock().is_some())
+    }
+
+    pub fn traffic(&self) -> TrafficStats {
+        TrafficStats {
+            raft_bytes_sent: self.inner.raft_bytes.load(Ordering::Relaxed),
+            other_bytes_sent: self.inner.other_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sends a request to `peer` and waits at most `timeout` for its answer.
+    pub async fn call(&self, peer: u64, request: &PeerRequest, timeout: Duration) -> Result<PeerResponse, String> {
+        call(&self.inner, peer, request, timeout).await
+    }
+}
+
+async fn call(inner: &Inner, peer: u64, request: &PeerRequest, timeout: Duration) -> Result<PeerResponse, String> {
+    let link = inner.links.get(&peer).ok_or_else(|| format!("node {peer} is not a peer of this node"))?;
+    let conn = link.conn.lock().clone().ok_or_else(|| format!("no connection to node {peer} ({})", link.addr))?;
+    let body = tundra_raft::codec::encode(request);
+    let counter = if matches!(request, PeerRequest::Raft(_)) { &inner.raft_bytes } else { &inner.other_bytes };
+    counter.fetch_add(body.len() as u64, Ordering::Relaxed);
+    let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+    let (sender, receiver) = oneshot::channel();
+    conn.pending.lock().insert(id, sender);
+    if conn.out.send((Kind::Request, id, body)).is_err() {
+        conn.pending.lock().remove(&id);
+        return Err(format!("the connection to node {peer} closed"));
+    }
+    match tokio::time::timeout(timeout, receiver).await {
+        Ok(Ok(bytes)) => tundra_raft::codec::decode(&bytes).map_err(|e| format!("node {peer} answered bytes {e}")),
+        Ok(Err(_)) => Err(format!("the connection to node {peer} closed before it answered")),
+        Err(_) => {
+            conn.pending.lock().remove(&id);
+            Err(format!("node {peer} did not answer within {timeout:?}"))
+        }
+    }
+}
+
+impl Transport for PeerTransport {
+    fn call(&self, envelope: Envelope) -> Call {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let to = envelope.to;
+            match call(&inner, to, &PeerRequest::Raft(envelope), RAFT_TIMEOUT).await? {
+                PeerResponse::Raft(reply) => reply,
+                PeerResponse::Forward(_) => Err(format!("node {to} answered a Raft message with another kind")),
+            }
+        })
+    }
+}
+
+async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(REDIAL).await;
+            continue;
+        };
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let me = inner.me;
+            let admit = |peer: u64| peer < me && inner.links.contains_key(&peer);
+            let handshake = wire::accept_handshake(&mut stream, me, inner.key.as_ref(), admit);
+            match tokio::time::timeout(Duration::from_secs(5), handshake).await {
+                Ok(Ok(session)) => serve(inner, stream, session).await,
+                Ok(Err(why)) => eprintln!("tundra: refused a peer connection: {why}"),
+                Err(_) => eprintln!("tundra: refused a peer connection: no handshake within 5 s"),
+            }
+        });
+    }
+}
+
+async fn dial_loop(inner: Arc<Inner>, peer: u64, link: Arc<Link>) {
+    let mut said = false;
+    loop {
+        let dialed = async {
+            let mut stream = TcpStream::connect(&link.addr).await.map_err(|e| e.to_string())?;
+            let _ = stream.set_nodelay(true);
+            let session = wire::dial_handshake(&mut stream, inner.me, peer, inner.key.as_ref()).await?;
+            Ok::<_, String>((stream, session))
+        };
+        match tokio::time::timeout(Duration::from_secs(5), dialed).await {
+            Ok(Ok((stream, session))) => {
+                said = false;
+                serve(inner.clone(), stream, session).await;
+            }
+            Ok(Err(why))
+                if !said && (why.contains("cluster key") || why.contains("not node") || why.contains("version")) =>
+            {
+                eprintln!("tundra: node {peer} at {} refused: {why}", link.addr);
+                said = true;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(REDIAL).await;
+    }
+}
+
+/// Runs one connection until it fails: a writer task seals what is queued, this task reads.
+async fn serve(inner: Arc<Inner>, stream: TcpStream, session: Session) {
+    let Session { peer, mut send, mut receive } = session;
+    let Some(link) = inner.links.get(&peer).cloned() else { return };
+    let (mut reader, writer) = stream.into_split();
+    let (out, mut queue) = mpsc::unbounded_channel::<(Kind, u64, Vec<u8>)>();
+    let conn = Arc::new(Conn { out, pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
+    *link.conn.lock() = Some(conn.clone());
+    let writing = tokio::spawn(async move {
+        let mut writer = tokio::io::BufWriter::new(writer);
+        while let Some((kind, id, body)) = queue.recv().await {
+            if writer.write_all(&wire::seal(&mut send, kind, id, &body)).await.is_err() {
+                return;
+            }
+            if queue.is_empty() && writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    loop {
+        let frame = match wire::read_frame(&mut reader, &mut receive).await {
+            Ok(frame) => frame,
+            Err(why) => {
+                if !why.contains("eof") && !why.contains("reset") {
+                    eprintln!("tundra: the connection to node {peer} ended: {why}");
+                }
+                break;
+            }
+        };
+        match frame.kind {
+            Kind::Response => {
+                if let Some(sender) = conn.pending.lock().remove(&frame.id) {
+                    let _ = sender.send(frame.body);
+                }
+            }
+            Kind::Request => {
+                // Decoded on the request's own task, so a large message never holds up the
+                // reading of the next.
+                let handler = inner.handler.get().cloned();
+                let conn = conn.clone();
+                let inner = inner.clone();
+                tokio::spawn(async move {
+                    let Some(handler) = handler else { return };
+                    let request: PeerRequest = match tundra_raft::codec::decode(&frame.body) {
+                        Ok(request) => request,
+                        Err(why) => {
+                            // An authenticated peer sent bytes this build cannot read: it gets
+                            // no answer, and its call times out.
+                            eprintln!("tundra: node {peer} sent a request that is {why}");
+                            return;
+                        }
+                    };
+                    let response = tundra_raft::codec::encode(&handler(peer, request).await);
+                    inner.other_bytes.fetch_add(response.len() as u64, Ordering::Relaxed);
+                    let _ = conn.out.send((Kind::Response, frame.id, response));
+                });
+            }
+        }
+    }
+    writing.abort();
+    let mut current = link.conn.lock();
+    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+        *current = None;
+    }
+    drop(current);
+    // Every caller still waiting hears that the connection closed.
+    conn.pending.lock().clear();
+}

@@ -1,0 +1,171 @@
+//! Crash and damage tests of the file log, with the twins that inject the bugs they guard
+//! against: a crash at every point keeps every synced batch and reads back only a prefix of
+//! what was appended; a flipped bit is refused, or (in the newest batch only) read as a torn
+//! write, never read as other records.
+
+use std::sync::Arc;
+
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+use tundra_env::Rng;
+use tundra_store::ids::ChunkId;
+
+use super::*;
+use crate::types::Proposal;
+
+fn random_batch(rng: &mut Rng, index: &mut u64) -> Vec<LogRecord> {
+    let group = ChunkId(rng.below(3));
+    (0..1 + rng.below(3))
+        .map(|_| match rng.below(4) {
+            0 => LogRecord::Vote { group, vote: Vote::new(rng.below(5), rng.below(3)) },
+            _ => {
+                *index += 1;
+                let command: Vec<u8> = (0..40 + rng.below(160)).map(|_| rng.below(256) as u8).collect();
+                let log_id = LogId::new(CommittedLeaderId::new(1, 1), *index);
+                LogRecord::Entries {
+                    group,
+                    entries: vec![Entry { log_id, payload: EntryPayload::Normal(Proposal { command, request: 0 }) }],
+                }
+            }
+        })
+        .collect()
+}
+
+/// Runs appends, flushes and compactions on a log in memory, crashes it at a random point and
+/// reopens it. Returns whether the oracle held: every record synced before the crash is read
+/// back, and what is read back is a prefix of what was appended.
+fn crash_round(seed: u64, bug: FileLogBug) -> bool {
+    let mut rng = Rng::new(seed);
+    let file = Arc::new(MemLogFile::default());
+    let log = FileLog::open(file.clone(), 4096, bug).expect("a new log");
+    let mut appended: Vec<LogRecord> = Vec::new();
+    let mut synced = 0;
+    let mut index = 0;
+    for _ in 0..rng.below(40) {
+        match rng.below(10) {
+            0..=5 => {
+                let batch = random_batch(&mut rng, &mut index);
+                log.append(&batch).expect("append");
+                appended.extend(batch);
+            }
+            6..=8 => {
+                log.flush().expect("flush");
+                synced = appended.len();
+            }
+            _ => {
+                if log.wants_compaction() {
+                    log.compact(&appended).expect("compact");
+                    synced = appended.len();
+                }
+            }
+        }
+    }
+    file.crash(&mut rng);
+    let reopened = FileLog::open(file.clone(), 4096, bug).expect("a crashed log opens");
+    let replayed = reopened.replay().expect("replay");
+    replayed.len() >= synced && appended.starts_with(&replayed)
+}
+
+#[test]
+fn a_crash_at_any_point_keeps_every_synced_batch() {
+    for seed in 0..400 {
+        assert!(crash_round(seed, FileLogBug::None), "seed {seed}: the oracle failed");
+    }
+}
+
+#[test]
+fn a_flush_that_never_syncs_is_caught() {
+    let caught = (0..400).filter(|&seed| !crash_round(seed, FileLogBug::SyncIgnored)).count();
+    assert!(caught > 0, "a log that never syncs lost nothing in 400 crashes: the oracle is blind");
+}
+
+/// A log of a few synced batches, its records and where its last frame starts.
+fn synced_log(seed: u64, bug: FileLogBug) -> (Arc<MemLogFile>, Vec<LogRecord>, usize) {
+    let mut rng = Rng::new(seed);
+    let file = Arc::new(MemLogFile::default());
+    let log = FileLog::open(file.clone(), u64::MAX, bug).expect("a new log");
+    let mut appended = Vec::new();
+    let mut index = 0;
+    let mut last_frame = 0;
+    for _ in 0..6 {
+        last_frame = file.durable_len();
+        let batch = random_batch(&mut rng, &mut index);
+        log.append(&batch).expect("append");
+        log.flush().expect("flush");
+        appended.extend(batch);
+    }
+    (file, appended, last_frame)
+}
+
+/// Flips one bit of a synced log and reopens it. Returns whether the oracle held: damage
+/// before the newest batch is refused, and whatever is read is a prefix of what was written.
+fn flip_round(seed: u64, bug: FileLogBug) -> bool {
+    let (file, appended, last_frame) = synced_log(seed, bug);
+    let mut rng = Rng::new(seed ^ 0xf11b);
+    let bit = rng.below(file.durable_len() as u64 * 8);
+    file.flip_bit(bit);
+    match FileLog::open(file.clone(), u64::MAX, bug) {
+        Err(_) => true,
+        Ok(log) => {
+            let replayed = log.replay().expect("replay");
+            appended.starts_with(&replayed) && (bit / 8) as usize >= last_frame
+        }
+    }
+}
+
+#[test]
+fn a_flipped_bit_is_refused_or_reads_as_a_torn_newest_batch() {
+    for seed in 0..300 {
+        assert!(flip_round(seed, FileLogBug::None), "seed {seed}: a flipped bit was read as records");
+    }
+}
+
+#[test]
+fn a_replay_without_body_checksums_is_caught() {
+    let caught = (0..300).filter(|&seed| !flip_round(seed, FileLogBug::BodyUnchecked)).count();
+    assert!(caught > 0, "flipped bits never read as other records without checksums: the oracle is blind");
+}
+
+#[test]
+fn compaction_keeps_the_live_records_only() {
+    let file = Arc::new(MemLogFile::default());
+    let log = FileLog::open(file.clone(), 1024, FileLogBug::None).expect("a new log");
+    let mut rng = Rng::new(5);
+    let mut index = 0;
+    while !log.wants_compaction() {
+        log.append(&random_batch(&mut rng, &mut index)).expect("append");
+    }
+    let live = random_batch(&mut rng, &mut index);
+    log.compact(&live).expect("compact");
+    let later = random_batch(&mut rng, &mut index);
+    log.append(&later).expect("append");
+    log.flush().expect("flush");
+    let reopened = FileLog::open(file, 1024, FileLogBug::None).expect("reopen");
+    let mut expected = live;
+    expected.extend(later);
+    assert_eq!(reopened.replay().expect("replay"), expected);
+}
+
+#[test]
+fn the_file_on_disk_survives_a_reopen() {
+    let dir = std::env::temp_dir().join(format!("tundra-raft-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let path = dir.join("raft.log");
+    let mut rng = Rng::new(9);
+    let mut index = 0;
+    let mut appended = Vec::new();
+    {
+        let log = FileLog::open(OsLogFile::new(&path), 512, FileLogBug::None).expect("a new log");
+        for _ in 0..20 {
+            let batch = random_batch(&mut rng, &mut index);
+            log.append(&batch).expect("append");
+            log.flush().expect("flush");
+            appended.extend(batch);
+            if log.wants_compaction() {
+                log.compact(&appended).expect("compact");
+            }
+        }
+    }
+    let log = FileLog::open(OsLogFile::new(&path), 512, FileLogBug::None).expect("reopen");
+    assert_eq!(log.replay().expect("replay"), appended);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

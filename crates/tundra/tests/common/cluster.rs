@@ -1,0 +1,196 @@
+//! Three `tundra serve` processes forming a cluster on 127.0.0.1, for the end-to-end tests:
+//! each with its own data directory and config (`[cluster]` naming all three), ports found
+//! free, readiness awaited in a bounded loop, stopped by PID (kill -9 where a test crashes a
+//! node), and killed when the test ends, whatever happens.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One node's addresses and files.
+pub struct Member {
+    pub id: u64,
+    pub native: SocketAddr,
+    pub nbd: SocketAddr,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Member {
+    /// `--addr` for the CLI.
+    pub fn addr(&self) -> String {
+        self.native.to_string()
+    }
+
+    pub fn uri(&self, volume: &str) -> String {
+        format!("nbd://{}/{volume}", self.nbd)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A cluster of three nodes.
+pub struct Cluster {
+    pub dir: TempDir,
+    pub members: Vec<Member>,
+}
+
+fn free_addrs(count: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<TcpListener> =
+        (0..count).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port")).collect();
+    listeners.iter().map(|l| l.local_addr().expect("local addr")).collect()
+}
+
+impl Cluster {
+    /// Writes the configs of three nodes; `key_of(id)` is each node's cluster key (None: no
+    /// key). Nothing is started.
+    pub fn new(key_of: impl Fn(u64) -> Option<String>) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let addrs = free_addrs(9);
+        let peers: Vec<String> = (0..3).map(|i| format!("\"{}@{}\"", i + 1, addrs[i * 3])).collect();
+        let mut members = Vec::new();
+        for i in 0..3 {
+            let id = i as u64 + 1;
+            let data = dir.path().join(format!("node{id}"));
+            let key_line = match key_of(id) {
+                Some(key) => {
+                    let path = dir.path().join(format!("key{id}"));
+                    std::fs::write(&path, key).expect("write key");
+                    format!("key_file = {:?}\n", path.to_str().expect("utf-8 path"))
+                }
+                None => String::new(),
+            };
+            let text = format!(
+                "data_dir = {data:?}\n[listen]\nnative = \"{native}\"\nnbd = \"{nbd}\"\nmetrics = \"\"\n\
+                 [drive]\nphysical = \"256MiB\"\n[fast]\nvolumes = \"64MiB\"\n\
+                 [cluster]\nnode_id = {id}\npeers = [{peers}]\n{key_line}",
+                data = data.to_str().expect("utf-8 path"),
+                native = addrs[i * 3 + 1],
+                nbd = addrs[i * 3 + 2],
+                peers = peers.join(", "),
+            );
+            let config = dir.path().join(format!("node{id}.toml"));
+            std::fs::write(&config, text).expect("write config");
+            members.push(Member {
+                id,
+                native: addrs[i * 3 + 1],
+                nbd: addrs[i * 3 + 2],
+                config,
+                log: dir.path().join(format!("node{id}.log")),
+                child: None,
+            });
+        }
+        Cluster { dir, members }
+    }
+
+    /// Starts every node and waits until each answers a ping.
+    pub fn start_all(&mut self) {
+        for id in 1..=3 {
+            self.spawn(id);
+        }
+        for id in 1..=3 {
+            self.wait_ready(id);
+        }
+    }
+
+    /// Starts node `id` (again) on its data directory and waits until it answers.
+    pub fn start(&mut self, id: u64) {
+        self.spawn(id);
+        self.wait_ready(id);
+    }
+
+    fn spawn(&mut self, id: u64) {
+        let member = &mut self.members[id as usize - 1];
+        assert!(member.child.is_none(), "node {id} runs already");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&member.log).expect("open log");
+        let child = Command::new(env!("CARGO_BIN_EXE_tundra"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&member.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("run tundra serve");
+        member.child = Some(child);
+    }
+
+    fn wait_ready(&mut self, id: u64) {
+        let started = Instant::now();
+        let member = &mut self.members[id as usize - 1];
+        loop {
+            if let Some(status) = member.child.as_mut().expect("started").try_wait().expect("wait") {
+                member.child = None;
+                panic!("node {id} exited with {status}:\n{}", member.log_text());
+            }
+            if tundra_client::Client::connect(member.native).and_then(|mut c| c.ping(b"ready?")).is_ok() {
+                return;
+            }
+            assert!(started.elapsed() < START_TIMEOUT, "node {id} not ready:\n{}", member.log_text());
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// kill -9 of node `id`.
+    pub fn kill9(&mut self, id: u64) {
+        let member = &mut self.members[id as usize - 1];
+        let mut child = member.child.take().expect("node runs");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    pub fn member(&self, id: u64) -> &Member {
+        &self.members[id as usize - 1]
+    }
+
+    /// `tundra cluster status --json` asked of node `id`.
+    pub fn status(&self, id: u64) -> serde_json::Value {
+        let out = crate::common::tundra(&["cluster", "status", "--json", "--addr", &self.member(id).addr()]);
+        assert!(out.status.success(), "cluster status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status is JSON")
+    }
+
+    /// The leader of the first chunk of `volume`, as node `asked` reports it, once there is one.
+    pub fn leader(&self, asked: u64, volume: &str) -> u64 {
+        let started = Instant::now();
+        loop {
+            let status = self.status(asked);
+            let chunk = status["chunks"].as_array().and_then(|c| c.iter().find(|c| c["volume"] == volume).cloned());
+            if let Some(leader) = chunk.and_then(|c| c["leader"].as_u64()) {
+                return leader;
+            }
+            assert!(started.elapsed() < START_TIMEOUT, "no leader for {volume}: {status}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The logs of every node, for a failing test's message.
+    pub fn logs(&self) -> String {
+        self.members.iter().map(|m| format!("--- node {} ---\n{}", m.id, m.log_text())).collect()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
