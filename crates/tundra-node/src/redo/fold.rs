@@ -37,14 +37,14 @@ impl Node {
             state.leases.expire();
             let lsn_min = state.leases.lsn_min();
             state.versions.set_lsn_min(lsn_min);
-            state.versions.fold_candidates(limit)
+            state.versions.fold_pages(limit)
         };
         let page_size = volume.page_size();
         let mut folded = 0;
-        for candidate in &tasks {
+        for &page in &tasks {
             let _upkeep = stream.upkeep.lock();
-            // Asked again under the lock: another fold may have done part of it meanwhile.
-            let Some(task) = stream.state.lock().versions.fold_task(candidate.page) else { continue };
+            // Asked under the lock: another fold may have done part of it meanwhile.
+            let Some(task) = stream.state.lock().versions.fold_task(page) else { continue };
             let task = &task;
             folded += 1;
             let (chunk, page_no) = volume.volume.locate(task.page)?;

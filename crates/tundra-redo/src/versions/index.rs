@@ -264,15 +264,14 @@ impl PageVersions {
     /// them). Pages whose records are all above the bound are not candidates: their versions
     /// are still readable by some reader.
     pub fn fold_candidates(&self, limit: usize) -> Vec<FoldTask> {
+        self.fold_pages(limit).into_iter().filter_map(|page| self.fold_task(page)).collect()
+    }
+
+    /// The pages [`PageVersions::fold_candidates`] would fold, without building their tasks:
+    /// for an owner that asks [`PageVersions::fold_task`] page by page.
+    pub fn fold_pages(&self, limit: usize) -> Vec<u64> {
         let bound = self.fold_bound();
-        let mut tasks = Vec::new();
-        for &(oldest, page) in &self.oldest {
-            if oldest > bound || tasks.len() == limit {
-                break;
-            }
-            tasks.extend(self.fold_task(page));
-        }
-        tasks
+        self.oldest.iter().take_while(|&&(oldest, _)| oldest <= bound).take(limit).map(|&(_, page)| page).collect()
     }
 
     /// The fold of one page as things stand now: `None` when it has no record at or below the
