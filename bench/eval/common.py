@@ -182,12 +182,18 @@ class MemoryCgroup:
                 f.write(str(os.getpid()))
         return enter
 
+    # Another cgroup whose peak is reset and reported with this one's (a Tundra node's, beside
+    # the database's budget).
+    companion: "MemoryCgroup | None" = None
+
     def reset_peak(self) -> None:
         for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
             try:
                 (self.path / name).write_text("0")
             except OSError:
                 pass
+        if self.companion is not None:
+            self.companion.reset_peak()
 
     def usage(self) -> dict:
         def read(name: str) -> int | None:
@@ -195,8 +201,23 @@ class MemoryCgroup:
                 return int((self.path / name).read_text())
             except (OSError, ValueError):
                 return None
-        return {"max_usage_bytes": read("memory.max_usage_in_bytes"),
-                "limit_hits": read("memory.failcnt"), "limit_bytes": self.limit_bytes}
+        usage = {"max_usage_bytes": read("memory.max_usage_in_bytes"),
+                 "limit_hits": read("memory.failcnt"), "limit_bytes": self.limit_bytes}
+        if self.companion is not None:
+            usage["node"] = self.companion.usage()
+        return usage
+
+    def oom_kills(self) -> int:
+        """How many processes the OOM killer has killed in this cgroup (`oom_kill` of
+        memory.oom_control; 0 where the kernel does not count them)."""
+        try:
+            for line in (self.path / "memory.oom_control").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
 
     def remove(self) -> None:
         """Removes the cgroup; its processes must have exited (the caller stops them first)."""

@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.eval.stacks import NODE_CACHE  # noqa: E402
 
-NODE_CACHE_TEXT = (f"{NODE_CACHE['pages']:,} pages per page size and device and {NODE_CACHE['write_back']} "
-                   "of write-back")
+NODE_CACHE_TEXT = (f"{NODE_CACHE['page_bytes'] >> 20} MiB of decompressed pages per device and "
+                   f"{NODE_CACHE['write_back']} of write-back")
 
 MIB = 1 << 20
 PALETTE = {
@@ -115,7 +115,8 @@ class Report:
             f"- sysbench: {size.get('sysbench_tables')} tables × {size.get('sysbench_rows'):,} rows, "
             f"{size.get('threads')} threads, {size.get('workload_seconds')} s per workload: {', '.join(m.get('workloads', []))}",
             f"- databases: {', '.join(m.get('databases', []))}; each in a memory cgroup of {size.get('memory_limit')} "
-            f"(page cache included; a Tundra node in the same budget, its caches cut to {NODE_CACHE_TEXT}), "
+            f"(page cache included; on Tundra the node's caches, cut to {NODE_CACHE_TEXT}, come out of it and the "
+            f"node runs in a cgroup of its own, its peak reported under Memory), "
             f"{size.get('db_memory')} of shared_buffers / buffer pool; the kernel's caches dropped between phases",
             f"- every stack is {size.get('stack_size')} logical, built fresh for every dataset and for the sysbench run",
             "",
@@ -485,6 +486,28 @@ class Report:
         else:
             self.lines += ["No peer used less space or ran faster than Tundra in this run.", ""]
 
+    def memory(self) -> None:
+        """The peak of each budget and of each Tundra node beside it, over the phases measured."""
+        rows = []
+        for kind in ("space", "throughput"):
+            for e in self.r.get(kind, []):
+                phases = ([e.get("memory")] if kind == "space" else
+                          [run.get("memory") for run in e.get("workloads", {}).values()])
+                phases = [m for m in phases if m]
+                if not phases:
+                    continue
+                db_peak = max(m.get("max_usage_bytes") or 0 for m in phases)
+                node_peak = max((m.get("node") or {}).get("max_usage_bytes") or 0 for m in phases)
+                what = e.get("dataset") if kind == "space" else "sysbench"
+                rows.append([e["database"], f"`{e['system']}`", what, mib(phases[0].get("limit_bytes")),
+                             mib(db_peak), mib(node_peak) if node_peak else "—"])
+        if not rows:
+            return
+        self.lines += ["## Memory", "",
+                       "The peak of the database's budget (its limit, with a Tundra node's caches taken out of it "
+                       "for Tundra) and of the Tundra node's own cgroup, over the phases measured.", ""]
+        self.table(["database", "system", "phase", "budget", "database peak", "node peak"], rows)
+
     def problems(self) -> None:
         self.lines += ["## Problems", ""]
         probs = self.r.get("problems", [])
@@ -500,6 +523,7 @@ class Report:
             self.throughput(database)
         self.store()
         self.drive()
+        self.memory()
         self.losses()
         self.problems()
         path = self.out / "report.md"

@@ -88,6 +88,11 @@ ABLATION = (("tundra-drive-only-wal-on-data", "drive only"),
             ("tundra", "+ Algorithm 1"))
 
 
+# A Tundra node's own cgroup is outside the database's budget; this ceiling only keeps a node
+# gone wrong from taking the machine (its peak is reported).
+NODE_MEMORY_CEILING = 2 << 30
+
+
 @dataclass
 class Size:
     """The knobs of one run size."""
@@ -99,7 +104,7 @@ class Size:
     sysbench_rows: int
     workload_seconds: float
     threads: int
-    memory_limit: str          # the database's memory cgroup, page cache included
+    memory_limit: str          # the database's memory budget, page cache and a Tundra node's caches included
     db_memory: str             # shared_buffers / innodb_buffer_pool_size
     stack_size: str            # each stack's logical size
     drive_bench: list
@@ -170,17 +175,30 @@ class Runner:
         db = None
         result = {"database": database, "system": system.name, "stack": system.stack, "dataset": label}
         try:
-            # The memory budget, made first: the database runs in one child of it and a Tundra
-            # node in another, so that the node's caches (stacks.NODE_CACHE) count against the
-            # same limit as the database and its page cache; a filesystem's page cache is the
-            # database's own.
+            # The memory budget, made first. On a filesystem peer the database has all of it
+            # (its page cache included). On Tundra the node's caches (stacks.NODE_CACHE: its
+            # decompressed pages and its write-back bytes) come out of it: the database's
+            # cgroup is limited to the budget less those bytes. The node itself runs in a
+            # cgroup of its own, outside the budget, whose peak is reported beside it
+            # (`memory.node`): a FUSE or NBD server charged against the same limit as the
+            # filesystem it serves can enter reclaim, wait for the writeback of a dirty page
+            # that only it can write, and stop for good (legacy memory cgroups wait on
+            # writeback in reclaim); that is what a shared limit did to the node under MariaDB.
+            from bench.eval.stacks import TUNDRA_SETTINGS, node_cache_bytes
             limit = common.parse_size(self.size.memory_limit)
+            on_tundra = system.stack in TUNDRA_SETTINGS
+            cache_bytes = node_cache_bytes() if on_tundra else 0
+            if cache_bytes >= limit:
+                raise BenchError(f"the node's caches ({common.mib(cache_bytes)}) leave nothing of {self.size.memory_limit}")
             cgroup = common.MemoryCgroup(f"{database}.{system.name}", limit)
-            children = [common.MemoryCgroup("db", limit, parent=cgroup), common.MemoryCgroup("node", limit, parent=cgroup)]
+            children = [common.MemoryCgroup("db", limit - cache_bytes, parent=cgroup)]
+            if on_tundra:
+                children.append(common.MemoryCgroup(f"{database}.{system.name}.node", NODE_MEMORY_CEILING))
+                cgroup.companion = children[1]
             stack = make_stack(system.stack, work_dir=work / "stack",
                                size_bytes=common.parse_size(self.size.stack_size), tundra_bin=self.tundra_bin,
                                ports=self.ports, log_dir=logs, page_size=PAGE_SIZE[database],
-                               node_cgroup=children[1])
+                               node_cgroup=children[1] if on_tundra else None)
             stack.setup()
             db = make_database(database, name=tag, data_dir=stack.data_mount / "db",
                                wal_dir=stack.wal_mount / "wal", run_dir=work / "run", port=self.ports["db"],
@@ -210,6 +228,14 @@ class Runner:
             except BenchError as e:
                 result.setdefault("error", str(e))
                 log(f"{tag}: FAILED after the run: {e}")
+            # A process the budget's OOM killer took shows up downstream as I/O errors or a
+            # refused connection; name the cause instead.
+            killed = [f"{c.path.name} ({c.oom_kills()} process(es))" for c in children if c.oom_kills()]
+            if killed:
+                message = (f"the memory budget's OOM killer killed processes in {', '.join(killed)} "
+                           f"of {self.size.memory_limit}")
+                log(f"{tag}: FAILED: {message}")
+                result["error"] = message + (f"; then: {result['error']}" if "error" in result else "")
             for c in reversed(children):
                 c.remove()
             if cgroup is not None:

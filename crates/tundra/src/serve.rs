@@ -74,6 +74,44 @@ pub fn mount(args: MountArgs) -> Result<()> {
     serve_config(config)
 }
 
+/// Marks the node's process as an I/O flusher (`PR_SET_IO_FLUSHER`, Linux 5.6), before any of
+/// its threads start so that all of them inherit it. A node that serves a kernel filesystem on
+/// its own machine (a `[[mount]]`, or NBD attached locally) is on that filesystem's writeback
+/// path: when a memory cgroup shared with the filesystem's writers is full, an allocation of
+/// the node's would otherwise reclaim by waiting for a dirty page to be written back, which
+/// only the node can write, and both stop for good. As an I/O flusher its allocations never
+/// wait on I/O (the kernel clears __GFP_IO and __GFP_FS for them), as for the kernel's own loop
+/// and NBD threads. It takes CAP_SYS_RESOURCE; without it the node runs as before and says so
+/// where it mounts volumes.
+fn become_io_flusher(config: &Config) {
+    if let Err(e) = rustix::process::configure_io_flusher_behavior(true) {
+        if !config.mount.is_empty() {
+            say(&format!(
+                "warning: could not mark the node as an I/O flusher (prctl PR_SET_IO_FLUSHER: {e}; it needs \
+                 CAP_SYS_RESOURCE): a filesystem on its mounted volumes can deadlock the node when their \
+                 memory cgroup is full"
+            ));
+        }
+    }
+}
+
+/// Caps glibc's malloc arenas at the number of CPUs (at least 2) unless `MALLOC_ARENA_MAX` is
+/// set. By default glibc gives up to eight arenas per CPU to a process's threads, and the node
+/// has dozens of them (FUSE, NBD, the drive, folds): under a database's TPC-H load its resident
+/// memory measured 150 MB with the default and 115 MB with two arenas, for the same caches.
+fn limit_malloc_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let cpus = libc::c_int::try_from(cpus).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only sets an allocator parameter; it is called before the node starts
+    // its threads, and a value glibc refuses leaves its default in place.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, cpus);
+    }
+}
+
 pub fn serve(args: NodeArgs) -> Result<()> {
     serve_config(args.config()?)
 }
@@ -98,6 +136,8 @@ fn serve_config(config: Config) -> Result<()> {
     if !config.data_dir.join("layout.toml").exists() {
         check_ports(&config)?;
     }
+    become_io_flusher(&config);
+    limit_malloc_arenas();
     let node = Arc::new(open_node(&config)?);
     // A member of a cluster serves its volumes through the cluster: replicated ones go to
     // their chunks' leaders, the node's own ones as a node alone serves them.
