@@ -84,14 +84,14 @@ pub fn mount(args: MountArgs) -> Result<()> {
 /// and NBD threads. It takes CAP_SYS_RESOURCE; without it the node runs as before and says so
 /// where it mounts volumes.
 fn become_io_flusher(config: &Config) {
-    if let Err(e) = rustix::process::configure_io_flusher_behavior(true) {
-        if !config.mount.is_empty() {
-            say(&format!(
-                "warning: could not mark the node as an I/O flusher (prctl PR_SET_IO_FLUSHER: {e}; it needs \
-                 CAP_SYS_RESOURCE): a filesystem on its mounted volumes can deadlock the node when their \
-                 memory cgroup is full"
-            ));
-        }
+    if let Err(e) = rustix::process::configure_io_flusher_behavior(true)
+        && !config.mount.is_empty()
+    {
+        say(&format!(
+            "warning: could not mark the node as an I/O flusher (prctl PR_SET_IO_FLUSHER: {e}; it needs \
+             CAP_SYS_RESOURCE): a filesystem on its mounted volumes can deadlock the node when their \
+             memory cgroup is full"
+        ));
     }
 }
 
