@@ -168,6 +168,7 @@ impl Shared {
                     continue;
                 }
                 let n = DEFERRED_BATCH_BLOCKS.min(max_blocks - taken).min(state.deferred.len());
+                state.deferred_in_flight += n as u64;
                 state.deferred.drain(..n).collect()
             };
             if batch.is_empty() {
@@ -183,6 +184,27 @@ impl Shared {
     /// of adjacent records, compression outside the lock, one installation under it.
     fn compress_batch(&self, batch: Vec<DeferredBlock>) -> Result<()> {
         let _gate = self.reuse_gate.read();
+        let compressed = self.compress_batch_outside_lock(&batch);
+        let mut state = self.state.lock();
+        // The batch is settled once this lock is released, whatever happened to it: its blocks
+        // are compressed, or stay raw (they do not compress, changed meanwhile, or the pass
+        // failed and the drive refuses everything until it is reopened).
+        state.deferred_in_flight = state.deferred_in_flight.saturating_sub(batch.len() as u64);
+        for (block, payload) in compressed? {
+            // The block may have been overwritten, trimmed or relocated while we compressed.
+            if !state.map.get(block.lba).is_some_and(|e| self.still_queued(&state, block, e)) {
+                continue;
+            }
+            debug_assert!(units(payload.len()) < units(BLOCK_SIZE));
+            self.append_block(&mut state, HeadKind::Gc, block.lba, Prepared::Deflate(payload))?;
+            state.counters.deferred_compressed_blocks += 1;
+        }
+        Ok(())
+    }
+
+    /// The part of a compression pass done outside the drive's lock: the records looked up,
+    /// read and deflated. Returns the blocks that compressed, with their payloads.
+    fn compress_batch_outside_lock(&self, batch: &[DeferredBlock]) -> Result<Vec<(DeferredBlock, Vec<u8>)>> {
         let mut wanted = Vec::with_capacity(batch.len());
         {
             let state = self.state.lock();
@@ -211,17 +233,7 @@ impl Shared {
             }
         }
         self.cpu.measured(super::cpu::Work::Deflate, wanted.len(), cpu_started);
-        let mut state = self.state.lock();
-        for (block, payload) in compressed {
-            // The block may have been overwritten, trimmed or relocated while we compressed.
-            if !state.map.get(block.lba).is_some_and(|e| self.still_queued(&state, block, e)) {
-                continue;
-            }
-            debug_assert!(units(payload.len()) < units(BLOCK_SIZE));
-            self.append_block(&mut state, HeadKind::Gc, block.lba, Prepared::Deflate(payload))?;
-            state.counters.deferred_compressed_blocks += 1;
-        }
-        Ok(())
+        Ok(compressed)
     }
 
     /// Queues every block stored raw for the deferred pass: the queue lives in memory, so

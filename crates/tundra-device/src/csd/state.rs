@@ -91,6 +91,10 @@ pub struct State {
     pub sealed_since_checkpoint: u32,
     /// Raw records waiting for background compression: (LBA, location).
     pub deferred: VecDeque<DeferredBlock>,
+    /// Blocks taken off `deferred` by a compression pass that has not installed their
+    /// compressed copies yet: still raw on the media, so still pending for anyone who waits for
+    /// the drive to settle.
+    pub deferred_in_flight: u64,
     /// Set when a media write failed part-way: memory may be ahead of the media, so the drive
     /// refuses everything until it is reopened and recovered.
     pub failed: Option<String>,
@@ -114,6 +118,7 @@ impl State {
             reserved_bytes: 0,
             sealed_since_checkpoint: 0,
             deferred: VecDeque::new(),
+            deferred_in_flight: 0,
             failed: None,
             counters: Counters::default(),
             segments,

@@ -138,7 +138,7 @@ impl Shared {
             segment_bytes: g.segment_bytes,
             segments: u64::from(g.segment_count),
             free_segments: free,
-            deferred_pending_blocks: state.deferred.len() as u64,
+            deferred_pending_blocks: state.deferred.len() as u64 + state.deferred_in_flight,
             counters: state.counters,
             cpu: self.cpu.snapshot(),
         }
