@@ -177,6 +177,13 @@ impl PageVersions {
         pages
     }
 
+    /// Whether `page` has records in memory that cannot leave it for its slot (slots on): its
+    /// slot is full, or has no room for the oldest of them.
+    pub fn slot_stuck(&self, page: u64) -> bool {
+        self.spill_to == SpillTo::Slots
+            && self.pages.get(&page).is_some_and(|e| !e.records.is_empty() && (e.slot_full || self.spillable(e) == 0))
+    }
+
     /// The extra image that relieves `page` (seed 000 §3.3.3, the overflow rule): the page as
     /// of its oldest record in memory, which is above the fold bound (a fold would do
     /// otherwise), with the records its slot holds. `None` when it has no record in memory, or
