@@ -81,6 +81,7 @@ impl fmt::Display for Error {
             ErrorKind::LeaseLost { lsn_min } => write!(f, "lease lost (LSN_min {lsn_min}): {}", self.message),
             ErrorKind::Fenced { epoch } => write!(f, "fenced by writer epoch {}: {}", epoch.0, self.message),
             ErrorKind::Full => write!(f, "full: {}", self.message),
+            ErrorKind::Busy => write!(f, "storage busy, nothing appended: {}", self.message),
             ErrorKind::Unavailable => write!(f, "storage unavailable: {}", self.message),
             ErrorKind::Closed => write!(f, "closed: {}", self.message),
         }

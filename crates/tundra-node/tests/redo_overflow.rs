@@ -185,8 +185,11 @@ fn records_that_cannot_leave_memory_make_the_writer_wait_then_hear_busy() {
     let lease = node.register_reader(&volume, 7, 1).unwrap_or_else(|e| panic!("{e:?}"));
     let mut end = 1;
     let refused = loop {
-        let record =
-            RedoRecord { lsn: Lsn(end + 1), page: region + rng.below(8), payload: Payload::Ranges(vec![(0, vec![7; 200])]) };
+        let record = RedoRecord {
+            lsn: Lsn(end + 1),
+            page: region + rng.below(8),
+            payload: Payload::Ranges(vec![(0, vec![7; 200])]),
+        };
         let mut bytes = Vec::new();
         encode_record(&record, &mut bytes);
         match node.append_redo(&volume, 1, end, end + 1, 1, &bytes) {

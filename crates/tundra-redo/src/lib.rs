@@ -41,6 +41,6 @@ pub mod testing {
 }
 
 pub use versions::{
-    Decision, ExtraImageTask, FoldTask, GetPage, Held, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup, SpillRead,
-    SpillTask, SpillTo, decide, decide_many, reconstruct,
+    Decision, ExtraImageTask, FoldTask, GetPage, Held, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup,
+    SpillRead, SpillTask, SpillTo, decide, decide_many, reconstruct,
 };

@@ -45,8 +45,8 @@ pub fn fetch(read: &SpillRead, slots: Option<&SlotArea>, log: &RedoLog) -> Resul
         SpillRead::Slot { page, from_log, records_cell, .. } => (*page, *from_log, *records_cell),
         SpillRead::Log { page, ranges, .. } => return from_log(*page, ranges, log),
     };
-    let slots =
-        slots.ok_or_else(|| Error::invalid(format!("a read of page {page}'s log slot, but the stream has no slots")))?;
+    let slots = slots
+        .ok_or_else(|| Error::invalid(format!("a read of page {page}'s log slot, but the stream has no slots")))?;
     // Where the rebuild starts, when that is not in the slot: a whole page kept in the log, or
     // an extra image.
     let mut fetched = match from_log_lsn {

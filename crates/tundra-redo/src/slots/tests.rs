@@ -188,7 +188,13 @@ fn a_damaged_slot_is_recovered_from_the_redo_log() {
     let (device, area) = fresh();
     let (block, records) = sample_slot(9);
     let lba = Lba(FIRST.0 + 9);
-    let read = SpillRead::Slot { page: 9, lsns: records.iter().map(|r| r.lsn).collect(), from_log: None, image: None, records_cell: None };
+    let read = SpillRead::Slot {
+        page: 9,
+        lsns: records.iter().map(|r| r.lsn).collect(),
+        from_log: None,
+        image: None,
+        records_cell: None,
+    };
     let mut rng = Rng::new(seed_from_env(0x5107));
     for _ in 0..200 {
         let mut flipped = block.clone();

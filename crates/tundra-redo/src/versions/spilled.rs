@@ -175,7 +175,9 @@ impl SpillRead {
     /// records block); all of a log read's.
     pub fn rest_lsns(&self) -> &[Lsn] {
         match self {
-            SpillRead::Slot { lsns, from_log, image, .. } => &lsns[usize::from(from_log.is_some() || image.is_some())..],
+            SpillRead::Slot { lsns, from_log, image, .. } => {
+                &lsns[usize::from(from_log.is_some() || image.is_some())..]
+            }
             SpillRead::Log { lsns, .. } => lsns,
         }
     }
@@ -294,7 +296,8 @@ mod tests {
 
     #[test]
     fn pick_takes_the_named_records_and_refuses_a_missing_one() {
-        let read = SpillRead::Slot { page: 4, lsns: vec![Lsn(3), Lsn(7)], from_log: None, image: None, records_cell: None };
+        let read =
+            SpillRead::Slot { page: 4, lsns: vec![Lsn(3), Lsn(7)], from_log: None, image: None, records_cell: None };
         let fetched = [record(2, 4), record(7, 4), record(3, 5), record(3, 4), record(7, 4)];
         let picked = read.pick(&fetched).unwrap();
         assert_eq!(picked.iter().map(|r| (r.lsn.0, r.page)).collect::<Vec<_>>(), [(3, 4), (7, 4)]);

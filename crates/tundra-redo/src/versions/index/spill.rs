@@ -7,10 +7,10 @@ use std::sync::Arc;
 use tundra_store::ids::Lsn;
 
 use super::{FoldTask, PageRecords, PageVersions, record_cost_bytes};
-use crate::versions::serve::plan_through;
 use crate::codec::encoded_record_len;
 use crate::record::RedoRecord;
 use crate::slots::SLOT_RECORD_BYTES;
+use crate::versions::serve::plan_through;
 use crate::versions::spilled::{Held, SpillTo, SpilledRecord, spills_to_log};
 use crate::versions::{Bug, injected};
 

@@ -189,7 +189,10 @@ fn a_read_that_needs_spilled_records_names_one_slot_read() {
     // Between the spilled records: the slot, for the one at 3; the page LSN is the spilled 3.
     let (_, page_lsn, plan) = served(&decide(read(4, 0), horizon(12, 0), page));
     assert_eq!((page_lsn, plan.image_lsn, spilled_lsns(&plan), lsns(&plan)), (Lsn(3), Some(Lsn(2)), vec![3], vec![]));
-    assert_eq!(plan.spilled, Some(SpillRead::Slot { page: 0, lsns: vec![Lsn(3)], from_log: None, image: None, records_cell: None }));
+    assert_eq!(
+        plan.spilled,
+        Some(SpillRead::Slot { page: 0, lsns: vec![Lsn(3)], from_log: None, image: None, records_cell: None })
+    );
     // Above them all: both spilled, then the ones in memory; the image and the slot are the
     // only device reads, two.
     let (_, page_lsn, plan) = served(&decide(read(12, 0), horizon(12, 0), page));
