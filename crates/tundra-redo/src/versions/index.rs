@@ -423,6 +423,9 @@ impl PageVersions {
     }
 
     /// GetPage@LSN on many pages at one read point: `pages` are `(page, stored image LSN)`.
+    // A refusal is a `Decision` by value, as a served read is: a read's answer is built once and
+    // moved once, and boxing it would cost an allocation per read for the sake of the rare refusal.
+    #[allow(clippy::result_large_err)]
     pub fn get_pages(
         &self,
         pages: &[(u64, Option<Lsn>)],
