@@ -27,6 +27,9 @@ pub enum ErrorKind {
     Fenced { epoch: WriterEpoch },
     /// No room: the volume has no free page, or storage holds as much redo as it may.
     Full,
+    /// Storage holds as much unapplied redo as it may for now (a reader holds folding back):
+    /// the batch was not appended and nothing changed; the same batch may be sent again.
+    Busy,
     /// Storage could not be reached or failed; for a commit, its outcome is unknown.
     Unavailable,
     /// The node stopped after an error that left its state uncertain; open a new one.
@@ -78,6 +81,7 @@ impl fmt::Display for Error {
             ErrorKind::LeaseLost { lsn_min } => write!(f, "lease lost (LSN_min {lsn_min}): {}", self.message),
             ErrorKind::Fenced { epoch } => write!(f, "fenced by writer epoch {}: {}", epoch.0, self.message),
             ErrorKind::Full => write!(f, "full: {}", self.message),
+            ErrorKind::Busy => write!(f, "storage busy, nothing appended: {}", self.message),
             ErrorKind::Unavailable => write!(f, "storage unavailable: {}", self.message),
             ErrorKind::Closed => write!(f, "closed: {}", self.message),
         }
@@ -108,6 +112,7 @@ impl From<tundra_client::Error> for Error {
             C::Status { status: Status::Invalid | Status::NotFound | Status::NotSupported, .. } => ErrorKind::Invalid,
             C::Status { status: Status::Corrupted, .. } => ErrorKind::Corrupted,
             C::Status { status: Status::NoSpace, .. } => ErrorKind::Full,
+            C::Status { status: Status::Busy, .. } => ErrorKind::Busy,
             _ => ErrorKind::Unavailable,
         };
         Error::new(kind, error.to_string())

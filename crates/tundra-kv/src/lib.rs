@@ -38,7 +38,7 @@ pub use storage::{
     VolumeGeometry,
 };
 pub use workload::lagging::{LaggingConfig, LaggingReport, run_lagging};
-pub use workload::{Mix, WorkloadConfig, WorkloadReport, run_workload};
+pub use workload::{Mix, WorkloadConfig, WorkloadReport, run_workload, run_workload_with};
 
 /// Bugs the tests inject on purpose, to show that the workload's checker catches what it
 /// guards against: each test that injects one expects mismatches. Never injected outside

@@ -49,7 +49,13 @@ pub struct RwStats {
     pub redo_bytes: u64,
     /// Pages read from storage (pool misses).
     pub page_reads: u64,
+    /// Commits sent again after storage refused them as busy (its unapplied redo at its bound).
+    pub busy_retries: u64,
 }
+
+/// How many times a commit refused as busy is sent again, and the pause before each.
+const BUSY_RETRIES: u32 = 30;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The volume's writer; see the module's description.
 pub struct RwNode<S: PageStorage + ?Sized> {
@@ -338,8 +344,25 @@ impl<S: PageStorage + ?Sized> Txn<'_, S> {
             return Ok(node.committed_lsn);
         };
         drop(changes);
-        let outcome = match node.storage.append_redo(&batch) {
+        // A batch refused as Busy changed nothing: it is sent again after a pause, as many
+        // times as BUSY_RETRIES allows (the node waits a while itself before it refuses).
+        let mut busy = 0;
+        let appended = loop {
+            match node.storage.append_redo(&batch) {
+                Err(error) if error.kind() == ErrorKind::Busy && busy < BUSY_RETRIES => {
+                    busy += 1;
+                    node.stats.busy_retries += 1;
+                    std::thread::sleep(BUSY_PAUSE);
+                }
+                appended => break appended,
+            }
+        };
+        let outcome = match appended {
             Ok(outcome) => outcome,
+            Err(error) if error.kind() == ErrorKind::Busy => {
+                // Nothing was appended: the node stays usable.
+                return Err(error.context("storage refused the commit as busy, again and again; nothing was committed"));
+            }
             Err(error) => {
                 node.in_doubt = Some(batch.end_lsn);
                 let error = error.context("appending a commit, whose outcome is now unknown: reopen the node");

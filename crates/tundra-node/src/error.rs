@@ -18,6 +18,10 @@ pub enum Error {
     Io(String),
     #[error("{0}")]
     Closed(String),
+    /// The node holds as much as it takes for now (a volume's unapplied redo at its bound):
+    /// nothing changed; the caller tries again later.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl Error {
@@ -30,7 +34,8 @@ impl Error {
             | Error::NoSpace(m)
             | Error::Corrupted(m)
             | Error::Io(m)
-            | Error::Closed(m) => m,
+            | Error::Closed(m)
+            | Error::Busy(m) => m,
         }
     }
 }

@@ -271,6 +271,7 @@ fn errno(e: &Error) -> Errno {
         Error::NoSpace(_) => Errno::ENOSPC,
         Error::Corrupted(_) | Error::Io(_) => Errno::EIO,
         Error::Closed(_) => Errno::ESHUTDOWN,
+        Error::Busy(_) => Errno::EAGAIN,
     }
 }
 

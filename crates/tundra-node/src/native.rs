@@ -33,6 +33,7 @@ fn service_error(e: Error) -> ServiceError {
         Error::Corrupted(_) => Status::Corrupted,
         Error::Io(_) => Status::Io,
         Error::Closed(_) => Status::ShuttingDown,
+        Error::Busy(_) => Status::Busy,
     };
     ServiceError::new(code, e.message())
 }

@@ -48,7 +48,7 @@ fn nbd_error(e: Error) -> ExportError {
     match e {
         Error::Invalid(m) | Error::NotFound(m) | Error::Exists(m) => ExportError::invalid(m),
         Error::NoSpace(m) => ExportError::no_space(m),
-        Error::Corrupted(m) | Error::Io(m) => ExportError::io(m),
+        Error::Corrupted(m) | Error::Io(m) | Error::Busy(m) => ExportError::io(m),
         Error::Closed(m) => ExportError::shutdown(m),
     }
 }

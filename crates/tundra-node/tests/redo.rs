@@ -156,11 +156,36 @@ fn pages_read_at_every_lsn_match_the_model_through_folds_and_a_rebuild() {
     assert_eq!(fenced, AppendOutcome::Fenced { epoch: tundra_redo::WriterEpoch(2) });
     // A record outside the volume, a cut encoding: refused, nothing changes.
     let outside = RedoRecord { lsn: Lsn(end + 3), page: PAGES, payload: Payload::Image(vec![1; PAGE]) };
-    assert!(node.append_redo(&volume, 2, end + 1, end + 3, 1, &encoded(&[outside])).is_err());
+    match node.append_redo(&volume, 2, end + 1, end + 3, 1, &encoded(&[outside])) {
+        Err(tundra_node::Error::Invalid(message)) => {
+            assert!(message.contains("outside") || message.contains("pages"), "{message}")
+        }
+        other => panic!("a record outside the volume: {other:?}"),
+    }
     let mut cut = encoded(&[record(&mut rng, end + 3)]);
     cut.pop();
-    assert!(node.append_redo(&volume, 2, end + 1, end + 3, 1, &cut).is_err());
+    match node.append_redo(&volume, 2, end + 1, end + 3, 1, &cut) {
+        Err(tundra_node::Error::Invalid(_)) => {}
+        other => panic!("a cut encoding: {other:?}"),
+    }
+    // Records out of LSN order, and more records than the bytes hold: the same.
+    let (a, b) = (record(&mut rng, end + 3), record(&mut rng, end + 2));
+    match node.append_redo(&volume, 2, end + 1, end + 3, 2, &encoded(&[a.clone(), b])) {
+        Err(tundra_node::Error::Invalid(_)) => {}
+        other => panic!("records out of order: {other:?}"),
+    }
+    match node.append_redo(&volume, 2, end + 1, end + 3, 2, &encoded(&[a])) {
+        Err(tundra_node::Error::Invalid(_)) => {}
+        other => panic!("a count above the records sent: {other:?}"),
+    }
     assert_eq!(node.redo_status(&volume).unwrap().durable_lsn, end + 1);
+    // Reads at LSN 0, or below not_modified_since, are bad requests.
+    for (request_lsn, not_modified_since) in [(0, 0), (end, end + 1)] {
+        match node.read_page_at(&volume, 0, request_lsn, not_modified_since, &mut out) {
+            Err(RedoRefusal::Error(tundra_node::Error::Invalid(_))) => {}
+            other => panic!("a read at {request_lsn} not modified since {not_modified_since}: {other:?}"),
+        }
+    }
     // Pages of a volume that takes redo are made from its redo, never written otherwise.
     let page = vec![7u8; PAGE];
     assert!(node.write_page(&volume, 0, tundra_node::WriteMode::Lz4, &page).is_err());
@@ -237,6 +262,26 @@ fn the_native_protocol_carries_appends_reads_and_leases() {
         let served = client.get_page_at_lsn(volume.volume.id.0, page, at).unwrap();
         assert_eq!(served.served_lsn, lsn);
         assert!(served.data == model.page_at(page, Lsn(lsn)), "page {page} at {lsn}");
+    }
+    // The vectored form (prefetch): several pages, repeats among them, at one LSN each time.
+    for _ in 0..30 {
+        let pages: Vec<u64> = (0..1 + rng.below(8)).map(|_| rng.below(PAGES)).collect();
+        let lsn = 1 + rng.below(end);
+        let at = tundra_proto::ReadAt { request_lsn: lsn, not_modified_since: 0, lease: Some(lease.lease_id) };
+        let served = client.get_pages_at_lsn(volume.volume.id.0, &pages, at).unwrap();
+        assert_eq!((served.served_lsn, served.len(), served.page_size as usize), (lsn, pages.len(), PAGE));
+        for (i, &page) in pages.iter().enumerate() {
+            assert!(served.data[i * PAGE..(i + 1) * PAGE] == model.page_at(page, Lsn(lsn)), "page {page} at {lsn}");
+            assert_eq!(served.page_lsns[i], model.page_lsn(page, Lsn(lsn)).0, "page {page} at {lsn}");
+        }
+    }
+    // A vectored read naming a page outside the volume, or at LSN 0, is refused whole.
+    let at = tundra_proto::ReadAt { request_lsn: end, not_modified_since: 0, lease: None };
+    for (pages, request_lsn) in [(vec![0, PAGES], end), (vec![0, 1], 0)] {
+        match client.get_pages_at_lsn(volume.volume.id.0, &pages, tundra_proto::ReadAt { request_lsn, ..at }) {
+            Err(tundra_client::Error::Status { status: tundra_proto::Status::Invalid, .. }) => {}
+            other => panic!("pages {pages:?} at {request_lsn}: {other:?}"),
+        }
     }
     let status = client.redo_status(volume.volume.id.0).unwrap();
     assert_eq!((status.durable_lsn, status.lsn_min), (end, 1));

@@ -32,7 +32,15 @@ pub use lease::{Lease, LeaseConfig, LeaseId, LeaseRefusal, Leases, ReaderId, Ren
 pub use log::{BatchReader, LogGeometry, Recovered, RedoLog, Submitted, Ticket};
 pub use record::{AppendOutcome, Payload, RedoBatch, RedoRecord, WriterEpoch};
 pub use slots::{Fetched, Merge, SlotArea, SlotStats, fetch};
+/// Bugs another crate's tests inject on purpose (with the `testing` feature), to show that
+/// their oracles catch them: [`testing::inject`] holds `bug` on this thread until its guard
+/// drops. Never compiled into a build without that feature.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    pub use crate::versions::{Bug, InjectedBug, inject};
+}
+
 pub use versions::{
-    Decision, FoldTask, GetPage, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup, SpillRead, SpillTask,
-    SpillTo, decide, decide_many, reconstruct,
+    Decision, ExtraImageTask, FoldTask, GetPage, Held, Horizon, PageState, PageVersions, ReadPlan, SlotCleanup,
+    SpillRead, SpillTask, SpillTo, decide, decide_many, reconstruct,
 };

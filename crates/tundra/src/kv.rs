@@ -12,7 +12,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use tundra_client::Client;
 use tundra_kv::{
-    ClientStorage, LaggingConfig, PAGE_SIZE, RoConfig, RwConfig, WorkloadConfig, run_lagging, run_workload,
+    ClientStorage, LaggingConfig, Mix, PAGE_SIZE, RoConfig, RwConfig, WorkloadConfig, WorkloadReport, run_lagging,
+    run_workload_with,
 };
 use tundra_proto::{VolumeInfo, VolumeMode, VolumeSpec};
 
@@ -98,11 +99,20 @@ pub struct BenchArgs {
     /// up to a minute, settle the commit in doubt from the durable LSN, resync the readers.
     #[arg(long)]
     survive_restarts: bool,
+    /// The workload's mix: weights of RO point selects and ranges, and of the RW's updates,
+    /// inserts and deletes, as `point_select=10,range=4,update=2,insert=1,delete=1` (sysbench's
+    /// oltp_read_write, the default); a weight not named keeps its default.
+    #[arg(long, default_value = "point_select=10,range=4,update=2,insert=1,delete=1", value_parser = parse_mix)]
+    mix: Mix,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Print the report as JSON.
+    /// Print the report as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
+}
+
+fn parse_mix(text: &str) -> std::result::Result<Mix, String> {
+    text.parse()
 }
 
 pub fn run(command: KvCommand) -> Result<()> {
@@ -310,17 +320,48 @@ fn bench(args: BenchArgs) -> Result<()> {
         ro: RoConfig::default(),
         rw_restart_every: args.restart_every,
         survive_restarts: args.survive_restarts,
+        mix: args.mix,
         ..WorkloadConfig::default()
     };
     if !args.json {
         eprintln!(
             "tundra kv bench: volume {:?} (id {}) at {}, {} transactions, {} keys, {} RO node(s) {} commits behind, \
-             seed {}",
-            args.volume, volume.id, args.addr, args.transactions, args.keys, args.ro_nodes, args.ro_lag, args.seed
+             mix {:?}, seed {}",
+            args.volume,
+            volume.id,
+            args.addr,
+            args.transactions,
+            args.keys,
+            args.ro_nodes,
+            args.ro_lag,
+            args.mix,
+            args.seed
         );
     }
     let started = Instant::now();
-    let report = run_workload(storage.clone(), tundra_store::ids::VolumeId(volume.id), &config)
+    // Once a second on a terminal (stderr, so stdout keeps only the result): commits, reads
+    // checked, mismatches and the rates since the last line.
+    let mut last = (started, 0u64, 0u64);
+    let json = args.json;
+    let mut progress = |report: &WorkloadReport| {
+        let now = Instant::now();
+        let since = now.duration_since(last.0).as_secs_f64();
+        if json || since < 1.0 {
+            return;
+        }
+        eprintln!(
+            "{:>6.0} s: {} commits ({:.0}/s), {} reads checked ({} RO, {:.0}/s), {} mismatches",
+            now.duration_since(started).as_secs_f64(),
+            report.commits,
+            (report.commits - last.1) as f64 / since,
+            report.reads_checked,
+            report.ro_reads,
+            (report.reads_checked - last.2) as f64 / since,
+            report.mismatches
+        );
+        last = (now, report.commits, report.reads_checked);
+    };
+    let report = run_workload_with(storage.clone(), tundra_store::ids::VolumeId(volume.id), &config, &mut progress)
         .map_err(|e| anyhow::anyhow!("the workload stopped: {e}"))?;
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
@@ -330,6 +371,9 @@ fn bench(args: BenchArgs) -> Result<()> {
             "seconds": seconds,
             "commits": report.commits,
             "reads_checked": report.reads_checked,
+            "ro_reads": report.ro_reads,
+            "point_selects": report.point_selects,
+            "range_scans": report.range_scans,
             "mismatches": report.mismatches,
             "rows_checked": report.rows_checked,
             "ro_resyncs": report.ro_resyncs,
@@ -345,10 +389,11 @@ fn bench(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         println!(
-            "{} commits, {} reads checked ({} rows), {} mismatches, {} RO resyncs, {} RW restarts, {} storage \
-             outages ({} commits in doubt landed, {} lost), {} bytes of redo, {:.1} s",
+            "{} commits, {} reads checked ({} by RO nodes, {} rows), {} mismatches, {} RO resyncs, {} RW restarts, \
+             {} storage outages ({} commits in doubt landed, {} lost), {} bytes of redo, {:.1} s",
             report.commits,
             report.reads_checked,
+            report.ro_reads,
             report.rows_checked,
             report.mismatches,
             report.ro_resyncs,

@@ -105,3 +105,34 @@ fn redo_durable_lsn_or_zero(node: &Node, volume: &str) -> u64 {
     let entry = stats["volumes"].as_array().and_then(|v| v.iter().find(|v| v["name"] == volume)).cloned();
     entry.and_then(|v| v["redo"]["durable_lsn"].as_u64()).unwrap_or(0)
 }
+
+#[test]
+fn the_kv_bench_takes_a_mix_counts_ro_reads_and_shows_progress_on_a_terminal() {
+    let site = Site::new();
+    let node = site.start();
+    // Ranges only on the readers, updates only on the writer.
+    let mix = "point_select=0,range=1,update=1,insert=0,delete=0";
+    let report = bench(&node, "mix", &["--transactions", "200", "--keys", "1000", "--mix", mix]);
+    assert_eq!(report["mismatches"], 0, "{report}");
+    assert_eq!(report["point_selects"], 0, "{report}");
+    let ro_reads = report["ro_reads"].as_u64().unwrap();
+    assert_eq!(ro_reads, report["range_scans"].as_u64().unwrap(), "{report}");
+    assert!(ro_reads > 0 && ro_reads < report["reads_checked"].as_u64().unwrap(), "RW reads count too: {report}");
+    // A mix that names no operation, or no reads, is refused before anything runs.
+    for bad in ["select=3", "point_select=0,range=0", "update=x"] {
+        let out = common::tundra(&node.with_addr(&["kv", "bench", "--volume", "bad", "--mix", bad]));
+        assert!(!out.status.success(), "--mix {bad} was taken");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--mix"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Without --json: a progress line on stderr once a second, the result on stdout.
+    let out =
+        succeeds(&node.with_addr(&["kv", "bench", "--volume", "progress", "--transactions", "1500", "--keys", "2000"]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let seconds: f64 =
+        stdout.trim_end().rsplit(", ").next().and_then(|s| s.trim_end_matches(" s").parse().ok()).unwrap();
+    if seconds >= 1.5 {
+        assert!(stderr.contains("reads checked (") && stderr.contains("mismatches"), "{stderr}");
+    }
+    assert!(stdout.contains("reads checked") && stdout.contains("by RO nodes"), "{stdout}");
+    node.stop();
+}

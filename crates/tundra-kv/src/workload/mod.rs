@@ -46,6 +46,45 @@ impl Default for Mix {
     }
 }
 
+impl std::str::FromStr for Mix {
+    type Err = String;
+
+    /// Weights by name, `point_select=10,range=4,update=2,insert=1,delete=1`; a weight not
+    /// named keeps its default. Point selects and ranges share the RO reads, updates, inserts
+    /// and deletes the RW's writes: each pair or trio needs one weight above zero.
+    fn from_str(text: &str) -> std::result::Result<Mix, String> {
+        let mut mix = Mix::default();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, weight) =
+                part.split_once('=').ok_or_else(|| format!("{part:?}: expected NAME=WEIGHT, as in update=2"))?;
+            let weight: u32 = weight
+                .trim()
+                .parse()
+                .map_err(|_| format!("{part:?}: the weight must be a whole number from 0 to {}", u32::MAX))?;
+            let slot = match name.trim() {
+                "point_select" => &mut mix.point_select,
+                "range" => &mut mix.range,
+                "update" => &mut mix.update,
+                "insert" => &mut mix.insert,
+                "delete" => &mut mix.delete,
+                other => {
+                    return Err(format!(
+                        "{other:?} is no operation of the mix (point_select, range, update, insert, delete)"
+                    ));
+                }
+            };
+            *slot = weight;
+        }
+        if mix.point_select.checked_add(mix.range).is_none_or(|sum| sum == 0) {
+            return Err("point_select and range weights must add up to between 1 and 2^32 - 1".into());
+        }
+        if mix.update.checked_add(mix.insert).and_then(|s| s.checked_add(mix.delete)).is_none_or(|sum| sum == 0) {
+            return Err("update, insert and delete weights must add up to between 1 and 2^32 - 1".into());
+        }
+        Ok(mix)
+    }
+}
+
 /// A run's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WorkloadConfig {
@@ -106,6 +145,8 @@ pub struct WorkloadReport {
     pub commits: u64,
     /// Answers compared with the model: RO point selects and scans, RW reads and deletes.
     pub reads_checked: u64,
+    /// Of those, the RO nodes' reads alone: `point_selects + range_scans`.
+    pub ro_reads: u64,
     pub mismatches: u64,
     pub point_selects: u64,
     pub range_scans: u64,
@@ -167,6 +208,17 @@ pub fn run_workload<S: PageStorage + ?Sized>(
     volume: VolumeId,
     config: &WorkloadConfig,
 ) -> Result<WorkloadReport> {
+    run_workload_with(storage, volume, config, &mut |_| {})
+}
+
+/// [`run_workload`], calling `progress` with the report so far after every transaction (a
+/// terminal's progress line).
+pub fn run_workload_with<S: PageStorage + ?Sized>(
+    storage: Arc<S>,
+    volume: VolumeId,
+    config: &WorkloadConfig,
+    progress: &mut dyn FnMut(&WorkloadReport),
+) -> Result<WorkloadReport> {
     assert!(config.initial_keys <= config.key_space && config.value_bytes_min <= config.value_bytes_max);
     assert!(config.value_bytes_max <= MAX_VALUE_BYTES);
     let rw = RwNode::open(storage.clone(), volume, config.rw)?;
@@ -197,6 +249,8 @@ pub fn run_workload<S: PageStorage + ?Sized>(
             run.ro_read()?;
         }
         run.rw_read()?;
+        run.report.ro_reads = run.report.point_selects + run.report.range_scans;
+        progress(&run.report);
     }
     run.finish()
 }
@@ -520,6 +574,7 @@ impl<S: PageStorage + ?Sized> Run<'_, S> {
     fn finish(mut self) -> Result<WorkloadReport> {
         let stats = self.rw.stats();
         self.report.final_lsn = self.rw.committed_lsn();
+        self.report.ro_reads = self.report.point_selects + self.report.range_scans;
         self.report.redo_bytes = self.retired.redo_bytes + stats.redo_bytes;
         self.report.records = self.retired.records + stats.records;
         self.report.image_records = self.retired.image_records + stats.image_records;

@@ -27,6 +27,7 @@ impl Node {
 
     /// Expires leases, then folds up to `limit` of the stream's oldest pages and truncates the
     /// log behind them.
+    ///
     /// Each page's fold holds the stream's `upkeep` lock on its own, not the whole pass: a
     /// fold waits for readers (`fold_gate`), and the writer's spills must not wait for a whole
     /// pass of those. A spill that runs between two pages only moves records the tasks still
@@ -39,42 +40,58 @@ impl Node {
             state.versions.set_lsn_min(lsn_min);
             state.versions.fold_pages(limit)
         };
-        let page_size = volume.page_size();
         let mut folded = 0;
         for &page in &tasks {
             let _upkeep = stream.upkeep.lock();
-            // Asked under the lock: another fold may have done part of it meanwhile.
-            let Some(task) = stream.state.lock().versions.fold_task(page) else { continue };
-            let task = &task;
-            folded += 1;
-            let (chunk, page_no) = volume.volume.locate(task.page)?;
-            // Readers of this stream wait from the image's write to the versions' update.
-            let _exclusive = stream.fold_gate.write();
-            let stored = stored_lsn(volume, chunk, page_no);
-            let image = match stored {
-                Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
-                None => None,
-            };
-            let base = stored.zip(image.as_deref());
-            let fetched = match &task.spilled {
-                Some(read) => fetch(read, stream.slots.as_ref(), &stream.log).map_err(redo_error)?.records,
-                None => Vec::new(),
-            };
-            let content = task.rebuild(base, &fetched, page_size).map_err(redo_error)?;
-            volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
-            let cleanup = stream.state.lock().versions.materialized(task.page, task.through_lsn);
-            if let Some(slots) = &stream.slots {
-                match cleanup {
-                    SlotCleanup::Keep => {}
-                    SlotCleanup::Clear => slots.clear(task.page).map_err(redo_error)?,
-                    SlotCleanup::ClearThrough(lsn) => {
-                        slots.clear_through(task.page, lsn).map_err(redo_error)?;
-                    }
-                }
+            if self.fold_page(stream, volume, page)? {
+                folded += 1;
             }
         }
         let through = stream.state.lock().versions.materialized_through();
         stream.log.truncate_through(through).map_err(redo_error)?;
         Ok(folded)
+    }
+
+    /// Folds `page` as far as the fold bound allows, through the compressed page path; false
+    /// when it has nothing at or below the bound. The caller holds the stream's `upkeep` lock.
+    /// The image cells the fold leaves unnamed are freed while readers are held off, so no
+    /// read's plan still names one.
+    pub(super) fn fold_page(&self, stream: &Stream, volume: &VolumeRef, page: u64) -> Result<bool> {
+        // Asked under the lock: another fold may have done part of it meanwhile.
+        let Some(task) = stream.state.lock().versions.fold_task(page) else { return Ok(false) };
+        let task = &task;
+        let (chunk, page_no) = volume.volume.locate(task.page)?;
+        // Readers of this stream wait from the image's write to the versions' update.
+        let _exclusive = stream.fold_gate.write();
+        let stored = stored_lsn(volume, chunk, page_no);
+        let image = match stored {
+            Some(_) => volume.pages.read_page(chunk, page_no).map_err(Error::from)?,
+            None => None,
+        };
+        let base = stored.zip(image.as_deref());
+        let fetched = match &task.spilled {
+            Some(read) => fetch(read, stream.slots.as_ref(), &stream.log).map_err(redo_error)?.records,
+            None => Vec::new(),
+        };
+        let content = task.rebuild(base, &fetched, volume.page_size()).map_err(redo_error)?;
+        volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
+        let (cleanup, freed) = {
+            let mut state = stream.state.lock();
+            let cleanup = state.versions.materialized(task.page, task.through_lsn);
+            (cleanup, state.versions.take_freed_cells())
+        };
+        if let Some(slots) = &stream.slots {
+            match cleanup {
+                SlotCleanup::Keep => {}
+                SlotCleanup::Clear => slots.clear(task.page).map_err(redo_error)?,
+                SlotCleanup::ClearThrough(lsn) => {
+                    slots.clear_through(task.page, lsn).map_err(redo_error)?;
+                }
+            }
+            for cell in freed {
+                slots.free_cell(cell).map_err(redo_error)?;
+            }
+        }
+        Ok(true)
     }
 }

@@ -20,6 +20,11 @@ pub const NOT_YET_WAIT: Duration = Duration::from_millis(500);
 const WAIT_TURN: Duration = Duration::from_millis(50);
 /// How long an append waits for room in a full redo log before it is refused.
 pub const LOG_FULL_WAIT: Duration = Duration::from_secs(10);
+/// How long an append waits for a stream's unapplied redo to fall back under its hard bound
+/// (four times `[redo] cache`) before it is refused as `Busy`.
+pub const BACKPRESSURE_WAIT: Duration = Duration::from_secs(2);
+/// The hard bound on a stream's unapplied redo in memory, in multiples of `[redo] cache`.
+pub const HARD_BOUND_FACTOR: u64 = 4;
 
 /// A page served at an LSN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +80,13 @@ pub struct RedoWatermarks {
     pub spilled_records_total: u64,
     /// Whether the stream has per-page log slots.
     pub log_slots: bool,
-    /// Slot merges that found no room since the node opened the stream.
+    /// Times a page's slot had no room for its records since the node opened the stream (the
+    /// overflow rule then folded the page or gave it an extra image).
     pub slot_overflows: u64,
+    /// Extra images written above LSN_min since the node opened the stream (the overflow
+    /// rule), and the image cells holding one now.
+    pub extra_images: u64,
+    pub image_cells_in_use: u64,
     /// Logical bytes of the stream's slot region holding data, and the drive's physical bytes
     /// for them: what the slots really cost.
     pub slot_mapped_bytes: u64,
@@ -113,23 +123,7 @@ impl Node {
             )));
         }
         let stream = self.redo.stream_or_create(volume)?;
-        // Backpressure (D8): past the cache's bound the writer moves the oldest records out of
-        // memory, unless a fold or spill is already at work on the stream (it would wait for
-        // that fold, which waits for readers). Past four times the bound it waits its turn and
-        // folds what slots cannot take (full slots, pages past the slot region), as far as
-        // LSN_min allows. The log's own capacity is the hard bound.
-        let bound = self.redo.options().cache_bytes;
-        let cached = stream.state.lock().versions.cached_bytes();
-        if cached > bound.saturating_mul(4) {
-            self.spill_stream(&stream, true)?;
-            while stream.state.lock().versions.cached_bytes() > bound.saturating_mul(4) {
-                if self.fold_stream(&stream, volume, 64)? == 0 {
-                    break;
-                }
-            }
-        } else if cached > bound {
-            self.spill_stream(&stream, false)?;
-        }
+        self.admit(&stream, volume)?;
         let batch = RedoBatch {
             volume: volume.volume.id,
             epoch: WriterEpoch(epoch),
@@ -151,6 +145,50 @@ impl Node {
             stream.advanced.notify_all();
         }
         Ok(outcome)
+    }
+
+    /// Backpressure (D8) before an append. Past the cache's bound the writer moves the oldest
+    /// records out of memory, unless a fold or spill is already at work on the stream (it would
+    /// wait for that fold, which waits for readers). Past [`HARD_BOUND_FACTOR`] times the bound
+    /// it waits its turn to spill (which folds or images the pages whose slots are full: the
+    /// overflow rule) and folds what LSN_min allows, turn after turn for up to
+    /// [`BACKPRESSURE_WAIT`] while readers move on or their leases lapse; if the stream's
+    /// memory is still past the hard bound, the batch is refused as `Busy` and nothing changes.
+    /// So a stream holds at most the hard bound plus one batch of records in memory.
+    fn admit(&self, stream: &Stream, volume: &VolumeRef) -> Result<()> {
+        let bound = self.redo.options().cache_bytes;
+        let hard = bound.saturating_mul(HARD_BOUND_FACTOR);
+        let cached = || stream.state.lock().versions.cached_bytes();
+        if cached() <= hard {
+            if cached() > bound {
+                self.spill_stream(stream, false)?;
+            }
+            return Ok(());
+        }
+        let turns = (BACKPRESSURE_WAIT.as_millis() / WAIT_TURN.as_millis()).max(1) as u32;
+        for turn in 0..=turns {
+            self.spill_stream(stream, true)?;
+            if cached() <= hard {
+                return Ok(());
+            }
+            self.fold_stream(stream, volume, 64)?;
+            if cached() <= hard {
+                return Ok(());
+            }
+            if turn < turns {
+                std::thread::sleep(WAIT_TURN);
+            }
+        }
+        let state = stream.state.lock();
+        Err(Error::Busy(format!(
+            "volume {:?} holds {} bytes of redo not yet applied, past its bound of {hard} (4 x [redo] cache), and \
+             none could be applied or moved out of memory in {} ms: LSN_min {} holds folding back; the batch was \
+             not appended, send it again later",
+            volume.volume.name,
+            state.versions.cached_bytes(),
+            BACKPRESSURE_WAIT.as_millis(),
+            state.versions.lsn_min()
+        )))
     }
 
     /// Appends `batch` to the stream's log. A full log is backpressure (D8), not yet an error:
@@ -234,7 +272,7 @@ impl Node {
                     let (fetched, spill_reads) = match &plan.spilled {
                         Some(read) => {
                             let fetched = fetch(read, stream.slots.as_ref(), &stream.log).map_err(redo_error)?;
-                            let reads = u64::from(fetched.slot_reads) + u64::from(fetched.log_batches);
+                            let reads = u64::from(fetched.device_reads());
                             (fetched.records, reads)
                         }
                         None => (Vec::new(), 0),
@@ -352,6 +390,8 @@ impl Node {
             spilled_records_total: counters.spilled_records.load(Ordering::Relaxed),
             log_slots: stream.slots.is_some(),
             slot_overflows: counters.slot_overflows.load(Ordering::Relaxed),
+            extra_images: counters.extra_images.load(Ordering::Relaxed),
+            image_cells_in_use: stream.slots.as_ref().map_or(0, |s| u64::from(s.cells().1)),
             slot_mapped_bytes: slot_usage.map_or(0, |u| u.mapped_bytes),
             slot_physical_bytes: slot_usage.map_or(0, |u| u.physical_bytes),
             rebuilt_pages,

@@ -69,8 +69,11 @@ pub(crate) struct StreamCounters {
     pub rebuild_device_reads: AtomicU64,
     /// Records moved out of memory (into slots, or left to the log).
     pub spilled_records: AtomicU64,
-    /// Slot merges that found no room: the page's records stay in memory until a fold.
+    /// Times a page's slot had no room for the page's records in memory (a merge overflowed,
+    /// or was not even tried): the page is then folded, or gets an extra image.
     pub slot_overflows: AtomicU64,
+    /// Extra images written above LSN_min for pages whose slots would overflow.
+    pub extra_images: AtomicU64,
 }
 
 impl StreamCounters {

@@ -19,10 +19,16 @@
 //! slot that fails its checks is recoverable: its records are read from the log instead
 //! ([`fetch`]).
 //!
+//! The last eighth of the region holds image cells (`cells.rs`): when a page's slot would
+//! overflow and LSN_min keeps the page from being materialized, an extra image of the page
+//! and the records its slot held go to a cell, and the slot is emptied for what follows.
+//!
 //! - `format.rs`: the slot's bytes, encoded and checked.
+//! - `cells.rs`: image cells, their bytes encoded and checked.
 //! - `fetch.rs`: [`fetch`], the records a read plan's spilled part names, from the slot or the
 //!   redo log.
 
+mod cells;
 mod fetch;
 mod format;
 #[cfg(test)]
@@ -41,6 +47,8 @@ use crate::{Error, RedoRecord, Result};
 pub use fetch::{Fetched, fetch};
 pub use format::SLOT_RECORD_BYTES;
 use format::{HEADER_BYTES, SlotContents, decode_slot, encode_records, encode_slot};
+
+use cells::{CELL_SHARE, cell_blocks, decode_cell_image, decode_cell_records, encode_cell};
 
 /// Locks that order read-modify-write operations on one slot; a page's slot takes lock
 /// `page % LOCK_STRIPES`, so operations on different pages rarely wait for each other.
@@ -63,6 +71,8 @@ pub struct SlotStats {
     pub merges: u64,
     pub overflows: u64,
     pub clears: u64,
+    /// Extra images written to image cells.
+    pub cells_written: u64,
 }
 
 #[derive(Default)]
@@ -71,38 +81,135 @@ struct Counters {
     merges: AtomicU64,
     overflows: AtomicU64,
     clears: AtomicU64,
+    cells_written: AtomicU64,
 }
 
-/// The log slots of one volume's pages, one block each, on a region of a device.
+/// The log slots of one volume's pages, one block each, on a region of a device, and the
+/// image cells after them.
 pub struct SlotArea {
     device: Arc<dyn BlockDevice>,
     first_lba: Lba,
+    /// Blocks of the whole region: the slots, then the cells.
+    blocks: u64,
     slot_count: u64,
     page_size: u32,
     locks: Vec<Mutex<()>>,
     counters: Counters,
+    /// Image cells: how many, the blocks of each, and those free (in memory only: cells are
+    /// a cache of the log, emptied when the area is opened).
+    cell_count: u32,
+    cell_blocks: u64,
+    free_cells: Mutex<Vec<u32>>,
 }
 
 impl SlotArea {
-    /// The slots of pages `0..slot_count` at blocks `first_lba..first_lba + slot_count` of
-    /// `device`, holding records of pages of `page_size` bytes. Refused when the region does not
-    /// lie inside the device.
-    pub fn new(device: Arc<dyn BlockDevice>, first_lba: Lba, slot_count: u64, page_size: u32) -> Result<SlotArea> {
+    /// The area on the `blocks` blocks of `device` from `first_lba`, for pages of `page_size`
+    /// bytes: the last eighth holds image cells (none when that is too small for one), the
+    /// rest the slots of pages `0..slot_count()`. Refused when the region does not lie inside
+    /// the device.
+    pub fn new(device: Arc<dyn BlockDevice>, first_lba: Lba, blocks: u64, page_size: u32) -> Result<SlotArea> {
         if page_size == 0 {
             return Err(Error::invalid("log slots for pages of zero bytes"));
         }
-        tundra_device::check_range(device.block_count(), first_lba, slot_count)?;
+        tundra_device::check_range(device.block_count(), first_lba, blocks)?;
         let locks = (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect();
-        Ok(SlotArea { device, first_lba, slot_count, page_size, locks, counters: Counters::default() })
+        let cell_blocks = cell_blocks(page_size);
+        let cell_count = u32::try_from(blocks / CELL_SHARE / cell_blocks).unwrap_or(u32::MAX);
+        let slot_count = blocks - u64::from(cell_count) * cell_blocks;
+        Ok(SlotArea {
+            device,
+            first_lba,
+            blocks,
+            slot_count,
+            page_size,
+            locks,
+            counters: Counters::default(),
+            cell_count,
+            cell_blocks,
+            free_cells: Mutex::new(all_cells(cell_count)),
+        })
     }
 
+    /// Pages `0..slot_count()` have a slot.
     pub fn slot_count(&self) -> u64 {
         self.slot_count
     }
 
-    /// The area's first block on its device and its block count.
+    /// The area's first block on its device and its block count (slots and cells).
     pub fn region(&self) -> (Lba, u64) {
-        (self.first_lba, self.slot_count)
+        (self.first_lba, self.blocks)
+    }
+
+    /// Image cells the area holds, and those in use.
+    pub fn cells(&self) -> (u32, u32) {
+        let free = self.free_cells.lock().len() as u32;
+        (self.cell_count, self.cell_count - free)
+    }
+
+    /// The first block of image cell `cell`.
+    fn cell_lba(&self, cell: u32) -> Result<Lba> {
+        if cell >= self.cell_count {
+            return Err(Error::invalid(format!("image cell {cell}: the area holds {}", self.cell_count)));
+        }
+        Ok(self.first_lba.offset_by(self.slot_count + u64::from(cell) * self.cell_blocks))
+    }
+
+    /// Writes an extra image of `page` as of `lsn` (`image`, a whole page) and `records` (the
+    /// records its slot holds, all below `lsn`) to a free image cell: one write. Answers the
+    /// cell, or `None` when every cell is in use. The cell is the caller's until it frees it.
+    pub fn write_cell(&self, page: u64, records: &[RedoRecord], lsn: Lsn, image: &[u8]) -> Result<Option<u32>> {
+        if image.len() != self.page_size as usize {
+            return Err(Error::invalid(format!(
+                "an extra image of {} bytes for pages of {}",
+                image.len(),
+                self.page_size
+            )));
+        }
+        self.check_new(page, records)?;
+        if records.last().is_some_and(|r| r.lsn >= lsn) {
+            return Err(Error::invalid(format!("an image cell's records must be below its image at LSN {lsn}")));
+        }
+        if records.iter().map(encoded_record_len).sum::<usize>() > SLOT_RECORD_BYTES {
+            return Err(Error::invalid("an image cell's records are more than a slot holds"));
+        }
+        let Some(cell) = self.free_cells.lock().pop() else { return Ok(None) };
+        let lba = self.cell_lba(cell)?;
+        let written = self.device.write(lba, &encode_cell(lba, page, records, lsn, image));
+        if let Err(error) = written {
+            self.free_cells.lock().push(cell);
+            return Err(error.into());
+        }
+        self.counters.cells_written.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(cell))
+    }
+
+    /// The records block of image cell `cell`, written for `page`: one read, every check passed.
+    pub fn read_cell_records(&self, cell: u32, page: u64) -> Result<Vec<RedoRecord>> {
+        let lba = self.cell_lba(cell)?;
+        let mut block = vec![0u8; BLOCK_SIZE];
+        self.device.read(lba, &mut block)?;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        decode_cell_records(&block, lba, page, self.page_size)
+    }
+
+    /// The extra image of `page` as of `lsn` in image cell `cell`: one read, every check passed.
+    pub fn read_cell_image(&self, cell: u32, page: u64, lsn: Lsn) -> Result<Vec<u8>> {
+        let header = self.cell_lba(cell)?.offset_by(1);
+        let mut body = vec![0u8; (self.cell_blocks as usize - 1) * BLOCK_SIZE];
+        self.device.read(header, &mut body)?;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        decode_cell_image(&body, header, page, lsn, self.page_size)
+    }
+
+    /// Frees image cell `cell`: a trim (it costs the drive nothing again), then it may be
+    /// written anew. The caller makes sure no read still names it.
+    pub fn free_cell(&self, cell: u32) -> Result<()> {
+        let lba = self.cell_lba(cell)?;
+        self.device.trim(lba, self.cell_blocks)?;
+        let mut free = self.free_cells.lock();
+        assert!(!free.contains(&cell), "image cell {cell} freed twice");
+        free.push(cell);
+        Ok(())
     }
 
     /// The block holding `page`'s slot.
@@ -228,9 +335,10 @@ impl SlotArea {
     /// Empties every slot: one trim of the whole area. The owner does this when it opens the
     /// volume, before the index spills anything (see the module's paragraph on why).
     pub fn clear_all(&self) -> Result<()> {
-        if self.slot_count > 0 {
-            self.device.trim(self.first_lba, self.slot_count)?;
+        if self.blocks > 0 {
+            self.device.trim(self.first_lba, self.blocks)?;
         }
+        *self.free_cells.lock() = all_cells(self.cell_count);
         Ok(())
     }
 
@@ -241,12 +349,18 @@ impl SlotArea {
             merges: c.merges.load(Ordering::Relaxed),
             overflows: c.overflows.load(Ordering::Relaxed),
             clears: c.clears.load(Ordering::Relaxed),
+            cells_written: c.cells_written.load(Ordering::Relaxed),
         }
     }
 
     fn lock(&self, page: u64) -> parking_lot::MutexGuard<'_, ()> {
         self.locks[(page % LOCK_STRIPES as u64) as usize].lock()
     }
+}
+
+/// Every cell free, the lowest handed out first.
+fn all_cells(count: u32) -> Vec<u32> {
+    (0..count).rev().collect()
 }
 
 fn merged(contents: &SlotContents) -> Merge {

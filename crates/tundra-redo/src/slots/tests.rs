@@ -188,7 +188,13 @@ fn a_damaged_slot_is_recovered_from_the_redo_log() {
     let (device, area) = fresh();
     let (block, records) = sample_slot(9);
     let lba = Lba(FIRST.0 + 9);
-    let read = SpillRead::Slot { page: 9, lsns: records.iter().map(|r| r.lsn).collect(), from_log: None };
+    let read = SpillRead::Slot {
+        page: 9,
+        lsns: records.iter().map(|r| r.lsn).collect(),
+        from_log: None,
+        image: None,
+        records_cell: None,
+    };
     let mut rng = Rng::new(seed_from_env(0x5107));
     for _ in 0..200 {
         let mut flipped = block.clone();
@@ -218,7 +224,7 @@ fn a_misdirected_write_is_refused_where_it_lands_and_missed_where_it_belonged() 
     assert!(error.message().contains("page 3") && error.message().contains("misdirected"), "{error}");
     // Page 3's own block never got the write: the plan that names the record sees it missing.
     let lost = area.read(3).unwrap();
-    let read = SpillRead::Slot { page: 3, lsns: vec![Lsn(8)], from_log: None };
+    let read = SpillRead::Slot { page: 3, lsns: vec![Lsn(8)], from_log: None, image: None, records_cell: None };
     let error = read.pick(&lost).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Corrupted, "{error}");
 }

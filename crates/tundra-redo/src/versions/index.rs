@@ -28,7 +28,11 @@
 //! | `spilled(page, lsn)`        | the page's records up to `lsn` are in its slot (or left to  |
 //! |                             | the log): dropped from memory, a stub of each kept          |
 //! | `slot_full(page)`           | a merge into the page's slot did not fit: spill it no more  |
-//! |                             | until it is materialized                                    |
+//! |                             | until it is materialized or gets an extra image             |
+//! | `pages_to_relieve(bytes)`   | pages whose records cannot leave memory for their slot      |
+//! | `extra_image_task(page)`    | an extra image above LSN_min for a page whose slot is full  |
+//! | `extra_image_written(..)`   | it is in an image cell with the slot's records: the record  |
+//! |                             | it stands for leaves memory, the slot is free again         |
 //! | `get_page(page, img, req)`  | the GetPage@LSN decision (serve.rs) on this page's state    |
 //!
 //! Folding never passes LSN_min, so every version a live reader may ask for stays buildable
@@ -122,7 +126,7 @@ impl PageRecords {
 
     /// Bytes of records the page's slot holds, as far as this index knows.
     fn slot_bytes(&self) -> u64 {
-        self.spilled.iter().filter(|s| !s.in_log).map(|s| u64::from(s.encoded_bytes)).sum()
+        self.spilled.iter().filter(|s| s.in_slot()).map(|s| u64::from(s.encoded_bytes)).sum()
     }
 }
 
@@ -146,6 +150,9 @@ pub struct PageVersions {
     durable_lsn: Lsn,
     complete_lsn: Lsn,
     lsn_min: Lsn,
+    /// Image cells no record or image of the index names any more, since folds dropped them:
+    /// the owner frees them ([`PageVersions::take_freed_cells`]).
+    freed_cells: Vec<u32>,
 }
 
 impl PageVersions {
@@ -167,6 +174,7 @@ impl PageVersions {
             durable_lsn: marks.durable_lsn,
             complete_lsn: marks.durable_lsn,
             lsn_min: marks.min_reader_lsn,
+            freed_cells: Vec::new(),
         }
     }
 
@@ -315,7 +323,9 @@ impl PageVersions {
         if folded > 0 {
             self.oldest_in_memory.remove(&(entry.records[0].lsn, page));
         }
-        entry.spilled.drain(..spilled_folded);
+        let dropped_cells: BTreeSet<u32> = entry.spilled.drain(..spilled_folded).filter_map(|s| s.cell()).collect();
+        let kept_cells: BTreeSet<u32> = entry.spilled.iter().filter_map(|s| s.cell()).collect();
+        self.freed_cells.extend(dropped_cells.difference(&kept_cells));
         self.spilled_records -= spilled_folded as u64;
         for record in entry.records.drain(..folded) {
             self.cached_bytes -= record_cost_bytes(&record);
@@ -343,6 +353,12 @@ impl PageVersions {
             }
         }
         cleanup
+    }
+
+    /// The image cells folds have left unnamed since the last call: the owner frees them once
+    /// no read can still be using them (it holds its readers off while it folds).
+    pub fn take_freed_cells(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.freed_cells)
     }
 
     /// Every record at or below this LSN is in a materialized image: the stream is no longer
@@ -407,6 +423,9 @@ impl PageVersions {
     }
 
     /// GetPage@LSN on many pages at one read point: `pages` are `(page, stored image LSN)`.
+    // A refusal is a `Decision` by value, as a served read is: a read's answer is built once and
+    // moved once, and boxing it would cost an allocation per read for the sake of the rare refusal.
+    #[allow(clippy::result_large_err)]
     pub fn get_pages(
         &self,
         pages: &[(u64, Option<Lsn>)],
@@ -462,6 +481,6 @@ impl PageVersions {
 mod check;
 mod spill;
 
-pub use spill::SpillTask;
+pub use spill::{ExtraImageTask, SpillTask};
 #[cfg(test)]
 mod tests;

@@ -24,16 +24,17 @@ mod spilled;
 mod model_tests;
 
 pub use apply::{apply, check_payload, reconstruct};
-pub use index::{FoldTask, PageVersions, SlotCleanup, SpillTask, record_cost_bytes};
+pub use index::{ExtraImageTask, FoldTask, PageVersions, SlotCleanup, SpillTask, record_cost_bytes};
 pub use serve::{Decision, GetPage, Horizon, PageState, ReadPlan, Spilled, decide, decide_many};
 pub(crate) use spilled::log_ranges;
-pub use spilled::{LsnRange, SpillRead, SpillTo, SpilledRecord, spills_to_log};
+pub use spilled::{Held, LsnRange, SpillRead, SpillTo, SpilledRecord, spills_to_log};
 
 /// Bugs the tests inject on purpose, to show that their oracles catch what they guard against:
-/// each test that injects one expects its model check to fail. Never injected outside tests.
+/// each test that injects one expects its model check to fail. Never injected outside tests
+/// (this crate's, or another crate's built with the `testing` feature: `crate::testing`).
 /// The lease table (lease.rs) shares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Bug {
+pub enum Bug {
     /// Records above the LSN asked for are applied too.
     ApplyPastLsn,
     /// Pages are folded up to the durable LSN, ignoring LSN_min.
@@ -48,36 +49,39 @@ pub(crate) enum Bug {
     /// The stream counts as materialized up to the oldest record in memory, passing spilled
     /// ones that only the log holds (with slots off) or that a damaged slot would need.
     TruncatePastSpilled,
+    /// An extra image is built as of the page's newest record in memory but kept as the page
+    /// at its oldest: readers between the two see changes from their future.
+    ExtraImageAtWrongLsn,
 }
 
 /// True when a test injected `bug` on this thread; always false outside tests.
 #[inline]
 pub(crate) fn injected(bug: Bug) -> bool {
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     return INJECTED.with(|b| b.get() == Some(bug));
-    #[cfg(not(test))]
+    #[cfg(not(any(test, feature = "testing")))]
     {
         let _ = bug;
         false
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 thread_local! {
     static INJECTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
 }
 
 /// Injects `bug` on this thread until the returned guard drops.
-#[cfg(test)]
-pub(crate) fn inject(bug: Bug) -> InjectedBug {
+#[cfg(any(test, feature = "testing"))]
+pub fn inject(bug: Bug) -> InjectedBug {
     INJECTED.with(|b| b.set(Some(bug)));
     InjectedBug
 }
 
-#[cfg(test)]
-pub(crate) struct InjectedBug;
+#[cfg(any(test, feature = "testing"))]
+pub struct InjectedBug;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Drop for InjectedBug {
     fn drop(&mut self) {
         INJECTED.with(|b| b.set(None));

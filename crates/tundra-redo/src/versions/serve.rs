@@ -163,6 +163,9 @@ pub fn decide(request: GetPage, horizon: Horizon, page: PageState<'_>) -> Decisi
 /// Decides a read of many pages at one LSN (prefetch): `Ok` with the read point and, page by
 /// page, `Serve` or `TooOld`; `Err` with the refusal (`NotYet`, `BadRequest`) of the whole
 /// request.
+// A refusal is a `Decision` by value, as a served read is: a read's answer is built once and
+// moved once, and boxing it would cost an allocation per read for the sake of the rare refusal.
+#[allow(clippy::result_large_err)]
 pub fn decide_many<'a>(
     request: GetPage,
     horizon: Horizon,
@@ -173,6 +176,9 @@ pub fn decide_many<'a>(
 }
 
 /// Rules 1 to 3: the LSN the request is served at, or its refusal.
+// A refusal is a `Decision` by value, as a served read is: a read's answer is built once and
+// moved once, and boxing it would cost an allocation per read for the sake of the rare refusal.
+#[allow(clippy::result_large_err)]
 fn read_point(request: GetPage, horizon: Horizon) -> std::result::Result<Lsn, Decision> {
     if request.request_lsn == Lsn(0) {
         return Err(Decision::BadRequest { reason: "a read at LSN 0" });

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use tundra_store::ids::Lsn;
 
-use super::{PageRecords, PageVersions, record_cost_bytes};
+use super::{FoldTask, PageRecords, PageVersions, record_cost_bytes};
 use crate::codec::encoded_record_len;
 use crate::record::RedoRecord;
 use crate::slots::SLOT_RECORD_BYTES;
-use crate::versions::spilled::{SpillTo, SpilledRecord, spills_to_log};
+use crate::versions::serve::plan_through;
+use crate::versions::spilled::{Held, SpillTo, SpilledRecord, spills_to_log};
 use crate::versions::{Bug, injected};
 
 /// A page's oldest records in memory, to move out of it. With slots on, merge `records` into
@@ -150,4 +151,102 @@ impl PageVersions {
     pub fn pages_with_full_slots(&self) -> impl Iterator<Item = u64> + '_ {
         self.pages.iter().filter(|(_, e)| e.slot_full && !e.records.is_empty()).map(|(&page, _)| page)
     }
+
+    /// With slots on, the pages whose records cannot leave memory for their slot (it is full,
+    /// or has no room for the oldest record in memory), in the order pages spill, as many as
+    /// it takes for the cache to hold at most `max_bytes` if each let all of its records go:
+    /// each is to be materialized as far as the fold bound allows and, if that leaves it
+    /// stuck, to get an extra image ([`PageVersions::extra_image_task`]). None with slots off:
+    /// records then always leave memory.
+    pub fn pages_to_relieve(&self, max_bytes: u64) -> Vec<u64> {
+        if self.spill_to == SpillTo::Log {
+            return Vec::new();
+        }
+        let mut projected = self.cached_bytes;
+        let mut pages = Vec::new();
+        for &(_, page) in &self.oldest_in_memory {
+            if projected <= max_bytes {
+                break;
+            }
+            let entry = &self.pages[&page];
+            if entry.slot_full || self.spillable(entry) == 0 {
+                pages.push(page);
+                projected = projected.saturating_sub(entry.records.iter().map(|r| record_cost_bytes(r)).sum());
+            }
+        }
+        pages
+    }
+
+    /// Whether `page` has records in memory that cannot leave it for its slot (slots on): its
+    /// slot is full, or has no room for the oldest of them.
+    pub fn slot_stuck(&self, page: u64) -> bool {
+        self.spill_to == SpillTo::Slots
+            && self.pages.get(&page).is_some_and(|e| !e.records.is_empty() && (e.slot_full || self.spillable(e) == 0))
+    }
+
+    /// The extra image that relieves `page` (seed 000 §3.3.3, the overflow rule): the page as
+    /// of its oldest record in memory, which is above the fold bound (a fold would do
+    /// otherwise), with the records its slot holds. `None` when it has no record in memory, or
+    /// its oldest one is at or below the fold bound: fold it instead.
+    pub fn extra_image_task(&self, page: u64) -> Option<ExtraImageTask> {
+        let entry = self.pages.get(&page)?;
+        let lsn = entry.records.first()?.lsn;
+        if lsn <= self.fold_bound() {
+            return None;
+        }
+        // The image is built as a fold to `lsn` would build it, from the store's image.
+        let through = if injected(Bug::ExtraImageAtWrongLsn) { entry.records.last()?.lsn } else { lsn };
+        let plan = plan_through(self.page_state_of(page, entry), through);
+        let memory = &entry.records[..entry.records.partition_point(|r| r.lsn <= through)];
+        let build = FoldTask { page, through_lsn: through, records: memory.to_vec(), spilled: plan.spilled };
+        let slot_lsns = entry.spilled.iter().filter(|s| s.in_slot()).map(|s| s.lsn).collect();
+        Some(ExtraImageTask { page, lsn, build, slot_lsns })
+    }
+
+    /// The extra image of `task` is in image cell `cell`, with the records its slot held: those
+    /// are now the cell's, the record at the image's LSN leaves memory (the image stands for
+    /// it), and the slot takes spills again. The owner then empties the slot. False, and
+    /// nothing changes, when the page's oldest record in memory is no longer the image's (a
+    /// fold got there first): the owner frees the cell.
+    pub fn extra_image_written(&mut self, task: &ExtraImageTask, cell: u32) -> bool {
+        let page = task.page;
+        let Some(entry) = self.pages.get_mut(&page) else { return false };
+        if entry.records.first().map(|r| r.lsn) != Some(task.lsn)
+            || entry.spilled.iter().filter(|s| s.in_slot()).map(|s| s.lsn).ne(task.slot_lsns.iter().copied())
+        {
+            return false;
+        }
+        let oldest_before = entry.oldest().expect("a page entry holds records");
+        self.oldest.remove(&(oldest_before, page));
+        self.oldest_in_memory.remove(&(task.lsn, page));
+        for stub in entry.spilled.iter_mut().filter(|s| s.in_slot()) {
+            stub.held = Held::CellRecords(cell);
+        }
+        let record = entry.records.remove(0);
+        self.cached_bytes -= record_cost_bytes(&record);
+        self.cached_records -= 1;
+        entry.spilled.push(SpilledRecord::extra_image(task.lsn, cell));
+        self.spilled_records += 1;
+        entry.slot_full = false;
+        if let Some(first) = entry.records.first() {
+            self.oldest_in_memory.insert((first.lsn, page));
+        }
+        self.oldest.insert((entry.oldest().expect("the image's stub"), page));
+        true
+    }
+}
+
+/// An extra image to write (seed 000 §3.3.3): build the page as `build` says (a fold's task
+/// to `lsn`, rebuilt the same way), read the records at `slot_lsns` from the page's slot, write
+/// both to a free image cell (`SlotArea::write_cell`), report
+/// [`PageVersions::extra_image_written`], then empty the slot. The owner does this under the
+/// same lock as its spills and folds, and tells the index while it holds its readers off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtraImageTask {
+    pub page: u64,
+    /// The image's LSN: the page's oldest record in memory, above LSN_min.
+    pub lsn: Lsn,
+    pub build: FoldTask,
+    /// The records the page's slot holds, which move to the cell.
+    pub slot_lsns: Vec<Lsn>,
 }

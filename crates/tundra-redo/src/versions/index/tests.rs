@@ -8,7 +8,7 @@ use tundra_store::store::Watermarks;
 
 use super::*;
 use crate::ErrorKind;
-use crate::versions::{GetPage, SpillTo};
+use crate::versions::{GetPage, SpillRead, SpillTo};
 
 const PAGE: usize = 16;
 
@@ -293,4 +293,59 @@ fn where_records_spill_is_chosen_before_any_arrives() {
     let mut versions = fresh();
     versions.records_durable(vec![delta(1, 5)], Lsn(1)).unwrap();
     let _ = versions.spilling_to(SpillTo::Log);
+}
+
+/// Seed 000 §3.3.3's overflow rule in the index: a page whose slot is full and whose records
+/// LSN_min keeps from folding gets an extra image at its oldest record in memory; the slot's
+/// records become the cell's, that record leaves memory, and reads on either side of the image
+/// name at most two places. A fold past everything frees the cell.
+#[test]
+fn an_extra_image_relieves_a_full_slot_and_reads_stay_two_places_away() {
+    let mut versions = PageVersions::new(PAGE, 10, Watermarks { durable_lsn: Lsn(1), min_reader_lsn: Lsn(1) });
+    versions.records_durable(vec![delta(2, 4), delta(3, 4), delta(5, 4), delta(7, 4)], Lsn(8)).unwrap();
+    // 2 and 3 went to the slot; then it was full.
+    versions.spilled(4, Lsn(3));
+    versions.slot_full(4);
+    assert!(versions.slot_stuck(4));
+    assert_eq!(versions.pages_to_relieve(0), vec![4]);
+    assert!(versions.fold_task(4).is_none(), "LSN_min 1 keeps every record from folding");
+    let task = versions.extra_image_task(4).expect("an extra image above LSN_min");
+    assert_eq!((task.lsn, task.slot_lsns.clone(), task.build.through_lsn), (Lsn(5), vec![Lsn(2), Lsn(3)], Lsn(5)));
+    let before = versions.cached_bytes();
+    assert!(versions.extra_image_written(&task, 9));
+    assert_eq!(versions.invariant_problem(), None);
+    assert!(versions.cached_bytes() < before && !versions.slot_stuck(4));
+    assert_eq!(versions.records(4).len(), 1, "only the record above the image stays in memory");
+    // Below the image: the stored image (none here) and the cell's records.
+    let at = |lsn: u64| match versions.get_page(4, None, GetPage { request_lsn: Lsn(lsn), not_modified_since: Lsn(0) })
+    {
+        Decision::Serve { plan, .. } => plan,
+        other => panic!("{other:?}"),
+    };
+    let below = at(4);
+    assert_eq!(
+        below.spilled,
+        Some(SpillRead::Slot {
+            page: 4,
+            lsns: vec![Lsn(2), Lsn(3)],
+            from_log: None,
+            image: None,
+            records_cell: Some(9)
+        })
+    );
+    assert!(below.device_reads() <= 2);
+    // At and above it: the image, then memory (and later the slot).
+    let above = at(7);
+    assert_eq!(above.spilled.as_ref().and_then(SpillRead::image), Some((9, Lsn(5))));
+    assert_eq!(above.records.len(), 1);
+    assert!(above.device_reads() <= 2);
+    // A stale report (another record is now the oldest in memory) changes nothing.
+    assert!(!versions.extra_image_written(&task, 10));
+    // The reader moves past everything: the fold starts from the image and frees its cell.
+    versions.set_lsn_min(Lsn(8));
+    let fold = versions.fold_task(4).unwrap();
+    assert_eq!(fold.spilled.as_ref().and_then(SpillRead::image), Some((9, Lsn(5))));
+    versions.materialized(4, fold.through_lsn);
+    assert_eq!(versions.take_freed_cells(), vec![9]);
+    assert_eq!(versions.pages_with_records(), 0);
 }

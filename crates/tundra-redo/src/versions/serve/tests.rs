@@ -6,7 +6,7 @@ use tundra_store::ids::Lsn;
 
 use super::*;
 use crate::record::{Payload, RedoRecord};
-use crate::versions::{SpillRead, SpillTo, SpilledRecord};
+use crate::versions::{Held, SpillRead, SpillTo, SpilledRecord};
 
 fn delta(lsn: u64, byte: u8) -> Arc<RedoRecord> {
     Arc::new(RedoRecord { lsn: Lsn(lsn), page: 0, payload: Payload::Ranges(vec![(0, vec![byte])]) })
@@ -169,7 +169,7 @@ fn the_vectored_form_serves_every_page_at_one_lsn() {
 }
 
 fn stub(lsn: u64, will_init: bool) -> SpilledRecord {
-    SpilledRecord { lsn: Lsn(lsn), will_init, encoded_bytes: 30, in_log: false }
+    SpilledRecord { lsn: Lsn(lsn), will_init, encoded_bytes: 30, held: Held::Slot }
 }
 
 fn spilled_lsns(plan: &ReadPlan) -> Vec<u64> {
@@ -189,7 +189,10 @@ fn a_read_that_needs_spilled_records_names_one_slot_read() {
     // Between the spilled records: the slot, for the one at 3; the page LSN is the spilled 3.
     let (_, page_lsn, plan) = served(&decide(read(4, 0), horizon(12, 0), page));
     assert_eq!((page_lsn, plan.image_lsn, spilled_lsns(&plan), lsns(&plan)), (Lsn(3), Some(Lsn(2)), vec![3], vec![]));
-    assert_eq!(plan.spilled, Some(SpillRead::Slot { page: 0, lsns: vec![Lsn(3)], from_log: None }));
+    assert_eq!(
+        plan.spilled,
+        Some(SpillRead::Slot { page: 0, lsns: vec![Lsn(3)], from_log: None, image: None, records_cell: None })
+    );
     // Above them all: both spilled, then the ones in memory; the image and the slot are the
     // only device reads, two.
     let (_, page_lsn, plan) = served(&decide(read(12, 0), horizon(12, 0), page));
@@ -253,7 +256,7 @@ fn whole_page_records_cut_the_plan_in_memory_and_in_the_slot() {
 fn a_whole_page_kept_in_the_log_and_the_slot_after_it_cost_two_reads() {
     // With slots on, a spilled image too large for the slot is in the log alone; a rebuild
     // starts from it (no stored image), reading it and the slot's later records.
-    let spilled = [stub(3, false), SpilledRecord { in_log: true, ..stub(4, true) }, stub(5, false), stub(6, false)];
+    let spilled = [stub(3, false), SpilledRecord { held: Held::Log, ..stub(4, true) }, stub(5, false), stub(6, false)];
     let records = [delta(8, b'c')];
     let page = partly_spilled(&spilled, &records, SpillTo::Slots);
     let (_, page_lsn, plan) = served(&decide(read(12, 0), horizon(12, 0), page));
@@ -268,7 +271,7 @@ fn a_whole_page_kept_in_the_log_and_the_slot_after_it_cost_two_reads() {
 
 #[test]
 fn with_slots_off_a_plan_names_the_log_ranges_of_the_spilled_records() {
-    let spilled = [stub(3, false), stub(4, false), stub(6, false)].map(|s| SpilledRecord { in_log: true, ..s });
+    let spilled = [stub(3, false), stub(4, false), stub(6, false)].map(|s| SpilledRecord { held: Held::Log, ..s });
     let records = [delta(8, b'c')];
     let page = partly_spilled(&spilled, &records, SpillTo::Log);
     let (_, _, plan) = served(&decide(read(12, 0), horizon(12, 0), page));
