@@ -107,7 +107,7 @@ impl DriveFile {
 
     /// Reads `buf.len()` bytes at `offset`, whole blocks straight into `buf` when aligned.
     fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> tundra_device::Result<()> {
-        if offset % BLOCK_SIZE_BYTES == 0 && buf.len() % BLOCK_SIZE == 0 {
+        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BLOCK_SIZE) {
             return self.csd.read(Lba(offset / BLOCK_SIZE_BYTES), buf);
         }
         let first = offset / BLOCK_SIZE_BYTES;
@@ -122,7 +122,7 @@ impl DriveFile {
     /// Writes `data` at `offset`; partial blocks by read-modify-write (ext4 on a loop device
     /// with 4 KiB sectors never sends them).
     fn write_bytes(&self, offset: u64, data: &[u8]) -> tundra_device::Result<()> {
-        if offset % BLOCK_SIZE_BYTES == 0 && data.len() % BLOCK_SIZE == 0 {
+        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BLOCK_SIZE) {
             return self.csd.write(Lba(offset / BLOCK_SIZE_BYTES), data);
         }
         let first = offset / BLOCK_SIZE_BYTES;

@@ -64,11 +64,14 @@ pub struct HashkvArgs {
     json: bool,
 }
 
-/// The two stores, by the names the report uses.
+/// The stores, by the names the report uses: the hash KV store and RocksDB on the same model
+/// of drive, and RocksDB again on the host's filesystem with no drive at all (its own best case,
+/// no FUSE, loop device or drive in its path), as a check on the first comparison.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Peer {
     Hashkv,
     Rocksdb,
+    RocksdbPlain,
 }
 
 impl Peer {
@@ -76,6 +79,7 @@ impl Peer {
         match self {
             Peer::Hashkv => "hashkv",
             Peer::Rocksdb => "rocksdb",
+            Peer::RocksdbPlain => "rocksdb_plain",
         }
     }
 }
@@ -123,8 +127,11 @@ pub fn run(args: HashkvArgs) -> Result<()> {
 }
 
 fn measure(args: &HashkvArgs, keys: u64, dir: &Path) -> Result<Value> {
-    let peers: Vec<Peer> =
-        if cfg!(feature = "rocksdb") { vec![Peer::Hashkv, Peer::Rocksdb] } else { vec![Peer::Hashkv] };
+    let peers: Vec<Peer> = if cfg!(feature = "rocksdb") {
+        vec![Peer::Hashkv, Peer::Rocksdb, Peer::RocksdbPlain]
+    } else {
+        vec![Peer::Hashkv]
+    };
     if !cfg!(feature = "rocksdb") {
         eprintln!(
             "tundra bench hashkv: the RocksDB peer was not built into this binary; measuring the hash KV store \
@@ -240,7 +247,21 @@ fn with_store<T>(
             Ok((out, peak))
         }
         Peer::Rocksdb => rocksdb_with(peer_drive.expect("RocksDB's drive is made with the peer"), work),
+        Peer::RocksdbPlain => rocksdb_plain_with(dir, work),
     }
+}
+
+#[cfg(feature = "rocksdb")]
+fn rocksdb_plain_with<T>(dir: &Path, work: impl FnOnce(&dyn KvTarget) -> Result<T, String>) -> Result<(T, u64)> {
+    let db = super::rocks::Rocks::open(&dir.join("rocksdb-plain"), None)?;
+    let out = work(&db).map_err(|e| anyhow::anyhow!("RocksDB on the host's filesystem: {e}"))?;
+    db.close()?;
+    Ok((out, 0))
+}
+
+#[cfg(not(feature = "rocksdb"))]
+fn rocksdb_plain_with<T>(_dir: &Path, _work: impl FnOnce(&dyn KvTarget) -> Result<T, String>) -> Result<(T, u64)> {
+    unreachable!("the RocksDB peer is only scheduled when it is built")
 }
 
 /// RocksDB's database directory on its drive's filesystem.
@@ -249,7 +270,7 @@ const ROCKSDB_DIR: &str = "rocksdb";
 
 #[cfg(feature = "rocksdb")]
 fn rocksdb_with<T>(drive: &PeerDrive, work: impl FnOnce(&dyn KvTarget) -> Result<T, String>) -> Result<(T, u64)> {
-    let db = super::rocks::Rocks::open(&drive.path().join(ROCKSDB_DIR), drive.clone())?;
+    let db = super::rocks::Rocks::open(&drive.path().join(ROCKSDB_DIR), Some(drive.clone()))?;
     let (out, peak) = sampling_peak(drive.csd(), || work(&db));
     let out = out.map_err(|e| anyhow::anyhow!("RocksDB: {e}"))?;
     db.close()?;
@@ -439,6 +460,8 @@ fn assemble(
     let (hashkv_codec_cpu, rocksdb_codec_cpu) = both("drive_codec_cpu_us_per_op");
     let (hashkv_host_cpu, rocksdb_host_cpu) = both("host_cpu_us_per_op");
     let (hashkv_bound, rocksdb_bound) = both("host_bound_ops_per_s");
+    let (plain_ops, plain_cpu) =
+        (median_at(Peer::RocksdbPlain, "ops_per_s"), median_at(Peer::RocksdbPlain, "cpu_us_per_op"));
     let raw: Vec<Value> = runs
         .iter()
         .map(|(clients, r)| {
@@ -494,6 +517,10 @@ fn assemble(
         "hashkv_host_bound_ops_per_s": hashkv_bound,
         "rocksdb_host_bound_ops_per_s": rocksdb_bound,
         "host_bound_ops_ratio": ratio(&hashkv_bound, &rocksdb_bound),
+        "rocksdb_plain_ops_per_s": plain_ops,
+        "rocksdb_plain_cpu_us_per_op": plain_cpu,
+        "ops_ratio_vs_plain": ratio(&hashkv_ops, &plain_ops),
+        "host_cpu_ratio_vs_plain": ratio(&hashkv_host_cpu, &plain_cpu),
     });
     let space = json!({
         "hashkv_physical_bytes": physical.hashkv.physical_used_bytes,
@@ -537,18 +564,18 @@ fn print_table(report: &Value) {
         report["keys"], report["value_bytes"], report["get_percent"], report["repetitions"], report["window_seconds"]
     );
     println!(
-        "{:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:>13} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "store", "clients", "ops/s", "CPU µs/op", "drive µs", "GET p50", "GET p99", "PUT p50", "PUT p99"
     );
     for entry in report["by_clients"].as_array().into_iter().flatten() {
-        for peer in ["hashkv", "rocksdb"] {
+        for peer in ["hashkv", "rocksdb", "rocksdb_plain"] {
             let s = &entry[peer];
             if s.is_null() {
                 continue;
             }
             let m = |f: &str| s[f]["median"].as_f64().unwrap_or(0.0);
             println!(
-                "{peer:>8} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0}",
+                "{peer:>13} {:>8} {:>10.0} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0}",
                 entry["clients"],
                 m("ops_per_s"),
                 m("cpu_us_per_op"),

@@ -21,16 +21,18 @@ use super::drive_fs::DriveFs;
 /// Which RocksDB the peer is, for the report.
 pub const VERSION: &str = "RocksDB 7.8.3 (Debian librocksdb-dev), Rust crate rocksdb 0.20.1";
 
-/// An open RocksDB database under measurement, on ext4 on an emulated drive.
+/// An open RocksDB database under measurement: on ext4 on an emulated drive, or on the host's
+/// filesystem with no drive (`drive` None).
 pub struct Rocks {
     db: DB,
     write: WriteOptions,
-    drive: Arc<DriveFs>,
+    drive: Option<Arc<DriveFs>>,
 }
 
 impl Rocks {
-    /// Opens (creating if missing) the database at `path`, a directory on `drive`'s filesystem.
-    pub fn open(path: &Path, drive: Arc<DriveFs>) -> Result<Rocks> {
+    /// Opens (creating if missing) the database at `path`, a directory on `drive`'s filesystem
+    /// when one is given.
+    pub fn open(path: &Path, drive: Option<Arc<DriveFs>>) -> Result<Rocks> {
         let mut table = BlockBasedOptions::default();
         table.disable_cache();
         table.set_bloom_filter(10.0, false);
@@ -63,10 +65,10 @@ impl KvTarget for Rocks {
     }
 
     fn drive_cpu_ns(&self) -> u64 {
-        self.drive.serving_cpu_ns()
+        self.drive.as_ref().map_or(0, |d| d.serving_cpu_ns())
     }
 
     fn drive_codec_cpu_ns(&self) -> u64 {
-        self.drive.codec_cpu_ns()
+        self.drive.as_ref().map_or(0, |d| d.codec_cpu_ns())
     }
 }
