@@ -11,7 +11,7 @@
 //! does not fit) is missing from both if power fails between the two, which is why the log keeps
 //! every record until the checkpoint after its batch: the replay puts it back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::drive::Drive;
@@ -64,15 +64,16 @@ impl Applier {
     /// Applies `records` in order; on success every change is on the drive (durable after the
     /// next flush; overflow changes are durable already).
     pub fn apply(&self, records: &[&WalRecord]) -> Result<Applied> {
-        let mut by_lba: BTreeMap<u64, Vec<&WalRecord>> = BTreeMap::new();
-        for record in records {
-            by_lba.entry(self.layout.lba_of(&record.key).0).or_default().push(record);
-        }
+        // Records by bucket, in log order within each (a stable sort on the LBA alone).
+        let mut by_lba: Vec<(u64, &WalRecord)> =
+            records.iter().map(|record| (self.layout.lba_of(&record.key).0, *record)).collect();
+        by_lba.sort_by_key(|(lba, _)| *lba);
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut changes: Vec<OverflowChange> = Vec::new();
         let mut block = vec![0u8; BLOCK_SIZE];
-        for (lba, records) in by_lba {
-            let lba = Lba(lba);
+        for group in by_lba.chunk_by(|a, b| a.0 == b.0) {
+            let lba = Lba(group[0].0);
+            let records = group.iter().map(|(_, record)| *record);
             self.drive.read(lba, &mut block).map_err(|e| Error::device("reading a table block", e))?;
             let mut bucket = Bucket::decode(lba, &block)?;
             let mut staged = Staged { applier: self, lba, keys: HashMap::new() };
@@ -105,8 +106,16 @@ impl Applier {
             while end < writes.len() && writes[end].0 == writes[at].0 + (end - at) as u64 {
                 end += 1;
             }
-            let data: Vec<u8> = writes[at..end].iter().flat_map(|(_, b)| b.iter().copied()).collect();
-            self.drive.write(Lba(writes[at].0), &data).map_err(|e| Error::device("writing table blocks", e))?;
+            let write = |data: &[u8]| {
+                self.drive.write(Lba(writes[at].0), data).map_err(|e| Error::device("writing table blocks", e))
+            };
+            if end == at + 1 {
+                write(&writes[at].1)?;
+            } else {
+                let mut data = Vec::with_capacity((end - at) * BLOCK_SIZE);
+                writes[at..end].iter().for_each(|(_, block)| data.extend_from_slice(block));
+                write(&data)?;
+            }
             at = end;
         }
         Ok(())

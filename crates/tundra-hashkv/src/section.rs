@@ -92,13 +92,25 @@ impl Sections {
     }
 
     /// Queues durable records on their sections and makes them visible to lookups.
+    /// A group's records are split by section first, so each section is locked and its writer
+    /// woken once per group, not once per record.
     pub fn dispatch(&self, records: Vec<Logged>) {
+        let count = self.sections.len();
+        let mut by_section: Vec<Vec<Logged>> = (0..count).map(|_| Vec::new()).collect();
         for logged in records {
             let lba = self.applier.layout.lba_of(&logged.record.key);
-            let section = self.of(lba);
+            by_section[(lba.0 % count as u64) as usize].push(logged);
+        }
+        for (section, records) in self.sections.iter().zip(by_section) {
+            if records.is_empty() {
+                continue;
+            }
             let mut state = section.state.lock();
-            state.pending.insert(logged.record.key, (logged.ticket, logged.record.value.clone()));
-            state.queue.push_back(logged);
+            for logged in records {
+                state.pending.insert(logged.record.key, (logged.ticket, logged.record.value.clone()));
+                state.queue.push_back(logged);
+            }
+            drop(state);
             section.work.notify_one();
         }
     }

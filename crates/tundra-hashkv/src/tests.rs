@@ -165,6 +165,11 @@ fn a_full_drive_is_a_clear_error_and_changes_nothing() {
     check_all(&store, &model);
     // Deleting makes room again.
     for i in 0..200 {
+        // Every unapplied record holds room on the nearly full drive: a loaded machine's
+        // writers can fall 34 deletes behind, and the next is then refused. Keep few in flight.
+        if i % 16 == 0 {
+            store.drain().unwrap();
+        }
         store.delete(&key(i)).unwrap();
         model.insert(i, None);
     }

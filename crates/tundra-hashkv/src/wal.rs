@@ -177,9 +177,9 @@ impl Wal {
             }
             group.leader = true;
             let records = std::mem::take(&mut group.queue);
-            let last = records.last().expect("our own record is queued").0;
+            let (first, last) = (records[0].0, records.last().expect("our own record is queued").0);
             drop(group);
-            let outcome = self.write_group(records.clone(), hooks);
+            let outcome = self.write_group(records, hooks);
             group = self.group.lock();
             group.leader = false;
             group.decided_below = last + 1;
@@ -187,8 +187,9 @@ impl Wal {
                 if error.kind() != ErrorKind::Full {
                     group.failed.get_or_insert_with(|| error.message().to_string());
                 }
-                for (t, _) in &records {
-                    group.failures.insert(*t, (error.kind(), error.message().to_string()));
+                // A group's tickets are consecutive: they were queued in order under the lock.
+                for t in first..=last {
+                    group.failures.insert(t, (error.kind(), error.message().to_string()));
                 }
             }
             self.decided.notify_all();
@@ -232,8 +233,16 @@ impl Wal {
             while end < blocks.len() && self.layout.wal_lba(blocks[end].0).0 == first.0 + (end - at) as u64 {
                 end += 1;
             }
-            let data: Vec<u8> = blocks[at..end].iter().flat_map(|(_, b)| b.iter().copied()).collect();
-            self.drive.write(first, &data).map_err(|e| Error::device("writing the write-ahead log", e))?;
+            let write = |data: &[u8]| {
+                self.drive.write(first, data).map_err(|e| Error::device("writing the write-ahead log", e))
+            };
+            if end == at + 1 {
+                write(&blocks[at].1)?;
+            } else {
+                let mut data = Vec::with_capacity((end - at) * BLOCK_SIZE);
+                blocks[at..end].iter().for_each(|(_, block)| data.extend_from_slice(block));
+                write(&data)?;
+            }
             at = end;
         }
         self.drive.flush().map_err(|e| Error::device("flushing the write-ahead log", e))

@@ -1,6 +1,8 @@
 //! `tundra bench ...`: measurements of the designs built on the drive against their peers,
 //! measured in the same run. Each subcommand lives in a module of its own under `bench/`.
 
+#[cfg(feature = "rocksdb")]
+mod drive_fs;
 mod hashkv;
 #[cfg(feature = "rocksdb")]
 mod rocks;

@@ -10,22 +10,29 @@
 //! not hold the key.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use rocksdb::{BlockBasedOptions, DB, Options, WriteOptions};
 use tundra_hashkv::load::KvTarget;
 
+use super::drive_fs::DriveFs;
+
 /// Which RocksDB the peer is, for the report.
 pub const VERSION: &str = "RocksDB 7.8.3 (Debian librocksdb-dev), Rust crate rocksdb 0.20.1";
 
-/// An open RocksDB database under measurement.
+/// An open RocksDB database under measurement: on ext4 on an emulated drive, or on the host's
+/// filesystem with no drive (`drive` None).
 pub struct Rocks {
     db: DB,
     write: WriteOptions,
+    drive: Option<Arc<DriveFs>>,
 }
 
 impl Rocks {
-    pub fn open(path: &Path) -> Result<Rocks> {
+    /// Opens (creating if missing) the database at `path`, a directory on `drive`'s filesystem
+    /// when one is given.
+    pub fn open(path: &Path, drive: Option<Arc<DriveFs>>) -> Result<Rocks> {
         let mut table = BlockBasedOptions::default();
         table.disable_cache();
         table.set_bloom_filter(10.0, false);
@@ -37,7 +44,7 @@ impl Rocks {
         let db = DB::open(&options, path).with_context(|| format!("opening RocksDB at {}", path.display()))?;
         let mut write = WriteOptions::default();
         write.set_sync(true);
-        Ok(Rocks { db, write })
+        Ok(Rocks { db, write, drive })
     }
 
     /// Flushes the memtables, so the files hold every record, and closes.
@@ -55,5 +62,13 @@ impl KvTarget for Rocks {
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
         self.db.put_opt(key, value, &self.write).map_err(|e| e.to_string())
+    }
+
+    fn drive_cpu_ns(&self) -> u64 {
+        self.drive.as_ref().map_or(0, |d| d.serving_cpu_ns())
+    }
+
+    fn drive_codec_cpu_ns(&self) -> u64 {
+        self.drive.as_ref().map_or(0, |d| d.codec_cpu_ns())
     }
 }
