@@ -2,13 +2,23 @@
 //! native protocol to a node alone and to the leader of a three-node cluster on 127.0.0.1
 //! (the ratio is what replication adds: a loopback round trip and a follower's log sync), and
 //! the bytes the leader sends its two followers per page against the page's compressed size
-//! (the leader compresses once and ships the compressed image: the target is at most 1.05x).
+//! (the leader compresses once and ships the compressed image: the target is at most 1.05x),
+//! and the process CPU time (utime + stime from /proc/PID/stat) each node spends per page
+//! written, the followers' against the leader's.
+//!
+//! `leader_failover` kills -9 the node leading most groups of a volume of several chunks, asks a
+//! survivor over the native protocol until every group the dead node led has a new leader, and
+//! records each group's time; the node is restarted and caught up between kills.
+//! `throughput_by_groups` writes pages spread across 1, 100 and 1,000 chunk groups (one volume of
+//! that many 1 GiB chunks, three replicas) at a fixed client concurrency and reports pages/s.
 //!
 //! By default it runs tiny (a few pages, one round) so that it cannot rot. With
 //! `TUNDRA_CLUSTER_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_CLUSTER_BENCH_PAGES` (default
 //! 1,000) pages of a real PostgreSQL heap (`target/realdata/flights.heap` from
 //! scripts/pg-real-table; the tundra binary's bytes if absent) and writes the raw figures,
-//! each round's, their medians and spread, and the machine's load, to DIR/replication.txt.
+//! each round's, their medians and spread, and the machine's load, to DIR/replication.txt,
+//! DIR/failover.txt and DIR/groups.txt. The tests take turns (a lock), so that no measurement
+//! shares the machine with another.
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -19,6 +29,7 @@ mod common_serve;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::succeeds;
@@ -26,6 +37,89 @@ use common_cluster::Cluster;
 use tundra_proto::WriteMode;
 
 const PAGE: usize = 8192;
+/// Pages in a chunk: 1 GiB of 8 KiB pages (docs/cli.md "Clusters").
+const PAGES_PER_CHUNK: u64 = (1 << 30) / PAGE as u64;
+
+/// One measurement at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether the full run was asked for (`TUNDRA_CLUSTER_BENCH_OUT`), and where it writes.
+fn out_dir() -> Option<String> {
+    std::env::var("TUNDRA_CLUSTER_BENCH_OUT").ok()
+}
+
+/// The CPU time (user + system) process `pid` has used, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // The fields after the command name's closing parenthesis start at field 3 (the state);
+    // utime and stime are fields 14 and 15, in clock ticks.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a command name") + 1..].split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf only reads a constant of the system.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// Each running node's CPU time, by node id.
+fn cluster_cpu(cluster: &Cluster) -> [f64; 3] {
+    [1, 2, 3].map(|id| cluster.pid(id).map_or(0.0, cpu_seconds))
+}
+
+/// The `cluster` object of node `client`'s stats (what `tundra cluster status --json` prints).
+fn view(client: &mut tundra_client::Client) -> serde_json::Value {
+    let stats: serde_json::Value = serde_json::from_str(&client.stats(None).expect("stats")).expect("stats are JSON");
+    stats["cluster"].clone()
+}
+
+/// Each chunk of `volume` and its leader, as a status reports them (None: no leader).
+fn leaders(status: &serde_json::Value, volume: &str) -> Vec<(u32, Option<u64>)> {
+    status["chunks"]
+        .as_array()
+        .expect("chunks")
+        .iter()
+        .filter(|c| c["volume"] == volume)
+        .map(|c| (c["chunk"].as_u64().expect("chunk") as u32, c["leader"].as_u64()))
+        .collect()
+}
+
+/// Waits until every node is up and every chunk of `volume` has a leader and no replica lags.
+fn wait_caught_up(cluster: &Cluster, asked: u64, volume: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let up = status["nodes"].as_array().expect("nodes").iter().all(|n| n["up"] == true);
+        let chunks: Vec<&serde_json::Value> =
+            status["chunks"].as_array().expect("chunks").iter().filter(|c| c["volume"] == volume).collect();
+        if up && !chunks.is_empty() && chunks.iter().all(|c| c["leader"].is_u64() && c["lag"] == 0) {
+            return;
+        }
+        assert!(started.elapsed() < limit, "{volume} did not catch up: {status}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every chunk of `volume` has a leader; returns the leaders by chunk.
+fn wait_leaders(cluster: &Cluster, asked: u64, volume: &str, limit: Duration) -> Vec<u64> {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let found = leaders(&status, volume);
+        if !found.is_empty() && found.iter().all(|(_, l)| l.is_some()) {
+            let mut found: Vec<(u32, u64)> = found.into_iter().map(|(c, l)| (c, l.expect("a leader"))).collect();
+            found.sort();
+            return found.into_iter().map(|(_, l)| l).collect();
+        }
+        assert!(started.elapsed() < limit, "{volume} has chunks without a leader\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
 
 fn pages(count: usize) -> (Vec<Vec<u8>>, &'static str) {
     let heap = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/realdata/flights.heap");
@@ -67,6 +161,16 @@ struct Round {
     single_us_p99: f64,
     follower_bytes_per_page: f64,
     compressed_bytes_per_page: f64,
+    /// CPU time per page written, in microseconds: the leader's, then each follower's.
+    leader_cpu_us_per_page: f64,
+    follower_cpu_us_per_page: [f64; 2],
+}
+
+impl Round {
+    /// The followers' mean CPU per page against the leader's.
+    fn cpu_ratio(&self) -> f64 {
+        (self.follower_cpu_us_per_page[0] + self.follower_cpu_us_per_page[1]) / 2.0 / self.leader_cpu_us_per_page
+    }
 }
 
 fn round(count: usize) -> Round {
@@ -88,10 +192,15 @@ fn round(count: usize) -> Round {
     let before = cluster.status(leader)["traffic"]["raft_bytes_sent"].as_u64().expect("traffic");
     let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
     let volume = client.volume_lookup("bench").expect("lookup").id;
+    let cpu_before = cluster_cpu(&cluster);
     let mut replicated_us = write_all(&mut client, volume, &pages);
-    // Let the followers hear the last commit index, so nothing of the run is still to send.
+    // Let the followers hear the last commit index, so nothing of the run is still to send
+    // (and the followers have applied every page when their CPU time is read).
     std::thread::sleep(Duration::from_millis(300));
+    let cpu_after = cluster_cpu(&cluster);
     let after = cluster.status(leader)["traffic"]["raft_bytes_sent"].as_u64().expect("traffic");
+    let cpu_us_per_page = |id: u64| (cpu_after[id as usize - 1] - cpu_before[id as usize - 1]) * 1e6 / count as f64;
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
     let stats: serde_json::Value =
         serde_json::from_str(&client.stats(Some(volume)).expect("stats")).expect("stats are JSON");
     let compressed = stats["compressed_bytes"].as_u64().expect("compressed bytes");
@@ -103,6 +212,8 @@ fn round(count: usize) -> Round {
         replicated_us_p99: percentile(&mut replicated_us, 0.99),
         follower_bytes_per_page,
         compressed_bytes_per_page: compressed as f64 / count as f64,
+        leader_cpu_us_per_page: cpu_us_per_page(leader),
+        follower_cpu_us_per_page: [cpu_us_per_page(followers[0]), cpu_us_per_page(followers[1])],
     }
 }
 
@@ -119,7 +230,8 @@ fn spread(values: &[f64]) -> (f64, f64, f64) {
 
 #[test]
 fn replication_costs() {
-    let out = std::env::var("TUNDRA_CLUSTER_BENCH_OUT").ok();
+    let _serial = serial();
+    let out = out_dir();
     let count: usize = match &out {
         Some(_) => std::env::var("TUNDRA_CLUSTER_BENCH_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
         None => 16,
@@ -131,6 +243,7 @@ fn replication_costs() {
     for r in &results {
         assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0);
         assert!(r.compressed_bytes_per_page > 0.0 && r.follower_bytes_per_page > 0.0);
+        assert!(r.leader_cpu_us_per_page.is_finite() && r.follower_cpu_us_per_page.iter().all(|c| c.is_finite()));
     }
     let Some(dir) = out else { return };
     let (_, what) = pages(1);
@@ -141,12 +254,13 @@ fn replication_costs() {
     writeln!(text, "# pages: {count} 8 KiB pages of {what}, written at queue depth 1 over the native protocol")
         .unwrap();
     writeln!(text, "# build: the test profile (opt-level 1); both sides of each ratio in the same round").unwrap();
+    writeln!(text, "# cpu: utime + stime of each tundra serve process (/proc/PID/stat, {} ticks a second) from before the first replicated write to 300 ms after the last, per page; the leader's includes serving the client", clock_ticks()).unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio").unwrap();
+    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}",
+            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}",
             r.single_us_p50,
             r.single_us_p99,
             r.replicated_us_p50,
@@ -154,7 +268,11 @@ fn replication_costs() {
             ratio[i],
             r.follower_bytes_per_page,
             r.compressed_bytes_per_page,
-            bytes[i]
+            bytes[i],
+            r.leader_cpu_us_per_page,
+            r.follower_cpu_us_per_page[0],
+            r.follower_cpu_us_per_page[1],
+            r.cpu_ratio()
         )
         .unwrap();
     }
@@ -167,7 +285,273 @@ fn replication_costs() {
     writeln!(text, "single_us_p50 median {s:.0} (min {slo:.0}, max {shi:.0}); replicated_us_p50 median {r:.0} (min {rlo:.0}, max {rhi:.0})").unwrap();
     let (m, lo, hi) = spread(&bytes);
     writeln!(text, "bytes_ratio median {m:.4} (min {lo:.4}, max {hi:.4})").unwrap();
+    let leader_cpu: Vec<f64> = results.iter().map(|r| r.leader_cpu_us_per_page).collect();
+    let follower_cpu: Vec<f64> =
+        results.iter().map(|r| (r.follower_cpu_us_per_page[0] + r.follower_cpu_us_per_page[1]) / 2.0).collect();
+    let cpu_ratio: Vec<f64> = results.iter().map(Round::cpu_ratio).collect();
+    let (l, llo, lhi) = spread(&leader_cpu);
+    let (f, flo, fhi) = spread(&follower_cpu);
+    let (m, lo, hi) = spread(&cpu_ratio);
+    writeln!(text, "leader_cpu_us_per_page median {l:.0} (min {llo:.0}, max {lhi:.0}); follower_cpu_us_per_page (mean of the two) median {f:.0} (min {flo:.0}, max {fhi:.0})").unwrap();
+    writeln!(text, "follower_cpu_ratio median {m:.3} (min {lo:.3}, max {hi:.3})").unwrap();
     std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
     std::fs::write(results_dir(&dir).join("replication.txt"), &text).expect("write the results");
+    print!("{text}");
+}
+
+/// The `[drive]` section of a node holding `groups` 1 GiB chunks of 8 KiB pages. Compressed
+/// volumes may hold together as many pages as the journal's checkpoint has records, one per
+/// 4 KiB block of `logical` (docs/cli.md "Volumes"), so `logical` is half the volumes' size
+/// and a little more; the volumes' sizes pass `logical`, hence `overcommit` (the pages written
+/// are few). The physical space stays small.
+fn drive_for(groups: usize) -> String {
+    format!("physical = \"256MiB\"\nlogical = \"{}MiB\"\novercommit = true", (groups + 1) * 512)
+}
+
+/// One kill of a leader: the node killed and, for each group it led, the milliseconds until a
+/// survivor reported the group's new leader.
+struct Kill {
+    victim: u64,
+    times_ms: Vec<(u32, f64)>,
+    polls: usize,
+    slowest_poll_ms: f64,
+}
+
+/// A volume of `groups` chunks on a fresh cluster, `kills` kills of the node leading most of
+/// them, each followed by its restart and catch-up.
+fn failover_round(groups: usize, kills: usize) -> Vec<Kill> {
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for(groups));
+    cluster.start_all();
+    let size = format!("{groups}GiB");
+    succeeds(&["volume", "create", "fo", "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    // A few pages in every group, so that each has entries to replicate and catch up on.
+    let (pages, _) = pages(4);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("fo").expect("lookup").id;
+    for chunk in 0..groups as u64 {
+        for (i, page) in pages.iter().enumerate() {
+            client.write_page(volume, chunk * PAGES_PER_CHUNK + i as u64, WriteMode::Auto, page).expect("write");
+        }
+    }
+    drop(client);
+    wait_caught_up(&cluster, 1, "fo", Duration::from_secs(60));
+    let mut done = Vec::new();
+    for _ in 0..kills {
+        let before = wait_leaders(&cluster, 1, "fo", Duration::from_secs(60));
+        let victim = (1..=3u64).max_by_key(|&n| (before.iter().filter(|&&l| l == n).count(), std::cmp::Reverse(n))).expect("a node");
+        let led: Vec<u32> = (0..groups as u32).filter(|&c| before[c as usize] == victim).collect();
+        let survivor = (1..=3u64).find(|&n| n != victim).expect("a survivor");
+        let mut client = tundra_client::Client::connect(cluster.member(survivor).native).expect("connect");
+        let mut times_ms: Vec<(u32, f64)> = Vec::new();
+        let (mut polls, mut slowest_poll_ms) = (0, 0.0f64);
+        let killed = Instant::now();
+        cluster.kill9(victim);
+        while times_ms.len() < led.len() {
+            let asked = Instant::now();
+            let now = leaders(&view(&mut client), "fo");
+            polls += 1;
+            slowest_poll_ms = slowest_poll_ms.max(asked.elapsed().as_secs_f64() * 1e3);
+            let elapsed_ms = killed.elapsed().as_secs_f64() * 1e3;
+            for (chunk, leader) in now {
+                let new = leader.is_some_and(|l| l != victim);
+                if new && led.contains(&chunk) && !times_ms.iter().any(|(c, _)| *c == chunk) {
+                    times_ms.push((chunk, elapsed_ms));
+                }
+            }
+            assert!(killed.elapsed() < Duration::from_secs(60), "no new leaders after 60 s\n{}", cluster.logs());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        cluster.start(victim);
+        wait_caught_up(&cluster, survivor, "fo", Duration::from_secs(120));
+        done.push(Kill { victim, times_ms, polls, slowest_poll_ms });
+    }
+    done
+}
+
+#[test]
+fn leader_failover() {
+    let _serial = serial();
+    let out = out_dir();
+    let (groups, kills, rounds) = if out.is_some() {
+        let groups = std::env::var("TUNDRA_CLUSTER_BENCH_FAILOVER_GROUPS").ok().and_then(|v| v.parse().ok());
+        (groups.unwrap_or(8), 4, 3)
+    } else {
+        (2, 1, 1)
+    };
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let results: Vec<Vec<Kill>> = (0..rounds).map(|_| failover_round(groups, kills)).collect();
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    for kill in results.iter().flatten() {
+        assert!(!kill.times_ms.is_empty(), "node {} led no group", kill.victim);
+    }
+    let Some(dir) = out else { return };
+    let mut text = String::new();
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
+    writeln!(text, "# a volume of {groups} chunks (one Raft group each, 1 GiB, three replicas) with 4 pages written to each; per round a fresh cluster and {kills} kills").unwrap();
+    writeln!(text, "# each kill: kill -9 of the node leading most groups, then the survivor with the lowest id asked over the native protocol (the stats `tundra cluster status --json` prints) every 5 ms until each group the dead node led reports a leader on another node; ms from just before the kill; then the node restarts and every replica catches up (lag 0) before the next kill").unwrap();
+    writeln!(text, "# raft timing: heartbeat_config({groups} groups): heartbeat {} ms, election timeout {}-{} ms", groups.clamp(50, 1000), 3 * groups.clamp(50, 1000), 6 * groups.clamp(50, 1000)).unwrap();
+    writeln!(text, "# build: the test profile (opt-level 1); the groups were idle (no writes) during the kills").unwrap();
+    writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
+    writeln!(text, "round\tkill\tvictim\tgroups_led\tpolls\tslowest_poll_ms\tnew_leader_ms (chunk:ms)").unwrap();
+    let mut per_round: Vec<(f64, f64, usize)> = Vec::new();
+    let mut all: Vec<f64> = Vec::new();
+    for (r, kills) in results.iter().enumerate() {
+        let mut times: Vec<f64> = Vec::new();
+        for (k, kill) in kills.iter().enumerate() {
+            let list: Vec<String> = kill.times_ms.iter().map(|(c, ms)| format!("{c}:{ms:.0}")).collect();
+            writeln!(text, "{r}\t{k}\t{}\t{}\t{}\t{:.1}\t{}", kill.victim, kill.times_ms.len(), kill.polls, kill.slowest_poll_ms, list.join(" ")).unwrap();
+            times.extend(kill.times_ms.iter().map(|(_, ms)| *ms));
+        }
+        all.extend(&times);
+        let n = times.len();
+        per_round.push((percentile(&mut times, 0.5), percentile(&mut times, 0.99), n));
+    }
+    for (r, (p50, p99, n)) in per_round.iter().enumerate() {
+        writeln!(text, "round {r}: groups {n}, p50 {p50:.0} ms, p99 {p99:.0} ms").unwrap();
+    }
+    let (m, lo, hi) = spread(&per_round.iter().map(|p| p.0).collect::<Vec<f64>>());
+    writeln!(text, "new_leader_ms_p50 median {m:.0} (min {lo:.0}, max {hi:.0})").unwrap();
+    let (m, lo, hi) = spread(&per_round.iter().map(|p| p.1).collect::<Vec<f64>>());
+    writeln!(text, "new_leader_ms_p99 median {m:.0} (min {lo:.0}, max {hi:.0})").unwrap();
+    let n = all.len();
+    writeln!(
+        text,
+        "all rounds: {n} group failovers, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        percentile(&mut all, 0.5),
+        percentile(&mut all, 0.99),
+        percentile(&mut all, 1.0)
+    )
+    .unwrap();
+    std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
+    std::fs::write(results_dir(&dir).join("failover.txt"), &text).expect("write the results");
+    print!("{text}");
+}
+
+/// One throughput measurement with `groups` chunk groups.
+struct Spread {
+    groups: usize,
+    create_s: f64,
+    leaders: [usize; 3],
+    idle_cpu_percent: [f64; 3],
+    pages_per_s: f64,
+    cpu_us_per_page: [f64; 3],
+}
+
+/// A fresh cluster with one volume of `groups` chunks; the nodes are restarted once the volume
+/// exists, because a node picks its heartbeat interval at start from the groups its catalog
+/// holds. `clients` threads then write `count` pages, page i to chunk i mod groups, each to
+/// its chunk's leader.
+fn groups_round(groups: usize, clients: usize, count: usize, pages: &[Vec<u8>], idle: Duration) -> Spread {
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for(groups));
+    cluster.start_all();
+    let size = format!("{groups}GiB");
+    let started = Instant::now();
+    succeeds(&["volume", "create", "tp", "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let create_s = started.elapsed().as_secs_f64();
+    for id in 1..=3 {
+        cluster.kill9(id);
+    }
+    cluster.start_all();
+    let by_chunk = wait_leaders(&cluster, 1, "tp", Duration::from_secs(300));
+    assert_eq!(by_chunk.len(), groups);
+    let leaders = [1, 2, 3].map(|n| by_chunk.iter().filter(|&&l| l == n).count());
+    let volume = tundra_client::Client::connect(cluster.member(1).native).expect("connect").volume_lookup("tp").expect("lookup").id;
+    let cpu_idle = cluster_cpu(&cluster);
+    std::thread::sleep(idle);
+    let cpu_before = cluster_cpu(&cluster);
+    let idle_cpu_percent = [0, 1, 2].map(|i| (cpu_before[i] - cpu_idle[i]) * 100.0 / idle.as_secs_f64());
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..clients {
+            let (cluster, by_chunk) = (&cluster, &by_chunk);
+            scope.spawn(move || {
+                let mut connections: Vec<Option<tundra_client::Client>> = vec![None, None, None];
+                for i in (t..count).step_by(clients) {
+                    let chunk = i % groups;
+                    let page = chunk as u64 * PAGES_PER_CHUNK + (i / groups) as u64;
+                    let node = by_chunk[chunk];
+                    let client = connections[node as usize - 1].get_or_insert_with(|| {
+                        tundra_client::Client::connect(cluster.member(node).native).expect("connect")
+                    });
+                    client.write_page(volume, page, WriteMode::Auto, &pages[i % pages.len()]).expect("write a page");
+                }
+            });
+        }
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_after = cluster_cpu(&cluster);
+    Spread {
+        groups,
+        create_s,
+        leaders,
+        idle_cpu_percent,
+        pages_per_s: count as f64 / seconds,
+        cpu_us_per_page: [0, 1, 2].map(|i| (cpu_after[i] - cpu_before[i]) * 1e6 / count as f64),
+    }
+}
+
+#[test]
+fn throughput_by_groups() {
+    let _serial = serial();
+    let out = out_dir();
+    let full = out.is_some();
+    let groups: Vec<usize> = match std::env::var("TUNDRA_CLUSTER_BENCH_GROUPS") {
+        Ok(list) => list.split(',').map(|g| g.trim().parse().expect("TUNDRA_CLUSTER_BENCH_GROUPS: numbers")).collect(),
+        Err(_) if full => vec![1, 100, 1000],
+        Err(_) => vec![1, 2],
+    };
+    let (clients, count, rounds, idle) =
+        if full { (16, 3000, 3, Duration::from_secs(3)) } else { (4, 32, 1, Duration::from_millis(200)) };
+    let (pages, what) = pages(count);
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut results: Vec<Spread> = Vec::new();
+    for _ in 0..rounds {
+        for &g in &groups {
+            results.push(groups_round(g, clients, count, &pages, idle));
+        }
+    }
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    for r in &results {
+        assert!(r.pages_per_s > 0.0);
+    }
+    let Some(dir) = out else { return };
+    let mut text = String::new();
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
+    writeln!(text, "# per measurement a fresh three-node cluster with one volume of G chunks (G Raft groups, 1 GiB each, a replica of each on every node), its nodes restarted after the create (the heartbeat interval is chosen at start from the catalog: clamp(G, 50, 1000) ms)").unwrap();
+    writeln!(text, "# writes: {count} 8 KiB pages of {what}, page i to chunk i mod G (fresh pages), by {clients} client threads at once over the native protocol, each write sent to its chunk's leader").unwrap();
+    writeln!(text, "# idle_cpu: each node's CPU (% of one core) over {} s with nothing written, before the writes; cpu_us_per_page: each node's CPU time during the writes per page", idle.as_secs_f64()).unwrap();
+    writeln!(text, "# build: the test profile (opt-level 1); rounds run every G in turn").unwrap();
+    writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
+    writeln!(text, "round\tgroups\tcreate_s\tleaders(n1,n2,n3)\tidle_cpu_percent(n1,n2,n3)\tpages_per_s\tcpu_us_per_page(n1,n2,n3)").unwrap();
+    for (i, r) in results.iter().enumerate() {
+        writeln!(
+            text,
+            "{}\t{}\t{:.1}\t{},{},{}\t{:.1},{:.1},{:.1}\t{:.0}\t{:.0},{:.0},{:.0}",
+            i / groups.len(),
+            r.groups,
+            r.create_s,
+            r.leaders[0],
+            r.leaders[1],
+            r.leaders[2],
+            r.idle_cpu_percent[0],
+            r.idle_cpu_percent[1],
+            r.idle_cpu_percent[2],
+            r.pages_per_s,
+            r.cpu_us_per_page[0],
+            r.cpu_us_per_page[1],
+            r.cpu_us_per_page[2]
+        )
+        .unwrap();
+    }
+    let base: Vec<f64> = results.iter().filter(|r| r.groups == groups[0]).map(|r| r.pages_per_s).collect();
+    for &g in &groups {
+        let rate: Vec<f64> = results.iter().filter(|r| r.groups == g).map(|r| r.pages_per_s).collect();
+        let ratio: Vec<f64> = rate.iter().zip(&base).map(|(r, b)| r / b).collect();
+        let (m, lo, hi) = spread(&rate);
+        let (rm, rlo, rhi) = spread(&ratio);
+        writeln!(text, "groups {g}: pages_per_s median {m:.0} (min {lo:.0}, max {hi:.0}); against {} group(s) in the same round median {rm:.3} (min {rlo:.3}, max {rhi:.3})", groups[0]).unwrap();
+    }
+    std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
+    std::fs::write(results_dir(&dir).join("groups.txt"), &text).expect("write the results");
     print!("{text}");
 }

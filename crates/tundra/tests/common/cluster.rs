@@ -55,6 +55,11 @@ impl Cluster {
     /// Writes the configs of three nodes; `key_of(id)` is each node's cluster key (None: no
     /// key). Nothing is started.
     pub fn new(key_of: impl Fn(u64) -> Option<String>) -> Cluster {
+        Cluster::with_drive(key_of, "physical = \"256MiB\"")
+    }
+
+    /// [`Cluster::new`] with `drive` as the body of every node's `[drive]` section.
+    pub fn with_drive(key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let addrs = free_addrs(9);
         let peers: Vec<String> = (0..3).map(|i| format!("\"{}@{}\"", i + 1, addrs[i * 3])).collect();
@@ -72,7 +77,7 @@ impl Cluster {
             };
             let text = format!(
                 "data_dir = {data:?}\n[listen]\nnative = \"{native}\"\nnbd = \"{nbd}\"\nmetrics = \"\"\n\
-                 [drive]\nphysical = \"256MiB\"\n[fast]\nvolumes = \"64MiB\"\n\
+                 [drive]\n{drive}\n[fast]\nvolumes = \"64MiB\"\n\
                  [cluster]\nnode_id = {id}\npeers = [{peers}]\n{key_line}",
                 data = data.to_str().expect("utf-8 path"),
                 native = addrs[i * 3 + 1],
@@ -147,6 +152,11 @@ impl Cluster {
         let mut child = member.child.take().expect("node runs");
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.members[id as usize - 1].child.as_ref().map(Child::id)
     }
 
     pub fn member(&self, id: u64) -> &Member {
