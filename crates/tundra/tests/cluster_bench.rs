@@ -52,6 +52,11 @@ fn out_dir() -> Option<String> {
     std::env::var("TUNDRA_CLUSTER_BENCH_OUT").ok()
 }
 
+/// Rounds of a full run: `TUNDRA_CLUSTER_BENCH_ROUNDS`, 3 unless set.
+fn full_rounds() -> usize {
+    std::env::var("TUNDRA_CLUSTER_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3)
+}
+
 /// The CPU time (user + system) process `pid` has used, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
@@ -236,7 +241,7 @@ fn replication_costs() {
         Some(_) => std::env::var("TUNDRA_CLUSTER_BENCH_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
         None => 16,
     };
-    let rounds = if out.is_some() { 3 } else { 1 };
+    let rounds = if out.is_some() { full_rounds() } else { 1 };
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let results: Vec<Round> = (0..rounds).map(|_| round(count)).collect();
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -374,7 +379,7 @@ fn leader_failover() {
     let out = out_dir();
     let (groups, kills, rounds) = if out.is_some() {
         let groups = std::env::var("TUNDRA_CLUSTER_BENCH_FAILOVER_GROUPS").ok().and_then(|v| v.parse().ok());
-        (groups.unwrap_or(8), 4, 3)
+        (groups.unwrap_or(8), 4, full_rounds())
     } else {
         (2, 1, 1)
     };
@@ -427,51 +432,86 @@ fn leader_failover() {
     print!("{text}");
 }
 
-/// One throughput measurement with `groups` chunk groups.
+/// A cluster hosting `groups` chunk groups, ready to be written.
+struct Groups {
+    cluster: Cluster,
+    /// Each group: its volume's id, the chunk's index in the volume, and its leader.
+    chunks: Vec<(u32, u64, u64)>,
+    /// The volumes created, each with its chunks, in order.
+    volumes: Vec<(String, usize)>,
+    create_s: f64,
+}
+
+/// A fresh cluster hosting `groups` groups. A node picks its heartbeat interval once, at start,
+/// from the groups its catalog holds (clamp(groups, 50, 1000) ms), and a freshly started node
+/// asked for 1,000 groups at once times out electing them (every group heartbeating each 50 ms
+/// on two cores): so the groups come as volumes of at most 100 chunks and then at most twice the
+/// chunks already there, the nodes restarted after each (and once more at the end), so that
+/// every group runs with the interval the product picks for the node's final group count.
+fn build_groups(groups: usize) -> Groups {
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for(groups));
+    cluster.start_timeout = Duration::from_secs(600);
+    cluster.start_all();
+    let started = Instant::now();
+    let mut volumes: Vec<(String, usize)> = Vec::new();
+    let mut total = 0;
+    while total < groups {
+        let step = if total == 0 { groups.min(100) } else { (2 * total).min(groups - total) };
+        if total > 0 {
+            for id in 1..=3 {
+                cluster.kill9(id);
+            }
+            cluster.start_all();
+        }
+        let name = format!("tp{}", volumes.len());
+        let size = format!("{step}GiB");
+        succeeds(&["volume", "create", &name, "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+        volumes.push((name, step));
+        total += step;
+    }
+    for id in 1..=3 {
+        cluster.kill9(id);
+    }
+    cluster.start_all();
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let mut chunks = Vec::new();
+    for (name, count) in &volumes {
+        let by_chunk = wait_leaders(&cluster, 1, name, Duration::from_secs(300));
+        assert_eq!(by_chunk.len(), *count);
+        let id = client.volume_lookup(name).expect("lookup").id;
+        chunks.extend(by_chunk.into_iter().enumerate().map(|(c, leader)| (id, c as u64, leader)));
+    }
+    let create_s = started.elapsed().as_secs_f64();
+    Groups { cluster, chunks, volumes, create_s }
+}
+
+/// One throughput measurement.
 struct Spread {
     groups: usize,
-    create_s: f64,
-    leaders: [usize; 3],
     idle_cpu_percent: [f64; 3],
     pages_per_s: f64,
     cpu_us_per_page: [f64; 3],
 }
 
-/// A fresh cluster with one volume of `groups` chunks; the nodes are restarted once the volume
-/// exists, because a node picks its heartbeat interval at start from the groups its catalog
-/// holds. `clients` threads then write `count` pages, page i to chunk i mod groups, each to
-/// its chunk's leader.
-fn groups_round(groups: usize, clients: usize, count: usize, pages: &[Vec<u8>], idle: Duration) -> Spread {
-    let mut cluster = Cluster::with_drive(|_| None, &drive_for(groups));
-    cluster.start_all();
-    let size = format!("{groups}GiB");
-    let started = Instant::now();
-    succeeds(&["volume", "create", "tp", "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-    let create_s = started.elapsed().as_secs_f64();
-    for id in 1..=3 {
-        cluster.kill9(id);
-    }
-    cluster.start_all();
-    let by_chunk = wait_leaders(&cluster, 1, "tp", Duration::from_secs(300));
-    assert_eq!(by_chunk.len(), groups);
-    let leaders = [1, 2, 3].map(|n| by_chunk.iter().filter(|&&l| l == n).count());
-    let volume = tundra_client::Client::connect(cluster.member(1).native).expect("connect").volume_lookup("tp").expect("lookup").id;
-    let cpu_idle = cluster_cpu(&cluster);
+/// `clients` threads write `count` pages, page i to group i mod G (pages not written before:
+/// `round` moves them along), each to its group's leader.
+fn groups_round(set: &Groups, round: usize, clients: usize, count: usize, pages: &[Vec<u8>], idle: Duration) -> Spread {
+    let groups = set.chunks.len();
+    let cpu_idle = cluster_cpu(&set.cluster);
     std::thread::sleep(idle);
-    let cpu_before = cluster_cpu(&cluster);
+    let cpu_before = cluster_cpu(&set.cluster);
     let idle_cpu_percent = [0, 1, 2].map(|i| (cpu_before[i] - cpu_idle[i]) * 100.0 / idle.as_secs_f64());
+    let first = (round * count).div_ceil(groups) as u64;
     let started = Instant::now();
     std::thread::scope(|scope| {
         for t in 0..clients {
-            let (cluster, by_chunk) = (&cluster, &by_chunk);
             scope.spawn(move || {
                 let mut connections: Vec<Option<tundra_client::Client>> = vec![None, None, None];
                 for i in (t..count).step_by(clients) {
-                    let chunk = i % groups;
-                    let page = chunk as u64 * PAGES_PER_CHUNK + (i / groups) as u64;
-                    let node = by_chunk[chunk];
-                    let client = connections[node as usize - 1].get_or_insert_with(|| {
-                        tundra_client::Client::connect(cluster.member(node).native).expect("connect")
+                    let (volume, chunk, leader) = set.chunks[i % groups];
+                    let page = chunk * PAGES_PER_CHUNK + first + (i / groups) as u64;
+                    let client = connections[leader as usize - 1].get_or_insert_with(|| {
+                        tundra_client::Client::connect(set.cluster.member(leader).native).expect("connect")
                     });
                     client.write_page(volume, page, WriteMode::Auto, &pages[i % pages.len()]).expect("write a page");
                 }
@@ -479,11 +519,9 @@ fn groups_round(groups: usize, clients: usize, count: usize, pages: &[Vec<u8>], 
         }
     });
     let seconds = started.elapsed().as_secs_f64();
-    let cpu_after = cluster_cpu(&cluster);
+    let cpu_after = cluster_cpu(&set.cluster);
     Spread {
         groups,
-        create_s,
-        leaders,
         idle_cpu_percent,
         pages_per_s: count as f64 / seconds,
         cpu_us_per_page: [0, 1, 2].map(|i| (cpu_after[i] - cpu_before[i]) * 1e6 / count as f64),
@@ -501,14 +539,18 @@ fn throughput_by_groups() {
         Err(_) => vec![1, 2],
     };
     let (clients, count, rounds, idle) =
-        if full { (16, 3000, 3, Duration::from_secs(3)) } else { (4, 32, 1, Duration::from_millis(200)) };
+        if full { (16, 3000, full_rounds(), Duration::from_secs(3)) } else { (4, 32, 1, Duration::from_millis(200)) };
     let (pages, what) = pages(count);
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut results: Vec<Spread> = Vec::new();
-    for _ in 0..rounds {
-        for &g in &groups {
-            results.push(groups_round(g, clients, count, &pages, idle));
+    let mut setups: Vec<(usize, f64, [usize; 3], Vec<(String, usize)>)> = Vec::new();
+    for &g in &groups {
+        let set = build_groups(g);
+        let leaders = [1, 2, 3].map(|n| set.chunks.iter().filter(|c| c.2 == n).count());
+        for round in 0..rounds {
+            results.push(groups_round(&set, round, clients, count, &pages, idle));
         }
+        setups.push((g, set.create_s, leaders, set.volumes.clone()));
     }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for r in &results {
@@ -517,22 +559,23 @@ fn throughput_by_groups() {
     let Some(dir) = out else { return };
     let mut text = String::new();
     writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
-    writeln!(text, "# per measurement a fresh three-node cluster with one volume of G chunks (G Raft groups, 1 GiB each, a replica of each on every node), its nodes restarted after the create (the heartbeat interval is chosen at start from the catalog: clamp(G, 50, 1000) ms)").unwrap();
-    writeln!(text, "# writes: {count} 8 KiB pages of {what}, page i to chunk i mod G (fresh pages), by {clients} client threads at once over the native protocol, each write sent to its chunk's leader").unwrap();
-    writeln!(text, "# idle_cpu: each node's CPU (% of one core) over {} s with nothing written, before the writes; cpu_us_per_page: each node's CPU time during the writes per page", idle.as_secs_f64()).unwrap();
-    writeln!(text, "# build: the test profile (opt-level 1); rounds run every G in turn").unwrap();
+    writeln!(text, "# per G a fresh three-node cluster hosting G Raft groups (chunks of 1 GiB, a replica of each on every node), made as volumes of at most 100 chunks and then at most twice the chunks already there, the nodes restarted (kill -9) after each volume and at the end: a node picks its heartbeat interval at start from its catalog, clamp(G, 50, 1000) ms").unwrap();
+    writeln!(text, "# each node: [drive] {}", drive_for(groups.iter().copied().max().unwrap_or(1)).replace('\n', "; ")).unwrap();
+    writeln!(text, "# writes: {count} 8 KiB pages of {what} per round, page i to group i mod G (pages not written before), by {clients} client threads at once over the native protocol, each write sent to its group's leader; {rounds} rounds on the same cluster").unwrap();
+    writeln!(text, "# idle_cpu: each node's CPU (% of one core) over {} s with nothing written, just before the round's writes; cpu_us_per_page: each node's CPU time during the writes per page", idle.as_secs_f64()).unwrap();
+    writeln!(text, "# build: the test profile (opt-level 1)").unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tgroups\tcreate_s\tleaders(n1,n2,n3)\tidle_cpu_percent(n1,n2,n3)\tpages_per_s\tcpu_us_per_page(n1,n2,n3)").unwrap();
+    for (g, create_s, leaders, volumes) in &setups {
+        let list: Vec<String> = volumes.iter().map(|(n, c)| format!("{n}:{c}")).collect();
+        writeln!(text, "setup G={g}: volumes {} ; {create_s:.1} s to create and restart; groups led by n1,n2,n3: {},{},{}", list.join(" "), leaders[0], leaders[1], leaders[2]).unwrap();
+    }
+    writeln!(text, "round\tgroups\tidle_cpu_percent(n1,n2,n3)\tpages_per_s\tcpu_us_per_page(n1,n2,n3)").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{}\t{}\t{:.1}\t{},{},{}\t{:.1},{:.1},{:.1}\t{:.0}\t{:.0},{:.0},{:.0}",
-            i / groups.len(),
+            "{}\t{}\t{:.1},{:.1},{:.1}\t{:.0}\t{:.0},{:.0},{:.0}",
+            i % rounds,
             r.groups,
-            r.create_s,
-            r.leaders[0],
-            r.leaders[1],
-            r.leaders[2],
             r.idle_cpu_percent[0],
             r.idle_cpu_percent[1],
             r.idle_cpu_percent[2],
@@ -544,12 +587,14 @@ fn throughput_by_groups() {
         .unwrap();
     }
     let base: Vec<f64> = results.iter().filter(|r| r.groups == groups[0]).map(|r| r.pages_per_s).collect();
+    let (b, _, _) = spread(&base);
     for &g in &groups {
         let rate: Vec<f64> = results.iter().filter(|r| r.groups == g).map(|r| r.pages_per_s).collect();
-        let ratio: Vec<f64> = rate.iter().zip(&base).map(|(r, b)| r / b).collect();
+        let idle: Vec<f64> =
+            results.iter().filter(|r| r.groups == g).map(|r| r.idle_cpu_percent.iter().sum::<f64>()).collect();
         let (m, lo, hi) = spread(&rate);
-        let (rm, rlo, rhi) = spread(&ratio);
-        writeln!(text, "groups {g}: pages_per_s median {m:.0} (min {lo:.0}, max {hi:.0}); against {} group(s) in the same round median {rm:.3} (min {rlo:.3}, max {rhi:.3})", groups[0]).unwrap();
+        let (im, ilo, ihi) = spread(&idle);
+        writeln!(text, "groups {g}: pages_per_s median {m:.0} (min {lo:.0}, max {hi:.0}); against {} group(s): {:.3} (medians; {:.3} to {:.3}); idle CPU of the three nodes together median {im:.1}% of a core (min {ilo:.1}, max {ihi:.1})", groups[0], m / b, lo / b, hi / b).unwrap();
     }
     std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
     std::fs::write(results_dir(&dir).join("groups.txt"), &text).expect("write the results");

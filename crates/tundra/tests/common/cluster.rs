@@ -43,6 +43,9 @@ impl Member {
 pub struct Cluster {
     pub dir: TempDir,
     pub members: Vec<Member>,
+    /// How long a node may take to answer after it is started (30 s unless changed; a node
+    /// with a large drive takes longer to set up).
+    pub start_timeout: Duration,
 }
 
 fn free_addrs(count: usize) -> Vec<SocketAddr> {
@@ -95,7 +98,7 @@ impl Cluster {
                 child: None,
             });
         }
-        Cluster { dir, members }
+        Cluster { dir, members, start_timeout: START_TIMEOUT }
     }
 
     /// Starts every node and waits until each answers a ping.
@@ -132,6 +135,7 @@ impl Cluster {
 
     fn wait_ready(&mut self, id: u64) {
         let started = Instant::now();
+        let limit = self.start_timeout;
         let member = &mut self.members[id as usize - 1];
         loop {
             if let Some(status) = member.child.as_mut().expect("started").try_wait().expect("wait") {
@@ -141,7 +145,7 @@ impl Cluster {
             if tundra_client::Client::connect(member.native).and_then(|mut c| c.ping(b"ready?")).is_ok() {
                 return;
             }
-            assert!(started.elapsed() < START_TIMEOUT, "node {id} not ready:\n{}", member.log_text());
+            assert!(started.elapsed() < limit, "node {id} not ready:\n{}", member.log_text());
             std::thread::sleep(Duration::from_millis(25));
         }
     }
