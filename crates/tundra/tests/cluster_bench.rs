@@ -343,7 +343,9 @@ fn failover_round(groups: usize, kills: usize) -> Vec<Kill> {
     let mut done = Vec::new();
     for _ in 0..kills {
         let before = wait_leaders(&cluster, 1, "fo", Duration::from_secs(60));
-        let victim = (1..=3u64).max_by_key(|&n| (before.iter().filter(|&&l| l == n).count(), std::cmp::Reverse(n))).expect("a node");
+        let victim = (1..=3u64)
+            .max_by_key(|&n| (before.iter().filter(|&&l| l == n).count(), std::cmp::Reverse(n)))
+            .expect("a node");
         let led: Vec<u32> = (0..groups as u32).filter(|&c| before[c as usize] == victim).collect();
         let survivor = (1..=3u64).find(|&n| n != victim).expect("a survivor");
         let mut client = tundra_client::Client::connect(cluster.member(survivor).native).expect("connect");
@@ -391,11 +393,20 @@ fn leader_failover() {
     }
     let Some(dir) = out else { return };
     let mut text = String::new();
-    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture")
+        .unwrap();
     writeln!(text, "# a volume of {groups} chunks (one Raft group each, 1 GiB, three replicas) with 4 pages written to each; per round a fresh cluster and {kills} kills").unwrap();
     writeln!(text, "# each kill: kill -9 of the node leading most groups, then the survivor with the lowest id asked over the native protocol (the stats `tundra cluster status --json` prints) every 5 ms until each group the dead node led reports a leader on another node; ms from just before the kill; then the node restarts and every replica catches up (lag 0) before the next kill").unwrap();
-    writeln!(text, "# raft timing: heartbeat_config({groups} groups): heartbeat {} ms, election timeout {}-{} ms", groups.clamp(50, 1000), 3 * groups.clamp(50, 1000), 6 * groups.clamp(50, 1000)).unwrap();
-    writeln!(text, "# build: the test profile (opt-level 1); the groups were idle (no writes) during the kills").unwrap();
+    writeln!(
+        text,
+        "# raft timing: heartbeat_config({groups} groups): heartbeat {} ms, election timeout {}-{} ms",
+        groups.clamp(50, 1000),
+        3 * groups.clamp(50, 1000),
+        6 * groups.clamp(50, 1000)
+    )
+    .unwrap();
+    writeln!(text, "# build: the test profile (opt-level 1); the groups were idle (no writes) during the kills")
+        .unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
     writeln!(text, "round\tkill\tvictim\tgroups_led\tpolls\tslowest_poll_ms\tnew_leader_ms (chunk:ms)").unwrap();
     let mut per_round: Vec<(f64, f64, usize)> = Vec::new();
@@ -404,7 +415,16 @@ fn leader_failover() {
         let mut times: Vec<f64> = Vec::new();
         for (k, kill) in kills.iter().enumerate() {
             let list: Vec<String> = kill.times_ms.iter().map(|(c, ms)| format!("{c}:{ms:.0}")).collect();
-            writeln!(text, "{r}\t{k}\t{}\t{}\t{}\t{:.1}\t{}", kill.victim, kill.times_ms.len(), kill.polls, kill.slowest_poll_ms, list.join(" ")).unwrap();
+            writeln!(
+                text,
+                "{r}\t{k}\t{}\t{}\t{}\t{:.1}\t{}",
+                kill.victim,
+                kill.times_ms.len(),
+                kill.polls,
+                kill.slowest_poll_ms,
+                list.join(" ")
+            )
+            .unwrap();
             times.extend(kill.times_ms.iter().map(|(_, ms)| *ms));
         }
         all.extend(&times);
@@ -558,16 +578,26 @@ fn throughput_by_groups() {
     }
     let Some(dir) = out else { return };
     let mut text = String::new();
-    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture")
+        .unwrap();
     writeln!(text, "# per G a fresh three-node cluster hosting G Raft groups (chunks of 1 GiB, a replica of each on every node), made as volumes of at most 100 chunks and then at most twice the chunks already there, the nodes restarted (kill -9) after each volume and at the end: a node picks its heartbeat interval at start from its catalog, clamp(G, 50, 1000) ms").unwrap();
-    writeln!(text, "# each node: [drive] {}", drive_for(groups.iter().copied().max().unwrap_or(1)).replace('\n', "; ")).unwrap();
+    writeln!(text, "# each node: [drive] {}", drive_for(groups.iter().copied().max().unwrap_or(1)).replace('\n', "; "))
+        .unwrap();
     writeln!(text, "# writes: {count} 8 KiB pages of {what} per round, page i to group i mod G (pages not written before), by {clients} client threads at once over the native protocol, each write sent to its group's leader; {rounds} rounds on the same cluster").unwrap();
     writeln!(text, "# idle_cpu: each node's CPU (% of one core) over {} s with nothing written, just before the round's writes; cpu_us_per_page: each node's CPU time during the writes per page", idle.as_secs_f64()).unwrap();
     writeln!(text, "# build: the test profile (opt-level 1)").unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
     for (g, create_s, leaders, volumes) in &setups {
         let list: Vec<String> = volumes.iter().map(|(n, c)| format!("{n}:{c}")).collect();
-        writeln!(text, "setup G={g}: volumes {} ; {create_s:.1} s to create and restart; groups led by n1,n2,n3: {},{},{}", list.join(" "), leaders[0], leaders[1], leaders[2]).unwrap();
+        writeln!(
+            text,
+            "setup G={g}: volumes {} ; {create_s:.1} s to create and restart; groups led by n1,n2,n3: {},{},{}",
+            list.join(" "),
+            leaders[0],
+            leaders[1],
+            leaders[2]
+        )
+        .unwrap();
     }
     writeln!(text, "round\tgroups\tidle_cpu_percent(n1,n2,n3)\tpages_per_s\tcpu_us_per_page(n1,n2,n3)").unwrap();
     for (i, r) in results.iter().enumerate() {
