@@ -563,7 +563,9 @@ fn throughput_by_groups() {
     let (pages, what) = pages(count);
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut results: Vec<Spread> = Vec::new();
-    let mut setups: Vec<(usize, f64, [usize; 3], Vec<(String, usize)>)> = Vec::new();
+    // Per G: the seconds to set the groups up, the groups each node leads, the volumes.
+    type Setup = (usize, f64, [usize; 3], Vec<(String, usize)>);
+    let mut setups: Vec<Setup> = Vec::new();
     for &g in &groups {
         let set = build_groups(g);
         let leaders = [1, 2, 3].map(|n| set.chunks.iter().filter(|c| c.2 == n).count());
