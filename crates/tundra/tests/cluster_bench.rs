@@ -9,8 +9,9 @@
 //! `leader_failover` kills -9 the node leading most groups of a volume of several chunks, asks a
 //! survivor over the native protocol until every group the dead node led has a new leader, and
 //! records each group's time; the node is restarted and caught up between kills.
-//! `throughput_by_groups` writes pages spread across 1, 100 and 1,000 chunk groups (one volume of
-//! that many 1 GiB chunks, three replicas) at a fixed client concurrency and reports pages/s.
+//! `throughput_by_groups` writes pages spread across 1, 100 and 1,000 chunk groups per node (1 GiB
+//! chunks, three replicas, created as growing volumes with restarts between: see
+//! [`build_groups`]) at a fixed client concurrency and reports pages/s.
 //!
 //! By default it runs tiny (a few pages, one round) so that it cannot rot. With
 //! `TUNDRA_CLUSTER_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_CLUSTER_BENCH_PAGES` (default
