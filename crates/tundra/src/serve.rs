@@ -97,8 +97,8 @@ fn become_io_flusher(config: &Config) {
 
 /// Caps glibc's malloc arenas at the number of CPUs (at least 2) unless `MALLOC_ARENA_MAX` is
 /// set. By default glibc gives up to eight arenas per CPU to a process's threads, and the node
-/// has dozens of them (FUSE, NBD, the drive, folds): under a database's TPC-H load its resident
-/// memory measured 150 MB with the default and 115 MB with two arenas, for the same caches.
+/// has dozens of them (FUSE, NBD, the drive, folds), each of which would otherwise keep freed
+/// memory in an arena of its own.
 fn limit_malloc_arenas() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
         return;
