@@ -41,11 +41,26 @@ def times(x) -> str:
 
 
 def media_bytes(sizes: dict) -> tuple:
-    """(live, allocated) bytes of one measurement, each None when the run did not record it."""
+    """(live, allocated) bytes of one measurement, each None when the run did not record it.
+    Runs that record `live_bytes` and `allocated_bytes` count every store alike (a filesystem's
+    `statvfs` used and image blocks; Tundra's drive records with their headers and its allocated
+    segments); older runs only had Tundra's payloads and its files' host blocks."""
+    if "live_bytes" in sizes or "allocated_bytes" in sizes:
+        return sizes.get("live_bytes"), sizes.get("allocated_bytes")
     details = sizes.get("details", {})
     if "host_files_allocated_bytes" in details:
         return sizes.get("physical_bytes"), sum(details["host_files_allocated_bytes"].values())
     return sizes.get("fs_used_bytes"), sizes.get("physical_bytes")
+
+
+def after_gc_bytes(entry: dict):
+    """Allocated media at the end of a case once garbage is collected: Tundra's drive collected
+    after the node stopped (`post_check.after_gc`); a filesystem's image after its last fstrim,
+    which is already its collected state (the measurement after the updates)."""
+    gc = (entry.get("post_check") or {}).get("after_gc")
+    if gc:
+        return gc.get("allocated_bytes")
+    return media_bytes(entry.get("after_updates", {}))[1]
 
 
 def mib(n) -> str:
@@ -162,9 +177,9 @@ class Report:
             self.table(["dataset", "database", "tables", "rows", "data MiB", "WAL MiB", "load s", "check"], rows)
 
     def space_media(self, datasets: list, systems: list, by: dict) -> None:
-        """Every store's space counted both ways after the updates: what it holds live, and the
-        media it has allocated for that (a filesystem's image blocks; Tundra's drive and fast
-        device files as the host allocated them, garbage not yet collected included)."""
+        """Every store's space counted both ways, after the load and after the updates: what it
+        holds live, and the media it has allocated for that; then the allocated media once
+        garbage is collected, against ext4's."""
         rows = []
         for s in systems:
             row = [f"`{s}`"]
@@ -173,14 +188,27 @@ class Report:
                 if e is None or "error" in e:
                     row.append("" if e is None else "failed")
                     continue
-                live, allocated = media_bytes(e["after_updates"])
-                row.append(f"{mib(live)} / {mib(allocated)}")
+                cells = []
+                for phase in ("after_load", "after_updates"):
+                    live, allocated = media_bytes(e.get(phase, {}))
+                    cells.append(f"{mib(live)} / {mib(allocated)}")
+                gc = after_gc_bytes(e)
+                base = by.get(("ext4", d))
+                base_gc = after_gc_bytes(base) if base and "error" not in base else None
+                vs = base_gc / gc if gc and base_gc else None
+                cells.append(f"{mib(gc)} after GC, {times(vs)} vs ext4")
+                row.append("<br>".join(cells))
             rows.append(row)
-        self.lines += ["Space after the updates, MiB, live / allocated media. Live: what the filesystem "
-                       "counts as used (`statvfs`), or for Tundra the drive's live payloads and the fast "
-                       "device's blocks of mode none volumes (`physical_bytes`). Allocated: the host blocks "
-                       "of the loop image, or of Tundra's drive and fast device files (`drive.img`, "
-                       "`fast.img`), which also hold the drive's garbage not yet collected.", ""]
+        self.lines += ["Space in MiB, each store counted the same way: live / allocated media after the load, "
+                       "then after the updates, then the allocated media once garbage is collected. Live: what "
+                       "the filesystem counts as used (`statvfs`); for Tundra the drive's live records with their "
+                       "16-byte headers (`drive.physical_live_bytes`) plus the fast device's blocks of the WAL "
+                       "volume. Allocated: the loop image's host blocks after fstrim; for Tundra the drive's "
+                       "segments not free (`drive.physical_allocated_bytes`, garbage not yet collected included) "
+                       "plus the host blocks of `fast.img` (journals, redo area and WAL volume). After GC: Tundra's "
+                       "drive collected to the end once the node stopped (`tundra drive gc`), a filesystem's "
+                       "image after its last fstrim. Runs from before this accounting show Tundra's payloads "
+                       "and its files' host blocks instead.", ""]
         self.table(["system"] + datasets, rows)
 
     def space(self, database: str) -> None:

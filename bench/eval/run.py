@@ -126,8 +126,8 @@ FULL = Size(
     sysbench_rows=100000, workload_seconds=8, threads=8, memory_limit="256MiB", db_memory="64MiB",
     stack_size="8GiB", drive_bench=["--size", "64MiB", "--reads", "2000"],
     systems={"postgresql": [s.name for s in SYSTEMS if "postgresql" in s.databases],
-             "mariadb": ["ext4", "btrfs-force", "innodb-lz4", "innodb-zlib", "innodb-row-compressed",
-                         "tundra", "tundra-off"]},
+             "mariadb": ["ext4", "xfs", "btrfs-force", "btrfs-zstd", "innodb-lz4", "innodb-zlib",
+                         "innodb-row-compressed", "tundra", "tundra-off"]},
     repetitions=3)
 # Tundra volumes take the database's page size, so that a page write is one store page.
 PAGE_SIZE = {"postgresql": 8192, "mariadb": 16384}

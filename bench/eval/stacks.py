@@ -431,8 +431,9 @@ class LoopFsStack(Stack):
         if self.btrfs:
             details["compsize"] = self._compsize()
             details["btrfs_df"] = self._btrfs_df()
+        fs_used = self._fs_used()
         return {"physical_bytes": physical, "data_physical_bytes": None, "wal_physical_bytes": None,
-                "fs_used_bytes": self._fs_used(), "details": details}
+                "fs_used_bytes": fs_used, "live_bytes": fs_used, "allocated_bytes": physical, "details": details}
 
     def _compsize(self) -> dict:
         p = self._run(["compsize", "-b", "-x", self.data_mount], "compsize", check=False)
@@ -733,7 +734,21 @@ class TundraStack(Stack):
         }
         return {"physical_bytes": data_physical + (wal_physical or 0),
                 "data_physical_bytes": data_physical if self.settings.wal_volume else None,
-                "wal_physical_bytes": wal_physical, "fs_used_bytes": self._fs_used(), "details": details}
+                "wal_physical_bytes": wal_physical, "fs_used_bytes": self._fs_used(),
+                **self._media(s["drive"], wal_physical), "details": details}
+
+    def _media(self, drive: dict, wal_physical) -> dict:
+        """The space counted as the peers' is: `live_bytes`, the drive's live records with their
+        16-byte headers (`physical_live_bytes`) plus the fast device's blocks of the WAL volume;
+        `allocated_bytes`, the drive's segments that are not free (garbage not yet collected
+        included, `physical_allocated_bytes`) plus what the host allocated to `fast.img` (the
+        journals, the redo area and the WAL volume: more than the WAL alone, counted against
+        Tundra). None where the node reports no such figure."""
+        live, allocated = drive.get("physical_live_bytes"), drive.get("physical_allocated_bytes")
+        fast = self.data_dir / "fast.img"
+        fast_allocated = allocated_bytes(fast) if fast.exists() else 0
+        return {"live_bytes": None if live is None else live + (wal_physical or 0),
+                "allocated_bytes": None if allocated is None else allocated + fast_allocated}
 
     def teardown(self) -> None:
         """Unmounts the filesystems, detaches the loop devices, unmounts the FUSE files and
@@ -803,11 +818,33 @@ class TundraStack(Stack):
             damaged = [f"{st['device']}: {line}" for st in report.get("stores", []) for line in st.get("damaged", [])]
             raise BenchError(f"{self.name}: tundra fsck found {len(damaged)} problem(s) (data directory left in "
                              f"{self.data_dir}): " + "; ".join(damaged[:20]))
+        after_gc = self._collect_garbage()
         self._remove_data_dir()
         if not self._clean_stop:
             raise BenchError(f"{self.name}: the node did not stop cleanly (its log does not end with "
                              f"'stopped cleanly'; fsck clean): {self._node_log_tail()}")
-        return {"fsck": "clean"}
+        return {"fsck": "clean", "after_gc": after_gc}
+
+    def _collect_garbage(self) -> dict:
+        """The stopped node's drive collected to the end (`tundra drive gc`, every sealed segment
+        that frees at least one maximal record), so that its allocated media count like a
+        trimmed filesystem's: `allocated_bytes` is the drive's segments still allocated plus
+        what the host allocated to `fast.img`; `live_bytes` the drive's live records with their
+        headers (the WAL volume's blocks on the fast device are not in it: the stopped node
+        cannot say which they are; the measurement before teardown has them)."""
+        drive = self.data_dir / "drive.img"
+        gc = self._tundra(["drive", "gc", drive], "tundra drive gc", timeout=COMMAND_SECONDS)
+        p = self._tundra(["drive", "stats", drive, "--json"], "tundra drive stats", timeout=COMMAND_SECONDS)
+        try:
+            st = json.loads(p.stdout)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{self.name}: tundra drive stats --json printed no JSON ({e}): {p.stdout[:300]!r}") from e
+        fast = self.data_dir / "fast.img"
+        fast_allocated = allocated_bytes(fast) if fast.exists() else 0
+        return {"gc": gc.stdout.strip(), "drive_live_bytes": st["physical_live_bytes"],
+                "drive_allocated_bytes": st["physical_allocated_bytes"], "fast_allocated_bytes": fast_allocated,
+                "live_bytes": st["physical_live_bytes"],
+                "allocated_bytes": st["physical_allocated_bytes"] + fast_allocated}
 
     def _remove_data_dir(self) -> None:
         if self.data_dir.exists():

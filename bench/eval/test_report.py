@@ -104,6 +104,16 @@ class MediaBytesTest(unittest.TestCase):
                   "details": {"host_files_allocated_bytes": {"drive.img": 50 * MIB, "fast.img": 12 * MIB}}}
         self.assertEqual(media_bytes(tundra), (30 * MIB, 62 * MIB))
         self.assertEqual(media_bytes({}), (None, None))
+        counted = dict(tundra, live_bytes=33 * MIB, allocated_bytes=40 * MIB)
+        self.assertEqual(media_bytes(counted), (33 * MIB, 40 * MIB))
+
+    def test_after_gc_takes_the_collected_drive_or_the_trimmed_image(self):
+        from bench.eval.report import after_gc_bytes
+        ext4 = {"after_updates": {"live_bytes": 66 * MIB, "allocated_bytes": 70 * MIB}}
+        self.assertEqual(after_gc_bytes(ext4), 70 * MIB)
+        tundra = {"after_updates": {"live_bytes": 30 * MIB, "allocated_bytes": 90 * MIB},
+                  "post_check": {"fsck": "clean", "after_gc": {"allocated_bytes": 41 * MIB}}}
+        self.assertEqual(after_gc_bytes(tundra), 41 * MIB)
 
 
 class MedianRunTest(unittest.TestCase):

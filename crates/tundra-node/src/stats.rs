@@ -84,6 +84,8 @@ impl Node {
                 physical_capacity_bytes: drive.physical_capacity_bytes,
                 mapped_bytes: drive.mapped_bytes,
                 physical_used_bytes: drive.physical_used_bytes,
+                physical_live_bytes: drive.physical_live_bytes,
+                physical_allocated_bytes: drive.physical_allocated_bytes,
                 gc_write_amplification: drive.gc_write_amplification(),
                 gc_moved_bytes: drive.counters.gc_moved_bytes,
                 free_segments: drive.free_segments,
@@ -241,6 +243,10 @@ pub struct DriveStats {
     pub physical_capacity_bytes: u64,
     pub mapped_bytes: u64,
     pub physical_used_bytes: u64,
+    /// The live records with their 16-byte headers: what the data takes on the media.
+    pub physical_live_bytes: u64,
+    /// Media held by segments that are not free, garbage not yet collected included.
+    pub physical_allocated_bytes: u64,
     pub gc_write_amplification: f64,
     pub gc_moved_bytes: u64,
     pub free_segments: u64,
