@@ -68,6 +68,19 @@ fn a_csv_file_is_the_input() {
     assert_eq!(r["runs"].as_array().unwrap().len(), 1);
     assert_eq!(r["input"]["chunks"], 300);
     assert_eq!(r["runs"][0]["placed_chunks"], 300);
+    // One policy: its figures are the report's own keys too.
+    assert_eq!(r["policy"], "compression-aware");
+    for key in [
+        "nodes_in_band_fraction",
+        "stranded_logical_fraction",
+        "stranded_physical_fraction",
+        "usable_capacity_bytes",
+        "migrated_bytes",
+        "migrations",
+    ] {
+        assert!(!r[key].is_null(), "{key} missing at the top level");
+        assert_eq!(r[key], r["runs"][0][key], "{key}");
+    }
 }
 
 #[test]
