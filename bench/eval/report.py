@@ -554,6 +554,23 @@ class Report:
                        ["None: every system set up, loaded, ran and passed its checks "
                         "(pg_amcheck or CHECK TABLE, and `tundra fsck` after every Tundra run)."]) + [""]
 
+    def extras(self) -> None:
+        """The README's other benchmarks, run by `--full` into directories of this run."""
+        extras = self.r.get("extras")
+        if not extras:
+            return
+        reports = {"drive": "summary.md", "drive-gc": "summary.md", "real-table": "summary.md",
+                   "block-path": "report.md", "pg-storage": "report.md"}
+        self.lines += ["## The README's other benchmarks", "",
+                       "Each run by its own command into a directory beside this report, with its raw files "
+                       "and its own summary:", ""]
+        rows = []
+        for e in extras:
+            status = f"failed: {e['error']}" if "error" in e else f"[{reports.get(e['name'], '')}]({e['dir']}/{reports.get(e['name'], '')})"
+            env = " ".join(f"{k}={v}" for k, v in e.get("env", {}).items())
+            rows.append([e["name"], f"`{(env + ' ') if env else ''}{e['command']}`", f"{e['seconds']:,.0f}", status])
+        self.table(["benchmark", "command", "s", "result"], rows)
+
     def write(self) -> pathlib.Path:
         self.header()
         self.datasets()
@@ -562,6 +579,7 @@ class Report:
             self.throughput(database)
         self.store()
         self.drive()
+        self.extras()
         self.memory()
         self.losses()
         self.problems()

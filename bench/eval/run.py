@@ -91,6 +91,8 @@ ABLATION = (("tundra-drive-only-wal-on-data", "drive only"),
 # A Tundra node's own cgroup is outside the database's budget; this ceiling only keeps a node
 # gone wrong from taking the machine (its peak is reported).
 NODE_MEMORY_CEILING = 2 << 30
+# The longest one of the README's other benchmarks may take (pg-storage --full: about an hour).
+EXTRA_SECONDS = 3 * 3600
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Size:
     drive_bench: list
     systems: dict              # database -> system names
     repetitions: int = 1       # runs of each sysbench workload on a stack: tps is their median
+    extras: bool = False       # also the README's other benchmarks (Runner.extras)
 
 
 QUICK = Size(
@@ -128,7 +131,7 @@ FULL = Size(
     systems={"postgresql": [s.name for s in SYSTEMS if "postgresql" in s.databases],
              "mariadb": ["ext4", "xfs", "btrfs-force", "btrfs-zstd", "innodb-lz4", "innodb-zlib",
                          "innodb-row-compressed", "tundra", "tundra-off"]},
-    repetitions=3)
+    repetitions=3, extras=True)
 # Tundra volumes take the database's page size, so that a page write is one store page.
 PAGE_SIZE = {"postgresql": 8192, "mariadb": 16384}
 
@@ -375,6 +378,37 @@ class Runner:
         data["command"] = shlex.join(cmd)
         return data
 
+    def extras(self) -> list:
+        """The README's other database and drive figures, each by the command that owns it,
+        into a directory of this run: the drive against a plain file and its garbage collection
+        (scripts/bench-drive), both layers on one real PostgreSQL table (scripts/bench-real-table),
+        the block path step by step with the idle-host re-choice (bench/block-path --full
+        --rechoose), and PostgreSQL on TPC-H at scale factor 1 with pgbench (scripts/bench-pg-storage
+        --full). Each one's failure is a problem of the run; the others still run."""
+        steps = [
+            ("drive", ["scripts/bench-drive", str(self.out / "drive"), "--", "--suite", "latency"], {"RUNS": "3"}),
+            ("drive-gc", ["scripts/bench-drive", str(self.out / "drive-gc"), "--", "--suite", "gc"], {"RUNS": "1"}),
+            ("real-table", ["scripts/bench-real-table", str(self.out / "real-table"), "3"], {}),
+            ("block-path", ["bench/block-path", "--full", "--rechoose", "--out", str(self.out / "block-path")], {}),
+            ("pg-storage", ["scripts/bench-pg-storage", "--full"], {"PG_STORAGE_OUT": str(self.out / "pg-storage")}),
+        ]
+        done = []
+        for name, cmd, env in steps:
+            log(f"{name}: {shlex.join(cmd)}")
+            started = time.monotonic()
+            entry = {"name": name, "command": shlex.join(cmd), "env": env, "dir": name}
+            try:
+                common.run([str(REPO / cmd[0]), *cmd[1:]], what=name, log_file=self.out / "logs" / f"{name}.log",
+                           env=env, timeout=EXTRA_SECONDS)
+            except BenchError as e:
+                entry["error"] = str(e)
+                self.results["problems"].append(f"{name}: {e}")
+            entry["seconds"] = round(time.monotonic() - started, 1)
+            done.append(entry)
+            self.results["extras"] = done
+            self.save()
+        return done
+
     def run(self) -> int:
         a = self.args
         self.workloads = a.workloads or WORKLOADS
@@ -407,6 +441,8 @@ class Runner:
         if not a.skip_drive:
             log("the drive alone (Figure 7)")
             self.results["drive"] = self.drive()
+        if self.size.extras and not a.skip_extras:
+            self.results["extras"] = self.extras()
         self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.results["meta"]["wall_seconds"] = round(time.monotonic() - self.started, 1)
         self.save()
@@ -502,6 +538,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-store", action="store_true",
                    help="no store measurement on the datasets' files (Figures 14, 5c, 2; Table 3)")
     p.add_argument("--skip-drive", action="store_true", help="no drive latency (Figure 7)")
+    p.add_argument("--skip-extras", action="store_true",
+                   help="with --full: not the README's other benchmarks (drive, real table, block path, pg-storage)")
     p.add_argument("--out", help="output directory (default target/bench/eval/<UTC time>)")
     p.add_argument("--work-dir", help="where stacks are built (default /tmp)")
     p.add_argument("--list", action="store_true", help="list the systems and exit")

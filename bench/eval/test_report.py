@@ -124,3 +124,20 @@ class MedianRunTest(unittest.TestCase):
         self.assertEqual((m["tps"], m["p95_ms"]), (100.0, 8))
         self.assertEqual(sorted(r["tps"] for r in m["runs"]), [90.0, 100.0, 110.0])
         self.assertEqual(median_run([{"tps": 10.0}, {"tps": 20.0}])["tps"], 15.0)
+
+
+class ExtrasTest(unittest.TestCase):
+    def test_each_benchmark_links_its_summary_or_names_its_failure(self):
+        import pathlib
+        from bench.eval.report import Report
+        results = {"extras": [
+            {"name": "real-table", "command": "scripts/bench-real-table OUT/real-table 3", "env": {}, "dir": "real-table",
+             "seconds": 700.0},
+            {"name": "drive", "command": "scripts/bench-drive OUT/drive -- --suite latency", "env": {"RUNS": "3"},
+             "dir": "drive", "seconds": 90.0, "error": "tundra-bench drive exited 1"}]}
+        r = Report(results, pathlib.Path("/nonexistent"))
+        r.extras()
+        text = "\n".join(r.lines)
+        self.assertIn("[summary.md](real-table/summary.md)", text)
+        self.assertIn("`RUNS=3 scripts/bench-drive OUT/drive -- --suite latency`", text)
+        self.assertIn("failed: tundra-bench drive exited 1", text)
