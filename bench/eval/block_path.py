@@ -18,7 +18,8 @@ median of the repetitions with its min and max; /proc/loadavg is recorded before
 measurement. For Tundra stacks, `tundra stats --json` after the run gives the drive's CPU apart
 from the host software's.
 
-The re-choice experiment (`--rechoose`): PostgreSQL loads a real dataset (nycflights13) on
+The re-choice experiment (`--rechoose`): PostgreSQL loads a real dataset (`--rechoose-dataset`,
+nycflights13 by default; `tpch:full` is the TPC-H sf 1 run where 59% of the pages stayed raw) on
 `tundra-busy` and `tundra-busy-rechoose` (Algorithm 1 told the host is always busy, so every page
 is written with lz4 without a comparison; the second runs the pass that chooses them again), then
 pgbench runs while the pass works; the space after the pass settles and the tps are compared.
@@ -126,6 +127,7 @@ class Bench:
     def __init__(self, a, out: pathlib.Path):
         self.a, self.out = a, out
         self.size = SIZES[a.size]
+        self.rechoose_dataset = rechoose_dataset(a.rechoose_dataset)
         self.work = pathlib.Path(a.work_dir) / f"tundra-block-path.{os.getpid()}"
         self.tundra_bin = self.work / "bin" / "tundra"
         self.ports = {}
@@ -190,7 +192,8 @@ class Bench:
             db.init()
             db.start()
             t0 = time.monotonic()
-            loaded = db.load_dataset("nycflights13", "quick")
+            dataset, scale = self.rechoose_dataset
+            loaded = db.load_dataset(dataset, scale)
             r = {"load": {k: loaded.get(k) for k in ("seconds", "checks_ok")}, "load_seconds": time.monotonic() - t0}
             db.checkpoint()
             os.sync()
@@ -214,6 +217,16 @@ class Bench:
             return r
         log(f"re-choice {name}, repetition {rep + 1}")
         return self.with_stack(name, f"{name}.{rep}", body)
+
+
+def rechoose_dataset(spec: str) -> tuple:
+    """`NAME[:SCALE]` of --rechoose-dataset as (name, scale): scripts/datasets' names and scales."""
+    name, _, scale = spec.partition(":")
+    scale = scale or "quick"
+    if name not in ("tpch", "tpcds", "nycflights13", "wikipedia") or scale not in ("quick", "full"):
+        raise SystemExit(f"bench/block-path: --rechoose-dataset {spec!r}: use tpch, tpcds, nycflights13 or "
+                         "wikipedia, optionally with :quick or :full")
+    return name, scale
 
 
 def median_spread(values: list[float]) -> dict | None:
@@ -294,10 +307,11 @@ def report(results: dict) -> str:
             lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} |")
     if results.get("rechoose"):
         lines += ["", "## Pages written while the host was busy, chosen again", "",
-                  "nycflights13 loaded into PostgreSQL with Algorithm 1 told the host is always busy (every page "
+                  f"{results.get('rechoose_dataset', 'nycflights13:quick')} loaded into PostgreSQL with Algorithm 1 "
+                  "told the host is always busy (every page "
                   "lz4 without a comparison); then pgbench -i and a pgbench run while the pass works (its cost); "
                   "then a wait for the pass to settle (at most the size's limit), a checkpoint and fstrim, and the "
-                  "sizes. The data volume holds both nycflights13 and pgbench's tables at the end.", "",
+                  "sizes. The data volume holds both the dataset and pgbench's tables at the end.", "",
                   "| stack | rep | data pages raw / lz4 / zstd after the load | at the end | software MiB at the end "
                   "| physical MiB at the end | pages stored anew | pgbench tps |", "|---|---|---|---|---|---|---|---|"]
         for r in results["rechoose"]:
@@ -333,6 +347,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=lambda x: x.split(","), default=STEPS)
     p.add_argument("--rechoose", action="store_true", help="also the re-choice experiment")
+    p.add_argument("--rechoose-dataset", default="nycflights13:quick", metavar="NAME[:SCALE]",
+                   help="the dataset the re-choice experiment loads (default nycflights13:quick; "
+                        "tpch:full is TPC-H at scale factor 1)")
     p.add_argument("--skip-steps", action="store_true", help="only the re-choice experiment")
     p.add_argument("--out", default=None)
     p.add_argument("--work-dir", default="/tmp")
@@ -358,7 +375,7 @@ def main(argv=None) -> int:
     subprocess.run(["cp", str(REPO / "target" / "release" / "tundra"), str(bench.tundra_bin)], check=True)
     results = {"size": a.size, "reps": a.reps, "command": "bench/block-path " + " ".join(argv or sys.argv[1:]),
                "machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "loadavg_start": loadavg(),
-               "runs": [], "rechoose": []}
+               "runs": [], "rechoose": [], "rechoose_dataset": ":".join(bench.rechoose_dataset)}
     steps = [] if a.skip_steps else [s for s in STEPS if s in a.steps]
     for rep in range(a.reps):
         order = steps[rep % len(steps):] + steps[:rep % len(steps)] if steps else []

@@ -382,14 +382,15 @@ class Runner:
         """The README's other database and drive figures, each by the command that owns it,
         into a directory of this run: the drive against a plain file and its garbage collection
         (scripts/bench-drive), both layers on one real PostgreSQL table (scripts/bench-real-table),
-        the block path step by step with the idle-host re-choice (bench/block-path --full
-        --rechoose), and PostgreSQL on TPC-H at scale factor 1 with pgbench (scripts/bench-pg-storage
+        the block path step by step with the idle-host re-choice on TPC-H at scale factor 1
+        (bench/block-path --full --rechoose --rechoose-dataset tpch:full), and PostgreSQL on TPC-H at scale factor 1 with pgbench (scripts/bench-pg-storage
         --full). Each one's failure is a problem of the run; the others still run."""
         steps = [
             ("drive", ["scripts/bench-drive", str(self.out / "drive"), "--", "--suite", "latency"], {"RUNS": "3"}),
             ("drive-gc", ["scripts/bench-drive", str(self.out / "drive-gc"), "--", "--suite", "gc"], {"RUNS": "1"}),
             ("real-table", ["scripts/bench-real-table", str(self.out / "real-table"), "3"], {}),
-            ("block-path", ["bench/block-path", "--full", "--rechoose", "--out", str(self.out / "block-path")], {}),
+            ("block-path", ["bench/block-path", "--full", "--rechoose", "--rechoose-dataset", "tpch:full",
+                            "--out", str(self.out / "block-path")], {}),
             ("pg-storage", ["scripts/bench-pg-storage", "--full"], {"PG_STORAGE_OUT": str(self.out / "pg-storage")}),
         ]
         done = []
