@@ -39,6 +39,7 @@ mod bytes;
 mod check;
 pub mod config;
 mod error;
+pub mod file_export;
 mod flush;
 pub mod histogram;
 mod layout;

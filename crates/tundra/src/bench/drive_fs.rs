@@ -16,31 +16,15 @@
 //!
 //! Needs root (FUSE, losetup, mount) and `mkfs.ext4`.
 
-use std::ffi::CString;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use fuser::{
-    BackgroundSession, Config as FuseConfig, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyEmpty, ReplyOpen,
-    ReplyWrite, Request, SessionACL, WriteFlags,
-};
 use tundra_device::csd::{CsdConfig, CsdDevice, CsdStats, FormatOptions};
 use tundra_device::file::FileDevice;
 use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
-
-/// Threads serving the FUSE requests (as `tundra mount`).
-const FUSE_THREADS: usize = 8;
-const MAX_REQUEST_BYTES: u32 = 1 << 20;
-const ATTR_TTL: Duration = Duration::from_secs(3600);
-const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
-const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
-const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+use tundra_node::file_export::{Errno, ExportBackend, FileExport};
 
 /// The thread ids that served FUSE requests, for their CPU time.
 #[derive(Default)]
@@ -84,27 +68,6 @@ fn eio(what: &str, offset: u64, e: impl std::fmt::Display) -> Errno {
 }
 
 impl DriveFile {
-    fn attr(&self) -> FileAttr {
-        let now = SystemTime::now();
-        FileAttr {
-            ino: INodeNo::ROOT,
-            size: self.size,
-            blocks: self.size.div_ceil(512),
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-            kind: FileType::RegularFile,
-            perm: 0o600,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: BLOCK_SIZE as u32,
-            flags: 0,
-        }
-    }
-
     /// Reads `buf.len()` bytes at `offset`, whole blocks straight into `buf` when aligned.
     fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> tundra_device::Result<()> {
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BLOCK_SIZE) {
@@ -153,134 +116,33 @@ impl DriveFile {
     }
 }
 
-impl Filesystem for DriveFile {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_MAX_PAGES);
-        let _ = config.set_max_write(MAX_REQUEST_BYTES);
-        let _ = config.set_max_readahead(MAX_REQUEST_BYTES);
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        Ok(())
+impl ExportBackend for DriveFile {
+    fn size(&self) -> u64 {
+        self.size
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn block_size(&self) -> u32 {
+        BLOCK_SIZE as u32
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.read_bytes(offset, buf).map_err(|e| eio("read", offset, e))
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        self.write_bytes(offset, data).map_err(|e| eio("write", offset, e))
+    }
+
+    fn zero(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.zero_bytes(offset, len).map_err(|e| eio("zero", offset, e))
+    }
+
+    fn fsync(&self) -> Result<(), Errno> {
+        self.csd.flush().map_err(|e| eio("fsync", 0, e))
+    }
+
+    fn on_request(&self) {
         self.threads.note();
-        if ino != INodeNo::ROOT {
-            return reply.error(Errno::ENOENT);
-        }
-        reply.attr(&ATTR_TTL, &self.attr());
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        self.threads.note();
-        if size.is_some_and(|size| size != self.size) {
-            return reply.error(Errno::EPERM);
-        }
-        reply.attr(&ATTR_TTL, &self.attr());
-    }
-
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.threads.note();
-        reply.opened(FileHandle(0), FopenFlags::empty());
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        self.threads.note();
-        let len = u64::from(size).min(self.size.saturating_sub(offset)) as usize;
-        let mut buf = vec![0u8; len];
-        if len > 0
-            && let Err(e) = self.read_bytes(offset, &mut buf)
-        {
-            return reply.error(eio("read", offset, e));
-        }
-        reply.data(&buf);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        self.threads.note();
-        let len = (data.len() as u64).min(self.size.saturating_sub(offset)) as usize;
-        if len == 0 {
-            return reply.error(Errno::ENOSPC);
-        }
-        match self.write_bytes(offset, &data[..len]) {
-            Ok(()) => reply.written(len as u32),
-            Err(e) => reply.error(eio("write", offset, e)),
-        }
-    }
-
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.threads.note();
-        match self.csd.flush() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(eio("fsync", 0, e)),
-        }
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        self.threads.note();
-        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
-        if mode & !known != 0 {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) == 0 {
-            return if offset.saturating_add(length) > self.size { reply.error(Errno::ENOSPC) } else { reply.ok() };
-        }
-        let len = length.min(self.size.saturating_sub(offset));
-        match if len == 0 { Ok(()) } else { self.zero_bytes(offset, len) } {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(eio("zero", offset, e)),
-        }
     }
 }
 
@@ -293,7 +155,7 @@ pub struct DriveFs {
     mount_point: PathBuf,
     loop_device: Option<String>,
     mounted: bool,
-    session: Option<BackgroundSession>,
+    export: Option<FileExport>,
 }
 
 fn run(command: &mut Command) -> Result<String> {
@@ -329,20 +191,13 @@ impl DriveFs {
         let mount_point = dir.join(name);
         std::fs::create_dir_all(&mount_point)?;
         let threads = Arc::new(ServingThreads::default());
-        let fs = DriveFile { csd: csd.clone(), size: csd.block_count() * BLOCK_SIZE_BYTES, threads: threads.clone() };
-        let mut config = FuseConfig::default();
-        config.mount_options = vec![
-            MountOption::FSName("tundra-bench-drive".into()),
-            MountOption::RW,
-            MountOption::NoExec,
-            MountOption::NoSuid,
-        ];
-        config.acl = SessionACL::Owner;
-        config.n_threads = Some(FUSE_THREADS);
-        config.clone_fd = true;
-        let session = fuser::Session::new(fs, &file, &config)
+        let backend = Arc::new(DriveFile {
+            csd: csd.clone(),
+            size: csd.block_count() * BLOCK_SIZE_BYTES,
+            threads: threads.clone(),
+        });
+        let export = FileExport::start(backend, &file, "tundra-bench-drive")
             .with_context(|| format!("mounting FUSE on {} (needs root and /dev/fuse)", file.display()))?;
-        let session = session.spawn().context("starting the FUSE threads")?;
         let mut drive_fs = DriveFs {
             csd,
             threads,
@@ -350,7 +205,7 @@ impl DriveFs {
             mount_point,
             loop_device: None,
             mounted: false,
-            session: Some(session),
+            export: Some(export),
         };
         let device = run(Command::new("losetup")
             .args(["--find", "--show", "--direct-io=on", "--sector-size", "4096"])
@@ -413,27 +268,9 @@ impl DriveFs {
         if let Some(device) = self.loop_device.take() {
             run(Command::new("losetup").arg("-d").arg(&device))?;
         }
-        let Some(session) = self.session.take() else { return Ok(()) };
-        let path = CString::new(self.file.as_os_str().as_bytes()).context("a NUL in the path")?;
-        // A loop device detaches asynchronously: the file stays busy for a moment.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
-            if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-                break;
-            }
-            let error = io::Error::last_os_error();
-            match error.raw_os_error() {
-                Some(libc::EBUSY) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-                Some(libc::EINVAL | libc::ENOENT) => break,
-                _ => {
-                    // SAFETY: as above.
-                    unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-                    bail!("unmounting {}: {error}", self.file.display());
-                }
-            }
+        if let Some(export) = self.export.take() {
+            export.unmount().context("unmounting the drive's file")?;
         }
-        session.join().context("ending the FUSE session")?;
         Ok(())
     }
 }
