@@ -12,6 +12,8 @@
 mod common;
 #[path = "common/cluster.rs"]
 mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
 
 use std::path::PathBuf;
 use std::process::Command;
