@@ -130,10 +130,9 @@ fn wait_leaders(cluster: &Cluster, asked: u64, volume: &str, limit: Duration) ->
 }
 
 fn pages(count: usize) -> (Vec<Vec<u8>>, &'static str) {
-    let heap = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/realdata/flights.heap");
-    let (bytes, what) = match std::fs::read(&heap) {
-        Ok(bytes) if bytes.len() >= PAGE * 16 => (bytes, "flights.heap (PostgreSQL, nycflights13)"),
-        _ => (std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the binary"), "the tundra binary"),
+    let (bytes, what) = match common::realdata_heap(PAGE * 16) {
+        Some((_, bytes)) => (bytes, "flights.heap (PostgreSQL, nycflights13)"),
+        None => (std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the binary"), "the tundra binary"),
     };
     let available = bytes.len() / PAGE;
     ((0..count).map(|i| bytes[(i % available) * PAGE..(i % available + 1) * PAGE].to_vec()).collect(), what)

@@ -7,7 +7,9 @@
 //! beyond loopback without a key.
 //!
 //! The real file is a PostgreSQL table's heap (`target/realdata/flights.heap`, made by
-//! scripts/pg-real-table) when there is one, else the first 6 MiB of the `tundra` binary.
+//! scripts/pg-real-table) when there is one, else the first 6 MiB of the `tundra` binary;
+//! with `TUNDRA_REQUIRE_REALDATA=1` (as scripts/test runs it) a missing heap fails the test.
+//! The test prints which input it used.
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -19,18 +21,21 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{fails, succeeds};
+use common::{fails, realdata_heap, succeeds};
 use common_cluster::Cluster;
 
 /// How long a restarted node may take to catch up.
 const CATCH_UP: Duration = Duration::from_secs(60);
 
 fn real_file(dir: &std::path::Path) -> (PathBuf, &'static str) {
-    let heap = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/realdata/flights.heap");
-    let (bytes, what) = match std::fs::read(&heap) {
-        Ok(bytes) if bytes.len() >= 1 << 20 => (bytes[..bytes.len().min(24 << 20)].to_vec(), "a PostgreSQL heap"),
-        _ => {
+    let (bytes, what) = match realdata_heap(1 << 20) {
+        Some((heap, bytes)) => {
+            println!("input: the PostgreSQL heap {} (its first {} bytes)", heap.display(), bytes.len().min(24 << 20));
+            (bytes[..bytes.len().min(24 << 20)].to_vec(), "a PostgreSQL heap")
+        }
+        None => {
             let binary = std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the tundra binary");
+            println!("input: the tundra binary's first 6 MiB (no target/realdata/flights.heap)");
             (binary[..binary.len().min(6 << 20)].to_vec(), "the tundra binary's first 6 MiB")
         }
     };
@@ -109,6 +114,16 @@ fn a_killed_leader_fails_over_and_catches_up_after_its_restart() {
     let read = read_back(&cluster.member(leader).uri("pg"), cluster.path(), "after-restart", original.len());
     assert!(read[..tail.len()] == tail[..], "the write made during the failover is lost");
     assert!(read[tail.len()..] == original[tail.len()..], "{what} changed after the restart");
+}
+
+/// The twin of the rule scripts/test relies on: with the real heap required, a missing one
+/// fails the test instead of letting it fall back to other bytes.
+#[test]
+#[should_panic(expected = "TUNDRA_REQUIRE_REALDATA=1 but")]
+fn a_required_real_heap_that_is_missing_fails_the_test() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert!(common::realdata_at(&dir.path().join("flights.heap"), 1, false).is_none());
+    common::realdata_at(&dir.path().join("flights.heap"), 1, true);
 }
 
 #[test]
