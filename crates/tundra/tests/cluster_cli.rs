@@ -165,3 +165,49 @@ fn a_peer_address_beyond_loopback_needs_a_key() {
     let message = fails(&["serve", "--config", config.to_str().expect("utf-8")], "key_file");
     assert!(message.contains("loopback"), "{message}");
 }
+
+/// The `[drive]` section of a node holding `chunks` 1 GiB chunks of 8 KiB pages: `logical`
+/// holds half the volumes' size, the journal checkpoint's page bound (docs/cli.md "Volumes"),
+/// and `overcommit` lets the volumes pass it; the physical space stays small.
+fn drive_for_chunks(chunks: usize) -> String {
+    format!("physical = \"256MiB\"\nlogical = \"{}MiB\"\novercommit = true", (chunks + 1) * 512)
+}
+
+/// A node picks each new group's Raft timing from the groups it hosts once they are added, so
+/// a volume of many chunks created on freshly started nodes elects every group in time. When
+/// the timing was chosen once, when the node started with an empty catalog, every group
+/// heartbeated every 50 ms, and 1,000 chunks timed out electing them (300 and 500 did not, on
+/// two cores): `TUNDRA_MANY_CHUNKS=1000` runs that size (a couple of minutes; each node's drive
+/// map then takes about 0.9 GB); by default 100 chunks, so that the test cannot rot. The
+/// timing itself is checked in tundra-raft (`host_timing`).
+#[test]
+fn a_volume_of_many_chunks_on_fresh_nodes_elects_every_group() {
+    let chunks: usize = std::env::var("TUNDRA_MANY_CHUNKS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for_chunks(chunks));
+    cluster.start_timeout = Duration::from_secs(600);
+    cluster.start_all();
+    let size = format!("{chunks}GiB");
+    let started = Instant::now();
+    let out = common::tundra(&[
+        "volume",
+        "create",
+        "many",
+        "--size",
+        &size,
+        "--replicas",
+        "3",
+        "--addr",
+        &cluster.member(1).addr(),
+    ]);
+    println!("{chunks} chunks: created in {:.1} s", started.elapsed().as_secs_f64());
+    assert!(out.status.success(), "creating {chunks} chunks failed: {}", String::from_utf8_lossy(&out.stderr));
+    // Every group has a leader, as every node sees it.
+    for id in 1..=3 {
+        let status = cluster.status(id);
+        let view: Vec<&serde_json::Value> =
+            status["chunks"].as_array().expect("chunks").iter().filter(|c| c["volume"] == "many").collect();
+        assert_eq!(view.len(), chunks, "node {id}: {status:#}");
+        let leaderless = view.iter().filter(|c| c["leader"].as_u64().is_none()).count();
+        assert_eq!(leaderless, 0, "node {id} sees {leaderless} of {chunks} groups without a leader");
+    }
+}
