@@ -74,7 +74,11 @@ impl ClusterNode {
                 .map_err(|e| format!("{}: {e}", node.data_dir().join(RAFT_LOG_FILE).display()))?;
         let transport = PeerTransport::new(membership.me, &membership.others(), membership.key.clone());
         let default_pages = node.drive_pages(8192).ok_or("the node has no page path for 8 KiB pages")?;
-        let mut raft_config = heartbeat_config(catalog_groups(&catalog));
+        // The timing of a node with no group: each volume's groups take the timing of the
+        // groups the node runs once they are added (`Host::add_groups_on`). Volumes open in
+        // the catalog's order, which is their creation order on every node, so a restarted
+        // node gives each group the timing it had, and its peers give it, when it was created.
+        let mut raft_config = heartbeat_config(0);
         // A snapshot is the whole chunk: taken rarely, and the log keeps enough entries for a
         // replica that was down for a short while to catch up from the log alone.
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(1024);
@@ -188,10 +192,8 @@ impl ClusterNode {
         if volume.volume.name != def.name {
             return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
         }
-        for chunk in chunks(&volume.volume) {
-            self.host.add_group_on(chunk, volume.pages().clone()).await?;
-        }
-        Ok(())
+        let groups: Vec<ChunkId> = chunks(&volume.volume).collect();
+        self.host.add_groups_on(&groups, volume.pages().clone()).await
     }
 
     /// Makes the volume's replicas the first membership of each of its groups.
@@ -292,14 +294,6 @@ pub(crate) fn chunks(volume: &tundra_store::volume::Volume) -> impl Iterator<Ite
     let count = volume.page_count().div_ceil(volume.pages_per_chunk()).max(1);
     let id = volume.id;
     (0..count as u32).map(move |index| ChunkId::new(id, index))
-}
-
-fn catalog_groups(catalog: &Catalog) -> usize {
-    catalog
-        .volumes()
-        .iter()
-        .map(|def| def.size_bytes.div_ceil(tundra_store::volume::DEFAULT_CHUNK_BYTES).max(1) as usize)
-        .sum()
 }
 
 fn handler(cluster: Weak<ClusterNode>) -> Handler {

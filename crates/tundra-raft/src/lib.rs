@@ -28,6 +28,8 @@ pub mod state_machine;
 pub mod types;
 
 #[cfg(test)]
+mod host_timing;
+#[cfg(test)]
 mod sim;
 
 pub use host::{Error, Host, heartbeat_config};

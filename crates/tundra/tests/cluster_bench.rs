@@ -10,8 +10,8 @@
 //! survivor over the native protocol until every group the dead node led has a new leader, and
 //! records each group's time; the node is restarted and caught up between kills.
 //! `throughput_by_groups` writes pages spread across 1, 100 and 1,000 chunk groups per node (1 GiB
-//! chunks, three replicas, created as growing volumes with restarts between: see
-//! [`build_groups`]) at a fixed client concurrency and reports pages/s.
+//! chunks, three replicas, one volume created on freshly started nodes: see [`build_groups`])
+//! at a fixed client concurrency and reports pages/s.
 //!
 //! By default it runs tiny (a few pages, one round) so that it cannot rot. With
 //! `TUNDRA_CLUSTER_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_CLUSTER_BENCH_PAGES` (default
@@ -24,6 +24,8 @@
 mod common;
 #[path = "common/cluster.rs"]
 mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
 #[path = "common/serve.rs"]
 #[allow(dead_code)]
 mod common_serve;
@@ -128,10 +130,9 @@ fn wait_leaders(cluster: &Cluster, asked: u64, volume: &str, limit: Duration) ->
 }
 
 fn pages(count: usize) -> (Vec<Vec<u8>>, &'static str) {
-    let heap = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/realdata/flights.heap");
-    let (bytes, what) = match std::fs::read(&heap) {
-        Ok(bytes) if bytes.len() >= PAGE * 16 => (bytes, "flights.heap (PostgreSQL, nycflights13)"),
-        _ => (std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the binary"), "the tundra binary"),
+    let (bytes, what) = match common::realdata_heap(PAGE * 16) {
+        Some((_, bytes)) => (bytes, "flights.heap (PostgreSQL, nycflights13)"),
+        None => (std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the binary"), "the tundra binary"),
     };
     let available = bytes.len() / PAGE;
     ((0..count).map(|i| bytes[(i % available) * PAGE..(i % available + 1) * PAGE].to_vec()).collect(), what)
@@ -463,37 +464,19 @@ struct Groups {
     create_s: f64,
 }
 
-/// A fresh cluster hosting `groups` groups. A node picks its heartbeat interval once, at start,
-/// from the groups its catalog holds (clamp(groups, 50, 1000) ms), and a freshly started node
-/// asked for 1,000 groups at once times out electing them (every group heartbeating each 50 ms
-/// on two cores): so the groups come as volumes of at most 100 chunks and then at most twice the
-/// chunks already there, the nodes restarted after each (and once more at the end), so that
-/// every group runs with the interval the product picks for the node's final group count.
+/// A fresh cluster hosting `groups` groups: one volume of `groups` chunks created on freshly
+/// started nodes. Each node gives a volume's groups the heartbeat interval of the groups it
+/// runs once they are added (clamp(groups, 50, 1000) ms), so no restart is needed for the
+/// groups to run at the interval the product picks for the node's group count.
 fn build_groups(groups: usize) -> Groups {
     let mut cluster = Cluster::with_drive(|_| None, &drive_for(groups));
     cluster.start_timeout = Duration::from_secs(600);
     cluster.start_all();
     let started = Instant::now();
-    let mut volumes: Vec<(String, usize)> = Vec::new();
-    let mut total = 0;
-    while total < groups {
-        let step = if total == 0 { groups.min(100) } else { (2 * total).min(groups - total) };
-        if total > 0 {
-            for id in 1..=3 {
-                cluster.kill9(id);
-            }
-            cluster.start_all();
-        }
-        let name = format!("tp{}", volumes.len());
-        let size = format!("{step}GiB");
-        succeeds(&["volume", "create", &name, "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-        volumes.push((name, step));
-        total += step;
-    }
-    for id in 1..=3 {
-        cluster.kill9(id);
-    }
-    cluster.start_all();
+    let name = "tp0".to_string();
+    let size = format!("{groups}GiB");
+    succeeds(&["volume", "create", &name, "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let volumes = vec![(name, groups)];
     let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
     let mut chunks = Vec::new();
     for (name, count) in &volumes {
@@ -583,7 +566,7 @@ fn throughput_by_groups() {
     let mut text = String::new();
     writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} cargo test -p tundra --test cluster_bench -- --nocapture")
         .unwrap();
-    writeln!(text, "# per G a fresh three-node cluster hosting G Raft groups (chunks of 1 GiB, a replica of each on every node), made as volumes of at most 100 chunks and then at most twice the chunks already there, the nodes restarted (kill -9) after each volume and at the end: a node picks its heartbeat interval at start from its catalog, clamp(G, 50, 1000) ms").unwrap();
+    writeln!(text, "# per G a fresh three-node cluster hosting G Raft groups (chunks of 1 GiB, a replica of each on every node), made as one volume of G chunks on freshly started nodes: a node gives a volume's groups the heartbeat interval of the groups it runs once they are added, clamp(G, 50, 1000) ms").unwrap();
     writeln!(text, "# each node: [drive] {}", drive_for(groups.iter().copied().max().unwrap_or(1)).replace('\n', "; "))
         .unwrap();
     writeln!(text, "# writes: {count} 8 KiB pages of {what} per round, page i to group i mod G (pages not written before), by {clients} client threads at once over the native protocol, each write sent to its group's leader; {rounds} rounds on the same cluster").unwrap();
@@ -594,7 +577,7 @@ fn throughput_by_groups() {
         let list: Vec<String> = volumes.iter().map(|(n, c)| format!("{n}:{c}")).collect();
         writeln!(
             text,
-            "setup G={g}: volumes {} ; {create_s:.1} s to create and restart; groups led by n1,n2,n3: {},{},{}",
+            "setup G={g}: volumes {} ; {create_s:.1} s to create and elect; groups led by n1,n2,n3: {},{},{}",
             list.join(" "),
             leaders[0],
             leaders[1],

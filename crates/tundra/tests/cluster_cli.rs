@@ -7,28 +7,35 @@
 //! beyond loopback without a key.
 //!
 //! The real file is a PostgreSQL table's heap (`target/realdata/flights.heap`, made by
-//! scripts/pg-real-table) when there is one, else the first 6 MiB of the `tundra` binary.
+//! scripts/pg-real-table) when there is one, else the first 6 MiB of the `tundra` binary;
+//! with `TUNDRA_REQUIRE_REALDATA=1` (as scripts/test runs it) a missing heap fails the test.
+//! The test prints which input it used.
 
 mod common;
 #[path = "common/cluster.rs"]
 mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{fails, succeeds};
+use common::{fails, realdata_heap, succeeds};
 use common_cluster::Cluster;
 
 /// How long a restarted node may take to catch up.
 const CATCH_UP: Duration = Duration::from_secs(60);
 
 fn real_file(dir: &std::path::Path) -> (PathBuf, &'static str) {
-    let heap = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/realdata/flights.heap");
-    let (bytes, what) = match std::fs::read(&heap) {
-        Ok(bytes) if bytes.len() >= 1 << 20 => (bytes[..bytes.len().min(24 << 20)].to_vec(), "a PostgreSQL heap"),
-        _ => {
+    let (bytes, what) = match realdata_heap(1 << 20) {
+        Some((heap, bytes)) => {
+            println!("input: the PostgreSQL heap {} (its first {} bytes)", heap.display(), bytes.len().min(24 << 20));
+            (bytes[..bytes.len().min(24 << 20)].to_vec(), "a PostgreSQL heap")
+        }
+        None => {
             let binary = std::fs::read(env!("CARGO_BIN_EXE_tundra")).expect("read the tundra binary");
+            println!("input: the tundra binary's first 6 MiB (no target/realdata/flights.heap)");
             (binary[..binary.len().min(6 << 20)].to_vec(), "the tundra binary's first 6 MiB")
         }
     };
@@ -109,6 +116,16 @@ fn a_killed_leader_fails_over_and_catches_up_after_its_restart() {
     assert!(read[tail.len()..] == original[tail.len()..], "{what} changed after the restart");
 }
 
+/// The twin of the rule scripts/test relies on: with the real heap required, a missing one
+/// fails the test instead of letting it fall back to other bytes.
+#[test]
+#[should_panic(expected = "TUNDRA_REQUIRE_REALDATA=1 but")]
+fn a_required_real_heap_that_is_missing_fails_the_test() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert!(common::realdata_at(&dir.path().join("flights.heap"), 1, false).is_none());
+    common::realdata_at(&dir.path().join("flights.heap"), 1, true);
+}
+
 #[test]
 fn only_peers_holding_the_cluster_key_join() {
     let key = "a shared secret of at least thirty-two bytes";
@@ -147,4 +164,50 @@ fn a_peer_address_beyond_loopback_needs_a_key() {
     std::fs::write(&config, text).expect("write config");
     let message = fails(&["serve", "--config", config.to_str().expect("utf-8")], "key_file");
     assert!(message.contains("loopback"), "{message}");
+}
+
+/// The `[drive]` section of a node holding `chunks` 1 GiB chunks of 8 KiB pages: `logical`
+/// holds half the volumes' size, the journal checkpoint's page bound (docs/cli.md "Volumes"),
+/// and `overcommit` lets the volumes pass it; the physical space stays small.
+fn drive_for_chunks(chunks: usize) -> String {
+    format!("physical = \"256MiB\"\nlogical = \"{}MiB\"\novercommit = true", (chunks + 1) * 512)
+}
+
+/// A node picks each new group's Raft timing from the groups it hosts once they are added, so
+/// a volume of many chunks created on freshly started nodes elects every group in time. When
+/// the timing was chosen once, when the node started with an empty catalog, every group
+/// heartbeated every 50 ms, and 1,000 chunks timed out electing them (300 and 500 did not, on
+/// two cores): `TUNDRA_MANY_CHUNKS=1000` runs that size (a couple of minutes; each node's drive
+/// map then takes about 0.9 GB); by default 100 chunks, so that the test cannot rot. The
+/// timing itself is checked in tundra-raft (`host_timing`).
+#[test]
+fn a_volume_of_many_chunks_on_fresh_nodes_elects_every_group() {
+    let chunks: usize = std::env::var("TUNDRA_MANY_CHUNKS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for_chunks(chunks));
+    cluster.start_timeout = Duration::from_secs(600);
+    cluster.start_all();
+    let size = format!("{chunks}GiB");
+    let started = Instant::now();
+    let out = common::tundra(&[
+        "volume",
+        "create",
+        "many",
+        "--size",
+        &size,
+        "--replicas",
+        "3",
+        "--addr",
+        &cluster.member(1).addr(),
+    ]);
+    println!("{chunks} chunks: created in {:.1} s", started.elapsed().as_secs_f64());
+    assert!(out.status.success(), "creating {chunks} chunks failed: {}", String::from_utf8_lossy(&out.stderr));
+    // Every group has a leader, as every node sees it.
+    for id in 1..=3 {
+        let status = cluster.status(id);
+        let view: Vec<&serde_json::Value> =
+            status["chunks"].as_array().expect("chunks").iter().filter(|c| c["volume"] == "many").collect();
+        assert_eq!(view.len(), chunks, "node {id}: {status:#}");
+        let leaderless = view.iter().filter(|c| c["leader"].as_u64().is_none()).count();
+        assert_eq!(leaderless, 0, "node {id} sees {leaderless} of {chunks} groups without a leader");
+    }
 }

@@ -1,7 +1,8 @@
 //! Three `tundra serve` processes forming a cluster on 127.0.0.1, for the end-to-end tests:
 //! each with its own data directory and config (`[cluster]` naming all three), ports found
 //! free, readiness awaited in a bounded loop, stopped by PID (kill -9 where a test crashes a
-//! node), and killed when the test ends, whatever happens.
+//! node), and killed when the test ends, whatever happens. With [`Cluster::with_faulty_links`]
+//! every peer link goes through a proxy of common/links.rs that a test can cut.
 
 #![allow(dead_code)]
 
@@ -11,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+
+use crate::common_links::Links;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -46,6 +49,8 @@ pub struct Cluster {
     /// How long a node may take to answer after it is started (30 s unless changed; a node
     /// with a large drive takes longer to set up).
     pub start_timeout: Duration,
+    /// The proxies on the peer links, when the cluster was made with them.
+    pub links: Option<Links>,
 }
 
 fn free_addrs(count: usize) -> Vec<SocketAddr> {
@@ -63,12 +68,34 @@ impl Cluster {
 
     /// [`Cluster::new`] with `drive` as the body of every node's `[drive]` section.
     pub fn with_drive(key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
+        Cluster::build(key_of, drive, false)
+    }
+
+    /// [`Cluster::new`] with every peer link through a fault-injecting proxy: each node's
+    /// config names the other nodes at the addresses of its own proxies to them (it still
+    /// listens on its own address), so `links` can cut what one node sends another.
+    pub fn with_faulty_links(key_of: impl Fn(u64) -> Option<String>) -> Cluster {
+        Cluster::build(key_of, "physical = \"256MiB\"", true)
+    }
+
+    fn build(key_of: impl Fn(u64) -> Option<String>, drive: &str, faulty_links: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let addrs = free_addrs(9);
-        let peers: Vec<String> = (0..3).map(|i| format!("\"{}@{}\"", i + 1, addrs[i * 3])).collect();
+        let peer_addrs: Vec<SocketAddr> = (0..3).map(|i| addrs[i * 3]).collect();
+        let links = faulty_links.then(|| Links::start(&peer_addrs));
         let mut members = Vec::new();
         for i in 0..3 {
             let id = i as u64 + 1;
+            // Node `id` listens on its own address and dials the others where it is told to.
+            let peers: Vec<String> = (1..=3u64)
+                .map(|other| {
+                    let addr = match &links {
+                        Some(links) if other != id => links.addr(id, other),
+                        _ => peer_addrs[other as usize - 1],
+                    };
+                    format!("\"{other}@{addr}\"")
+                })
+                .collect();
             let data = dir.path().join(format!("node{id}"));
             let key_line = match key_of(id) {
                 Some(key) => {
@@ -98,7 +125,7 @@ impl Cluster {
                 child: None,
             });
         }
-        Cluster { dir, members, start_timeout: START_TIMEOUT }
+        Cluster { dir, members, start_timeout: START_TIMEOUT, links }
     }
 
     /// Starts every node and waits until each answers a ping.
