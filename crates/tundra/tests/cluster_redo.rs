@@ -124,8 +124,16 @@ impl Writer {
 }
 
 /// Reads every page at `lsn` through node `via` and compares each with the model; a version
-/// folded away (TOO_OLD) is allowed below the newest LSN.
-fn check_pages(cluster: &Cluster, via: u64, volume: u32, model: &Model, lsn: u64, newest: u64) -> usize {
+/// folded away (TOO_OLD) is allowed below the newest LSN. Returns how many pages it compared,
+/// or the first difference.
+fn compare_pages(
+    cluster: &Cluster,
+    via: u64,
+    volume: u32,
+    model: &Model,
+    lsn: u64,
+    newest: u64,
+) -> Result<usize, String> {
     let mut client = tundra_client::Client::connect(cluster.member(via).native).expect("connect");
     let mut checked = 0;
     for page in 0..PAGES {
@@ -133,19 +141,26 @@ fn check_pages(cluster: &Cluster, via: u64, volume: u32, model: &Model, lsn: u64
         match client.get_page_at_lsn(volume, page, at) {
             Ok(served) => {
                 let want_lsn = if lsn == LATEST_LSN { newest } else { lsn };
-                assert_eq!(served.served_lsn, want_lsn, "page {page} at {lsn} through node {via}");
-                assert!(
-                    served.data == model.at(page, want_lsn),
-                    "page {page} at LSN {want_lsn} through node {via} differs from the acknowledged records\n{}",
-                    cluster.logs()
-                );
+                if served.served_lsn != want_lsn {
+                    return Err(format!("page {page} at {lsn} through node {via} served at {}", served.served_lsn));
+                }
+                if served.data != model.at(page, want_lsn) {
+                    return Err(format!(
+                        "page {page} at LSN {want_lsn} through node {via} differs from the acknowledged records"
+                    ));
+                }
                 checked += 1;
             }
             Err(tundra_client::Error::TooOld { .. }) if lsn < newest => {}
-            Err(e) => panic!("page {page} at {lsn} through node {via}: {e}\n{}", cluster.logs()),
+            Err(e) => return Err(format!("page {page} at {lsn} through node {via}: {e}")),
         }
     }
-    checked
+    Ok(checked)
+}
+
+#[track_caller]
+fn check_pages(cluster: &Cluster, via: u64, volume: u32, model: &Model, lsn: u64, newest: u64) -> usize {
+    compare_pages(cluster, via, volume, model, lsn, newest).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()))
 }
 
 fn redo_leader(cluster: &Cluster, asked: u64, volume: &str) -> u64 {
@@ -230,4 +245,14 @@ fn acknowledged_redo_survives_the_kill_of_its_leader() {
     let refused = tundra_client::Client::connect(cluster.member(leader).native)
         .and_then(|mut c| c.write_page(volume, 0, tundra_proto::WriteMode::Auto, &[0; PAGE]));
     assert!(refused.is_err_and(|e| e.to_string().contains("takes redo")), "a page write to a redo volume");
+
+    // The oracle's twin: a model that lacks the newest acknowledged record must differ from
+    // what the cluster serves.
+    let newest = &model.versions.iter().enumerate().max_by_key(|(_, v)| v.last().map_or(0, |l| l.0)).expect("pages").0;
+    let mut lacking = Model { versions: model.versions.clone() };
+    lacking.versions[*newest].pop();
+    assert!(
+        compare_pages(&cluster, leader, volume, &lacking, LATEST_LSN, lsn).is_err(),
+        "a lost acknowledged record went unnoticed"
+    );
 }
