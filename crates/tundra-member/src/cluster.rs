@@ -194,7 +194,7 @@ impl ClusterNode {
         for chunk in chunks(&volume.volume) {
             self.host.add_group_on(chunk, volume.pages().clone()).await?;
         }
-        self.open_redo_group(def.id).await
+        self.open_redo_group(def).await
     }
 
     /// Makes the volume's replicas the first membership of each of its groups.

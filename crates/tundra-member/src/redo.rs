@@ -211,10 +211,21 @@ fn refusal(error: tundra_raft::Error) -> Refusal {
 }
 
 impl ClusterNode {
-    /// Starts this node's replica of volume `volume`'s redo group.
-    pub(crate) async fn open_redo_group(&self, volume: u32) -> Result<(), String> {
-        let applier = Arc::new(NodeApplier { node: self.node.clone(), volume });
-        self.host.add_redo_group(redo_group(volume), applier).await
+    /// Starts this node's replica of volume `def`'s redo group. The volume's first replica also
+    /// makes the replicas the group's first membership if its log of the group is empty (a
+    /// volume created before volumes had redo groups; for a new volume, the creation's
+    /// `Initialize` finds it done and leaves it).
+    pub(crate) async fn open_redo_group(&self, def: &crate::messages::VolumeDef) -> Result<(), String> {
+        let group = redo_group(def.id);
+        let applier = Arc::new(NodeApplier { node: self.node.clone(), volume: def.id });
+        self.host.add_redo_group(group, applier).await?;
+        let empty = self.host.raft(group).map_err(|e| e.to_string())?.metrics().borrow().last_log_index.is_none();
+        if empty && def.replicas.first() == Some(&self.me) {
+            let voters = def.replicas.iter().copied().collect();
+            // Refused when the group has a log after all: then it has its membership.
+            let _ = self.host.initialize(group, voters).await;
+        }
+        Ok(())
     }
 
     /// A redo call on a replicated volume, from any node: sent to the redo group's leader
