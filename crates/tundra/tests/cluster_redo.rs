@@ -205,6 +205,13 @@ fn acknowledged_redo_survives_the_kill_of_its_leader() {
     assert_eq!(check_pages(&cluster, 2, volume, &model, LATEST_LSN, lsn), PAGES as usize);
 
     let leader = redo_leader(&cluster, 1, "wal");
+    // A reader's lease, taken and renewed through a node that does not lead: it lives on the
+    // leader, and holds LSN_min at the reader's LSN there.
+    let reader_node = (1..=3).find(|&id| id != leader).expect("another node");
+    let mut reader = tundra_client::Client::connect(cluster.member(reader_node).native).expect("connect");
+    let lease = reader.register_reader(volume, 7, lsn).expect("register a reader");
+    let renewed = reader.renew_reader(volume, lease.lease_id, lsn).expect("renew the lease");
+    assert_eq!(renewed.lsn_min, lsn, "the lease holds LSN_min at the reader's LSN");
     cluster.kill9(leader);
     let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
     // The writer's connection may be to the dead node: it moves on to the survivors.
@@ -215,6 +222,10 @@ fn acknowledged_redo_survives_the_kill_of_its_leader() {
         assert_eq!(check_pages(&cluster, via, volume, &model, LATEST_LSN, lsn), PAGES as usize);
         check_pages(&cluster, via, volume, &model, before, lsn);
     }
+    // The new leader has no leases: the reader hears that its lease is gone and resyncs.
+    let mut reader = tundra_client::Client::connect(cluster.member(survivors[0]).native).expect("connect");
+    let renewal = reader.renew_reader(volume, lease.lease_id, lsn);
+    assert!(matches!(renewal, Err(tundra_client::Error::LeaseLost { .. })), "{renewal:?}");
     let mut status = tundra_client::Client::connect(cluster.member(survivors[0]).native)
         .and_then(|mut c| c.redo_status(volume))
         .expect("redo status");
