@@ -1,7 +1,7 @@
 //! A replicated redo commit's latency, measured on real processes: batches of redo appended at
 //! queue depth 1 over the native protocol to a node alone and to the leader of a replicated
-//! volume's redo group in a three-node cluster on 127.0.0.1 (seed 000 §3.2.1 and §4.4 cite
-//! 59 µs with three replicas). The ratio is what the redo group adds: a loopback round trip,
+//! volume's redo group in a three-node cluster on 127.0.0.1 (seed 000 §5.2, Figure 13c,
+//! reports 59 µs with three replicas). The ratio is what the redo group adds: a loopback round trip,
 //! a follower's Raft log sync and the leader's own, before the node-local stream's sync.
 //!
 //! By default it runs tiny (a few batches, one round) so that it cannot rot. With
