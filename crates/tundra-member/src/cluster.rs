@@ -43,6 +43,7 @@ pub struct ClusterNode {
     pub(crate) membership: Membership,
     pub(crate) catalog: Mutex<Catalog>,
     pub(crate) locks: PageLocks,
+    pub(crate) redo_turns: crate::redo::RedoTurns,
     /// The LSN given to the next page this node writes as a leader: above every LSN it gave
     /// before, since it starts from the clock in microseconds.
     pub(crate) lsn: AtomicU64,
@@ -104,6 +105,7 @@ impl ClusterNode {
             membership,
             catalog: Mutex::new(catalog),
             locks: PageLocks::default(),
+            redo_turns: Default::default(),
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
             runtime,
@@ -171,6 +173,7 @@ impl ClusterNode {
             }
             Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
+            Forward::Redo { volume, call } => self.lead_redo(volume, call).await,
         }
     }
 
@@ -193,7 +196,8 @@ impl ClusterNode {
             return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
         }
         let groups: Vec<ChunkId> = chunks(&volume.volume).collect();
-        self.host.add_groups_on(&groups, volume.pages().clone()).await
+        self.host.add_groups_on(&groups, volume.pages().clone()).await?;
+        self.open_redo_group(def).await
     }
 
     /// Makes the volume's replicas the first membership of each of its groups.
@@ -202,7 +206,7 @@ impl ClusterNode {
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
         let voters: BTreeSet<u64> = def.replicas.iter().copied().collect();
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        for chunk in chunks(&volume.volume) {
+        for chunk in groups(&volume.volume) {
             if let Err(why) = self.host.initialize(chunk, voters.clone()).await {
                 // A group initialized before (a retried creation) keeps its membership.
                 if !why.contains("NotAllowed") && !why.contains("not allowed") {
@@ -241,7 +245,7 @@ impl ClusterNode {
             self.ask(nodes[0], Forward::Initialize { volume: id }).await?;
             let volume = self.node.volume(VolumeId(id)).map_err(|e| Refusal::Invalid(e.to_string()))?;
             let deadline = tokio::time::Instant::now() + FIRST_LEADER_WAIT;
-            for chunk in chunks(&volume.volume) {
+            for chunk in groups(&volume.volume) {
                 while self.local_leader(chunk).is_none() {
                     if tokio::time::Instant::now() > deadline {
                         return Err(Refusal::Unavailable(format!("chunk {} of {name:?} elected no leader", chunk.0)));
@@ -294,6 +298,11 @@ pub(crate) fn chunks(volume: &tundra_store::volume::Volume) -> impl Iterator<Ite
     let count = volume.page_count().div_ceil(volume.pages_per_chunk()).max(1);
     let id = volume.id;
     (0..count as u32).map(move |index| ChunkId::new(id, index))
+}
+
+/// The Raft groups of a volume: its chunks' and its redo stream's.
+fn groups(volume: &tundra_store::volume::Volume) -> impl Iterator<Item = ChunkId> + use<> {
+    chunks(volume).chain(std::iter::once(tundra_raft::redo_machine::redo_group(volume.id.0)))
 }
 
 fn handler(cluster: Weak<ClusterNode>) -> Handler {

@@ -80,6 +80,19 @@ fn refusal(error: tundra_raft::Error) -> Refusal {
 }
 
 impl ClusterNode {
+    /// A replicated volume whose pages redo makes takes no page writes: its pages carry the
+    /// LSNs of the records folded into them, on every replica from its redo group.
+    fn writable(&self, volume: u32, chunk: ChunkId) -> Result<VolumeRef, Refusal> {
+        let volume = self.replicated(volume, chunk)?;
+        if self.node.takes_redo(&volume) {
+            return Err(Refusal::Invalid(format!(
+                "volume {:?} takes redo: its pages are made from its redo stream, not written",
+                volume.volume.name
+            )));
+        }
+        Ok(volume)
+    }
+
     fn replicated(&self, volume: u32, chunk: ChunkId) -> Result<VolumeRef, Refusal> {
         if !self.is_replicated(volume) {
             return Err(Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)));
@@ -105,7 +118,7 @@ impl ClusterNode {
         request: u64,
         retry: bool,
     ) -> Result<Answer, Refusal> {
-        let volume = self.replicated(volume, chunk)?;
+        let volume = self.writable(volume, chunk)?;
         let page_size = volume.page_size();
         let per_chunk = volume.volume.pages_per_chunk();
         for write in &writes {
@@ -154,7 +167,7 @@ impl ClusterNode {
     }
 
     pub(crate) async fn lead_trim(&self, volume: u32, chunk: ChunkId, pages: Vec<u32>) -> Result<Answer, Refusal> {
-        let volume = self.replicated(volume, chunk)?;
+        let volume = self.writable(volume, chunk)?;
         if pages.iter().any(|&page| u64::from(page) >= volume.volume.pages_per_chunk()) {
             return Err(Refusal::Invalid("a page past its chunk".into()));
         }
@@ -274,6 +287,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Pages(_) => "pages of another count",
         Answer::VolumeId(_) => "a volume id",
         Answer::Status(_) => "a status",
+        Answer::Redo(_) => "a redo answer",
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
 //!   creation.
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
+//! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
 
@@ -19,6 +20,7 @@ pub mod cluster;
 mod io;
 pub mod messages;
 pub mod peers;
+pub mod redo;
 pub mod service;
 pub mod status;
 pub mod transport;

@@ -56,6 +56,8 @@ pub enum Forward {
     Initialize { volume: u32 },
     /// This node's view of its groups.
     LocalStatus,
+    /// A call on a replicated volume's redo stream, done by its redo group's leader.
+    Redo { volume: u32, call: crate::redo::RedoCall },
 }
 
 /// A [`Forward`]'s answer.
@@ -65,6 +67,7 @@ pub enum Answer {
     Pages(Vec<Option<Vec<u8>>>),
     VolumeId(u32),
     Status(LocalStatus),
+    Redo(crate::redo::RedoReply),
 }
 
 /// Why a [`Forward`] was not done.

@@ -1,8 +1,9 @@
 //! A cluster node behind the native protocol and NBD: requests on replicated volumes go
 //! through [`ClusterNode`]'s page I/O (to the chunks' leaders), everything else to the node
-//! as it is served alone (`tundra_node::native`, `tundra_node::nbd`). Operations not built for
-//! replicated volumes yet (resize, delete, heavy compression, redo streams) are refused with
-//! a message that says so, never done on one replica alone.
+//! as it is served alone (`tundra_node::native`, `tundra_node::nbd`). A replicated volume's
+//! redo stream, reads at an LSN and reader leases go to its redo group's leader
+//! ([`crate::redo`]). Operations not built for replicated volumes yet (resize, delete, heavy
+//! compression) are refused with a message that says so, never done on one replica alone.
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use tundra_store::ids::VolumeId;
 
 use crate::cluster::ClusterNode;
 use crate::messages::Refusal;
+use crate::redo::{RedoCall, RedoEntry, RedoReply};
 
 /// The native protocol's service of a cluster node.
 pub struct ClusterService {
@@ -160,18 +162,46 @@ impl Service for ClusterService {
     }
 
     fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
-        self.not_built(append.volume, "a redo stream")?;
-        self.local.append_redo(append)
+        if !self.cluster.is_replicated(append.volume) {
+            return self.local.append_redo(append);
+        }
+        let entry = RedoEntry {
+            volume: append.volume,
+            epoch: append.writer_epoch,
+            prev_lsn: append.prev_lsn,
+            end_lsn: append.end_lsn,
+            record_count: append.record_count,
+            records: append.records.to_vec(),
+        };
+        match self.cluster.redo_request(append.volume, RedoCall::Append(entry))? {
+            RedoReply::Appended { code: 0, value } => Ok(AppendOutcome::Ok { durable_lsn: value }),
+            RedoReply::Appended { code: 1, value } => Ok(AppendOutcome::Gap { expected_prev_lsn: value }),
+            RedoReply::Appended { code: 2, value } => Ok(AppendOutcome::Fenced { epoch: value }),
+            other => Err(mismatch(&other)),
+        }
     }
 
     fn redo_status(&self, volume: u32) -> Result<RedoStatus, ServiceError> {
-        self.not_built(volume, "a redo stream")?;
-        self.local.redo_status(volume)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.redo_status(volume);
+        }
+        match self.cluster.redo_request(volume, RedoCall::Status)? {
+            RedoReply::Status { writer_epoch, durable_lsn, complete_lsn, lsn_min } => {
+                Ok(RedoStatus { writer_epoch, durable_lsn, complete_lsn, lsn_min })
+            }
+            other => Err(mismatch(&other)),
+        }
     }
 
     fn get_page_at_lsn(&self, volume: u32, page: u64, at: ReadAt, out: &mut Vec<u8>) -> Result<PageLsns, ServiceError> {
-        self.not_built(volume, "a read at an LSN")?;
-        self.local.get_page_at_lsn(volume, page, at, out)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.get_page_at_lsn(volume, page, at, out);
+        }
+        let lsns = self.get_pages_at_lsn(volume, &[page], at, out)?;
+        match lsns.page_lsns.as_slice() {
+            [page_lsn] => Ok(PageLsns { served_lsn: lsns.served_lsn, page_lsn: *page_lsn }),
+            _ => Err(ServiceError::internal("the redo leader served another number of pages")),
+        }
     }
 
     fn get_pages_at_lsn(
@@ -181,24 +211,60 @@ impl Service for ClusterService {
         at: ReadAt,
         out: &mut Vec<u8>,
     ) -> Result<BatchLsns, ServiceError> {
-        self.not_built(volume, "a read at an LSN")?;
-        self.local.get_pages_at_lsn(volume, pages, at, out)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.get_pages_at_lsn(volume, pages, at, out);
+        }
+        let call = RedoCall::Read {
+            pages: pages.to_vec(),
+            request_lsn: at.request_lsn,
+            not_modified_since: at.not_modified_since,
+            lease: at.lease,
+        };
+        match self.cluster.redo_request(volume, call)? {
+            RedoReply::Pages { served_lsn, page_lsns, data } if page_lsns.len() == pages.len() => {
+                *out = data;
+                Ok(BatchLsns { served_lsn, page_lsns })
+            }
+            other => Err(mismatch(&other)),
+        }
     }
 
     fn register_reader(&self, volume: u32, reader_id: u64, start_lsn: u64) -> Result<ReaderLease, ServiceError> {
-        self.not_built(volume, "a reader lease")?;
-        self.local.register_reader(volume, reader_id, start_lsn)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.register_reader(volume, reader_id, start_lsn);
+        }
+        match self.cluster.redo_request(volume, RedoCall::Register { reader: reader_id, start_lsn })? {
+            RedoReply::Lease { lease_id, granted_lsn, valid_for_ms } => {
+                Ok(ReaderLease { lease_id, granted_lsn, valid_for_ms })
+            }
+            other => Err(mismatch(&other)),
+        }
     }
 
     fn renew_reader(&self, volume: u32, lease_id: u64, apply_lsn: u64) -> Result<LeaseRenewal, ServiceError> {
-        self.not_built(volume, "a reader lease")?;
-        self.local.renew_reader(volume, lease_id, apply_lsn)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.renew_reader(volume, lease_id, apply_lsn);
+        }
+        match self.cluster.redo_request(volume, RedoCall::Renew { lease: lease_id, apply_lsn })? {
+            RedoReply::Renewed { valid_for_ms, lsn_min } => Ok(LeaseRenewal { valid_for_ms, lsn_min }),
+            other => Err(mismatch(&other)),
+        }
     }
 
     fn release_reader(&self, volume: u32, lease_id: u64) -> Result<(), ServiceError> {
-        self.not_built(volume, "a reader lease")?;
-        self.local.release_reader(volume, lease_id)
+        if !self.cluster.is_replicated(volume) {
+            return self.local.release_reader(volume, lease_id);
+        }
+        match self.cluster.redo_request(volume, RedoCall::Release { lease: lease_id })? {
+            RedoReply::Released => Ok(()),
+            other => Err(mismatch(&other)),
+        }
     }
+}
+
+/// The redo leader answered another kind than the call asks for.
+fn mismatch(reply: &RedoReply) -> ServiceError {
+    ServiceError::internal(format!("the redo leader answered {reply:?}"))
 }
 
 /// A cluster node's NBD exports: every volume, replicated ones through the cluster.

@@ -1,7 +1,7 @@
 //! `tundra cluster status`: every node's view of its groups, merged into one report of the
 //! nodes (`nodes[]`: `id`, `addr`, `up`) and the chunks (`chunks[]`: `volume`, `chunk`,
 //! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
-//! applied index). A chunk's figures are its leader's; `lag` is how many committed entries the
+//! applied index), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
 //! replica furthest behind has not applied (null while a replica does not answer). `traffic`
 //! counts the bytes the answering node sent its peers: Raft messages and everything else.
 
@@ -44,6 +44,8 @@ pub struct ClusterStatus {
     pub node: u64,
     pub nodes: Vec<NodeStatus>,
     pub chunks: Vec<ChunkStatus>,
+    /// Each replicated volume's redo group, in the figures of a chunk (`chunk` is 0).
+    pub redo: Vec<ChunkStatus>,
     /// What the answering node sent to its peers since it started (message bodies).
     pub traffic: crate::transport::TrafficStats,
 }
@@ -102,41 +104,53 @@ impl ClusterNode {
             .collect();
         let catalog = self.catalog.lock().volumes().to_vec();
         let mut chunks = Vec::new();
+        let mut redo = Vec::new();
         for def in &catalog {
             let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
             for chunk in crate::cluster::chunks(&volume.volume) {
-                let of = |node: u64| -> Option<&GroupView> {
-                    views.get(&node)?.as_ref()?.groups.iter().find(|g| g.chunk == chunk.0)
-                };
-                let leader = def
-                    .replicas
-                    .iter()
-                    .filter_map(|&n| of(n))
-                    .filter_map(|g| g.leader)
-                    .max_by_key(|&l| of(l).map_or(0, |g| g.term));
-                let led = leader.and_then(of).filter(|g| g.leader == leader);
-                let replica_applied: BTreeMap<u64, Option<u64>> =
-                    def.replicas.iter().map(|&n| (n, of(n).map(|g| g.applied_index.unwrap_or(0)))).collect();
-                let commit = led.and_then(|g| g.commit_index);
-                let lag = match (commit, replica_applied.values().copied().collect::<Option<Vec<u64>>>()) {
-                    (Some(commit), Some(applied)) => applied.iter().map(|&a| commit.saturating_sub(a)).max(),
-                    (None, Some(_)) => Some(0),
-                    _ => None,
-                };
-                chunks.push(ChunkStatus {
-                    volume: def.name.clone(),
-                    volume_id: def.id,
-                    chunk: chunk.index(),
-                    replicas: def.replicas.clone(),
-                    leader: led.and(leader),
-                    term: led.map_or(0, |g| g.term),
-                    commit_index: commit,
-                    applied_index: led.and_then(|g| g.applied_index),
-                    lag,
-                    replica_applied,
-                });
+                chunks.push(group_status(def, &views, chunk, chunk.index()));
             }
+            redo.push(group_status(def, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
-        ClusterStatus { node: self.me, nodes, chunks, traffic: self.transport.traffic() }
+        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic() }
+    }
+}
+
+/// One group of a replicated volume as the replicas' views show it: the figures of the leader
+/// with the highest term.
+fn group_status(
+    def: &crate::messages::VolumeDef,
+    views: &BTreeMap<u64, Option<LocalStatus>>,
+    group: tundra_store::ids::ChunkId,
+    index: u32,
+) -> ChunkStatus {
+    let of =
+        |node: u64| -> Option<&GroupView> { views.get(&node)?.as_ref()?.groups.iter().find(|g| g.chunk == group.0) };
+    let leader = def
+        .replicas
+        .iter()
+        .filter_map(|&n| of(n))
+        .filter_map(|g| g.leader)
+        .max_by_key(|&l| of(l).map_or(0, |g| g.term));
+    let led = leader.and_then(of).filter(|g| g.leader == leader);
+    let replica_applied: BTreeMap<u64, Option<u64>> =
+        def.replicas.iter().map(|&n| (n, of(n).map(|g| g.applied_index.unwrap_or(0)))).collect();
+    let commit = led.and_then(|g| g.commit_index);
+    let lag = match (commit, replica_applied.values().copied().collect::<Option<Vec<u64>>>()) {
+        (Some(commit), Some(applied)) => applied.iter().map(|&a| commit.saturating_sub(a)).max(),
+        (None, Some(_)) => Some(0),
+        _ => None,
+    };
+    ChunkStatus {
+        volume: def.name.clone(),
+        volume_id: def.id,
+        chunk: index,
+        replicas: def.replicas.clone(),
+        leader: led.and(leader),
+        term: led.map_or(0, |g| g.term),
+        commit_index: commit,
+        applied_index: led.and_then(|g| g.applied_index),
+        lag,
+        replica_applied,
     }
 }

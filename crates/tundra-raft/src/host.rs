@@ -320,6 +320,67 @@ impl Host {
         }
     }
 
+    /// Starts this node's replica of a volume's redo group (`group` is
+    /// [`crate::redo_machine::redo_group`] of the volume), applying committed batches through
+    /// `applier`. Its log is never purged, so it never needs a snapshot; a group this host runs
+    /// already is left as it is.
+    pub async fn add_redo_group(
+        &self,
+        group: GroupId,
+        applier: Arc<dyn crate::redo_machine::RedoApplier>,
+    ) -> Result<(), String> {
+        assert!(crate::redo_machine::redo_volume(group).is_some(), "group {:#x} is not a redo group", group.0);
+        if self.groups.lock().contains_key(&group) {
+            return Ok(());
+        }
+        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let log = GroupLogStore::new(self.log.clone(), group);
+        let config = Config { snapshot_policy: SnapshotPolicy::Never, ..(*self.config).clone() };
+        let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
+        let machine = crate::redo_machine::RedoStateMachine::new(group, applier);
+        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        self.groups.lock().insert(group, raft);
+        Ok(())
+    }
+
+    /// Waits until this node leads `group` and has applied every entry of its log (so its
+    /// state is that of everything its log holds, the blank entry of its term included), for up
+    /// to `limit`. The redo leader's check of a batch against its own stream comes after it.
+    pub async fn settle(&self, group: GroupId, limit: Duration) -> Result<(), Error> {
+        let raft = self.leader_raft(group)?;
+        let me = self.id;
+        let settled = raft
+            .wait(Some(limit))
+            .metrics(
+                |m| m.current_leader == Some(me) && m.last_applied.map(|id| id.index) >= m.last_log_index,
+                "every entry of the leader's log applied",
+            )
+            .await;
+        match settled {
+            Ok(_) => self.leader_raft(group).map(|_| ()),
+            Err(_) => {
+                let leader = raft.metrics().borrow().current_leader;
+                match leader {
+                    Some(node) if node != self.id => Err(Error::NotLeader { node: self.id, group: group.0, leader }),
+                    _ => Err(Error::Unavailable(format!("group {:#x} did not settle in {limit:?}", group.0))),
+                }
+            }
+        }
+    }
+
+    /// Proposes `entry` to `group` (this node leads it) and answers once a majority holds it
+    /// durably and this node applied it.
+    pub async fn propose_bytes(&self, group: GroupId, entry: Vec<u8>) -> Result<(), Error> {
+        let raft = self.leader_raft(group)?;
+        self.propose(group, &raft, Proposal { command: entry, request: 0 }).await
+    }
+
+    /// Confirms with a quorum that this node leads `group` and waits until it applied
+    /// everything committed before the call: a read after it is linearizable.
+    pub async fn linearize(&self, group: GroupId) -> Result<(), Error> {
+        self.read_pages(group, &[]).await.map(|_| ())
+    }
+
     /// Stops every group and the log writer; what the writer had not flushed stays unflushed.
     pub async fn shutdown(&self) {
         let rafts: Vec<Raft> = self.groups.lock().values().cloned().collect();

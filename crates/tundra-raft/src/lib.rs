@@ -11,6 +11,7 @@
 //! - [`mark`]: the apply mark the store journals with each applied command.
 //! - [`state_machine`]: a chunk replica as openraft's state machine.
 //! - [`network`]: messages tagged with their group, over one transport per node.
+//! - [`redo_machine`]: a replicated volume's redo stream as a group of its own.
 //! - [`host`]: a node's groups, its message entry point, the leader's write and read paths.
 //! - `sim` (tests): the deterministic simulation of a cluster and its checkers.
 
@@ -23,6 +24,7 @@ pub mod host;
 pub mod log;
 pub mod mark;
 pub mod network;
+pub mod redo_machine;
 pub mod runtime;
 pub mod state_machine;
 pub mod types;

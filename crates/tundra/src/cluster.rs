@@ -49,5 +49,17 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             text(&chunk["lag"]),
         );
     }
+    for group in status["redo"].as_array().into_iter().flatten() {
+        println!(
+            "volume {} redo	replicas {}	leader {}	term {}	commit {}	applied {}	lag {}",
+            group["volume"].as_str().unwrap_or("?"),
+            group["replicas"],
+            text(&group["leader"]),
+            group["term"],
+            text(&group["commit_index"]),
+            text(&group["applied_index"]),
+            text(&group["lag"]),
+        );
+    }
     Ok(())
 }

@@ -223,6 +223,11 @@ impl Node {
         Ok(())
     }
 
+    /// Whether the volume has a redo stream here (its pages are made from redo, not written).
+    pub fn takes_redo(&self, volume: &VolumeRef) -> bool {
+        self.redo.stream(volume.volume.id).is_some()
+    }
+
     fn stream_of(&self, volume: &VolumeRef) -> Result<Arc<Stream>> {
         volume.check_live()?;
         self.redo.stream(volume.volume.id).ok_or_else(|| {

@@ -16,6 +16,7 @@
 mod check;
 mod cluster;
 mod net;
+mod redo;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,269 @@
+//! A replicated volume's redo stream end to end: three `tundra serve` processes, a volume
+//! created with `--replicas 3`, a writer appending batches of redo over the native protocol
+//! (tundra-client) and reading pages at LSNs, the redo group's leader killed with kill -9,
+//! the appends going on through another node, and every acknowledged record's effect read back
+//! with GET_PAGE_AT_LSN; then the killed node restarted and its replica of the redo group seen
+//! caught up. Every page read is compared with a model that keeps each page's versions.
+
+mod common;
+#[path = "common/cluster.rs"]
+mod common_cluster;
+
+use std::time::{Duration, Instant};
+
+use common::succeeds;
+use common_cluster::Cluster;
+use tundra_env::{Rng, seed_from_env};
+use tundra_proto::{AppendOutcome, LATEST_LSN, ReadAt, RedoAppend};
+use tundra_redo::codec::encode_record;
+use tundra_redo::{Payload, RedoRecord};
+use tundra_store::ids::Lsn;
+
+const PAGE: usize = 8192;
+const PAGES: u64 = 12;
+/// How long an append may take through a failover before the test gives up.
+const FAILOVER: Duration = Duration::from_secs(60);
+
+/// Every version of every page the writer made, by LSN.
+struct Model {
+    versions: Vec<Vec<(u64, Vec<u8>)>>,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model { versions: vec![Vec::new(); PAGES as usize] }
+    }
+
+    fn at(&self, page: u64, lsn: u64) -> Vec<u8> {
+        let versions = &self.versions[page as usize];
+        versions.iter().rev().find(|(at, _)| *at <= lsn).map_or_else(|| vec![0; PAGE], |(_, page)| page.clone())
+    }
+
+    fn apply(&mut self, record: &RedoRecord) {
+        let mut page = self.at(record.page, record.lsn.0);
+        match &record.payload {
+            Payload::Image(image) => page.copy_from_slice(image),
+            Payload::Ranges(ranges) => {
+                for (offset, bytes) in ranges {
+                    page[*offset as usize..*offset as usize + bytes.len()].copy_from_slice(bytes);
+                }
+            }
+        }
+        self.versions[record.page as usize].push((record.lsn.0, page));
+    }
+}
+
+fn batch(rng: &mut Rng, first_lsn: u64) -> Vec<RedoRecord> {
+    (0..1 + rng.below(4))
+        .map(|i| {
+            let page = rng.below(PAGES);
+            let payload = if rng.chance(0.1) {
+                Payload::Image((0..PAGE).map(|b| (b as u64 * 7 + first_lsn + i) as u8).collect())
+            } else {
+                let len = 1 + rng.below(100);
+                Payload::Ranges(vec![(rng.below(PAGE as u64 - len) as u32, rng.bytes(len as usize))])
+            };
+            RedoRecord { lsn: Lsn(first_lsn + i), page, payload }
+        })
+        .collect()
+}
+
+/// The writer: appends through the first node of `order` that answers, moving on to the next
+/// when one fails (its connection died with its node). A batch sent again after an answer was
+/// lost is in the stream already when the answer is `Gap` at or past its end.
+struct Writer {
+    volume: u32,
+    client: Option<(u64, tundra_client::Client)>,
+}
+
+impl Writer {
+    fn append(&mut self, cluster: &Cluster, order: &[u64], prev: u64, records: &[RedoRecord]) {
+        let end = records.last().expect("a batch has records").lsn.0;
+        let mut bytes = Vec::new();
+        for record in records {
+            encode_record(record, &mut bytes);
+        }
+        let append = RedoAppend {
+            volume: self.volume,
+            writer_epoch: 1,
+            prev_lsn: prev,
+            end_lsn: end,
+            record_count: records.len() as u32,
+            records: &bytes,
+        };
+        let started = Instant::now();
+        let mut next = 0;
+        loop {
+            if self.client.is_none() {
+                let id = order[next % order.len()];
+                next += 1;
+                if let Ok(client) = tundra_client::Client::connect(cluster.member(id).native) {
+                    self.client = Some((id, client));
+                }
+            }
+            if let Some((id, client)) = &mut self.client {
+                match client.append_redo(&append) {
+                    Ok(AppendOutcome::Ok { durable_lsn }) => {
+                        assert_eq!(durable_lsn, end, "the durable LSN after a batch through node {id}");
+                        return;
+                    }
+                    Ok(AppendOutcome::Gap { expected_prev_lsn })
+                        if expected_prev_lsn >= end && expected_prev_lsn > prev =>
+                    {
+                        assert_eq!(expected_prev_lsn, end, "a resent batch found a stream past it");
+                        return;
+                    }
+                    Ok(other) => panic!("batch ({prev}, {end}] through node {id}: {other:?}\n{}", cluster.logs()),
+                    Err(_) => self.client = None,
+                }
+            }
+            assert!(started.elapsed() < FAILOVER, "batch ({prev}, {end}] never appended:\n{}", cluster.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Reads every page at `lsn` through node `via` and compares each with the model; a version
+/// folded away (TOO_OLD) is allowed below the newest LSN. Returns how many pages it compared,
+/// or the first difference.
+fn compare_pages(
+    cluster: &Cluster,
+    via: u64,
+    volume: u32,
+    model: &Model,
+    lsn: u64,
+    newest: u64,
+) -> Result<usize, String> {
+    let mut client = tundra_client::Client::connect(cluster.member(via).native).expect("connect");
+    let mut checked = 0;
+    for page in 0..PAGES {
+        let at = ReadAt { request_lsn: lsn, not_modified_since: 0, lease: None };
+        match client.get_page_at_lsn(volume, page, at) {
+            Ok(served) => {
+                let want_lsn = if lsn == LATEST_LSN { newest } else { lsn };
+                if served.served_lsn != want_lsn {
+                    return Err(format!("page {page} at {lsn} through node {via} served at {}", served.served_lsn));
+                }
+                if served.data != model.at(page, want_lsn) {
+                    return Err(format!(
+                        "page {page} at LSN {want_lsn} through node {via} differs from the acknowledged records"
+                    ));
+                }
+                checked += 1;
+            }
+            Err(tundra_client::Error::TooOld { .. }) if lsn < newest => {}
+            Err(e) => return Err(format!("page {page} at {lsn} through node {via}: {e}")),
+        }
+    }
+    Ok(checked)
+}
+
+#[track_caller]
+fn check_pages(cluster: &Cluster, via: u64, volume: u32, model: &Model, lsn: u64, newest: u64) -> usize {
+    compare_pages(cluster, via, volume, model, lsn, newest).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()))
+}
+
+fn redo_leader(cluster: &Cluster, asked: u64, volume: &str) -> u64 {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let group = status["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == volume).cloned());
+        if let Some(leader) = group.and_then(|g| g["leader"].as_u64()) {
+            return leader;
+        }
+        assert!(started.elapsed() < FAILOVER, "no redo leader for {volume}: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn acknowledged_redo_survives_the_kill_of_its_leader() {
+    let seed = seed_from_env(14);
+    let mut rng = Rng::new(seed);
+    let mut cluster = Cluster::new(|_| None);
+    cluster.start_all();
+    succeeds(&["volume", "create", "wal", "--size", "16MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let volume = tundra_client::Client::connect(cluster.member(1).native)
+        .and_then(|mut c| c.volume_lookup("wal"))
+        .expect("look the volume up")
+        .id;
+    let mut model = Model::new();
+    let mut writer = Writer { volume, client: None };
+    let mut lsn = 0u64;
+    let mut append = |cluster: &Cluster, order: &[u64], model: &mut Model, lsn: &mut u64, rng: &mut Rng| {
+        let records = batch(rng, *lsn + 1);
+        writer.append(cluster, order, *lsn, &records);
+        for record in &records {
+            model.apply(record);
+        }
+        *lsn = records.last().expect("records").lsn.0;
+    };
+    for _ in 0..40 {
+        append(&cluster, &[1, 2, 3], &mut model, &mut lsn, &mut rng);
+    }
+    let before = lsn;
+    assert_eq!(check_pages(&cluster, 2, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+
+    let leader = redo_leader(&cluster, 1, "wal");
+    // A reader's lease, taken and renewed through a node that does not lead: it lives on the
+    // leader, and holds LSN_min at the reader's LSN there.
+    let reader_node = (1..=3).find(|&id| id != leader).expect("another node");
+    let mut reader = tundra_client::Client::connect(cluster.member(reader_node).native).expect("connect");
+    let lease = reader.register_reader(volume, 7, lsn).expect("register a reader");
+    let renewed = reader.renew_reader(volume, lease.lease_id, lsn).expect("renew the lease");
+    assert_eq!(renewed.lsn_min, lsn, "the lease holds LSN_min at the reader's LSN");
+    cluster.kill9(leader);
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    // The writer's connection may be to the dead node: it moves on to the survivors.
+    for _ in 0..40 {
+        append(&cluster, &survivors, &mut model, &mut lsn, &mut rng);
+    }
+    for &via in &survivors {
+        assert_eq!(check_pages(&cluster, via, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+        check_pages(&cluster, via, volume, &model, before, lsn);
+    }
+    // The new leader has no leases: the reader hears that its lease is gone and resyncs.
+    let mut reader = tundra_client::Client::connect(cluster.member(survivors[0]).native).expect("connect");
+    let renewal = reader.renew_reader(volume, lease.lease_id, lsn);
+    assert!(matches!(renewal, Err(tundra_client::Error::LeaseLost { .. })), "{renewal:?}");
+    let mut status = tundra_client::Client::connect(cluster.member(survivors[0]).native)
+        .and_then(|mut c| c.redo_status(volume))
+        .expect("redo status");
+    assert_eq!(status.durable_lsn, lsn, "{status:?}");
+
+    // The killed node comes back, catches up from the group's log and serves the same pages.
+    cluster.start(leader);
+    let started = Instant::now();
+    loop {
+        let report = cluster.status(leader);
+        let group = report["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "wal").cloned());
+        if group.as_ref().is_some_and(|g| {
+            g["lag"] == 0
+                && g["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &g["commit_index"]))
+        }) {
+            break;
+        }
+        assert!(started.elapsed() < FAILOVER, "the restarted node never caught up: {report:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    append(&cluster, &[leader], &mut model, &mut lsn, &mut rng);
+    assert_eq!(check_pages(&cluster, leader, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+    status = tundra_client::Client::connect(cluster.member(leader).native)
+        .and_then(|mut c| c.redo_status(volume))
+        .expect("redo status");
+    assert_eq!(status.durable_lsn, lsn, "{status:?}");
+    // A replicated volume that takes redo takes no page writes.
+    let refused = tundra_client::Client::connect(cluster.member(leader).native)
+        .and_then(|mut c| c.write_page(volume, 0, tundra_proto::WriteMode::Auto, &[0; PAGE]));
+    assert!(refused.is_err_and(|e| e.to_string().contains("takes redo")), "a page write to a redo volume");
+
+    // The oracle's twin: a model that lacks the newest acknowledged record must differ from
+    // what the cluster serves.
+    let newest = &model.versions.iter().enumerate().max_by_key(|(_, v)| v.last().map_or(0, |l| l.0)).expect("pages").0;
+    let mut lacking = Model { versions: model.versions.clone() };
+    lacking.versions[*newest].pop();
+    assert!(
+        compare_pages(&cluster, leader, volume, &lacking, LATEST_LSN, lsn).is_err(),
+        "a lost acknowledged record went unnoticed"
+    );
+}
