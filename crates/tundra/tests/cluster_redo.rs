@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/cluster.rs"]
 mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
 
 use std::time::{Duration, Instant};
 

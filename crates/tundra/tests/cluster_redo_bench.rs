@@ -13,6 +13,8 @@
 mod common;
 #[path = "common/cluster.rs"]
 mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
 #[path = "common/serve.rs"]
 #[allow(dead_code)]
 mod common_serve;
