@@ -12,6 +12,7 @@
 //! - [`state_machine`]: a chunk replica as openraft's state machine.
 //! - [`network`]: messages tagged with their group, over one transport per node.
 //! - [`host`]: a node's groups, its message entry point, the leader's write and read paths.
+//! - [`repair`]: bad pages rewritten from a peer's copy, on read and by the background scrub.
 //! - `sim` (tests): the deterministic simulation of a cluster and its checkers.
 
 // openraft's storage and network traits fix their error types (`StorageError` is over 200
@@ -23,6 +24,7 @@ pub mod host;
 pub mod log;
 pub mod mark;
 pub mod network;
+pub mod repair;
 pub mod runtime;
 pub mod state_machine;
 pub mod types;
@@ -31,4 +33,5 @@ pub mod types;
 mod sim;
 
 pub use host::{Error, Host, heartbeat_config};
+pub use repair::RepairStats;
 pub use types::{GroupId, NodeId, Proposal, Raft, TypeConfig};
