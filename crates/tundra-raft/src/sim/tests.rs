@@ -1,5 +1,6 @@
 //! The simulation's tests: many seeds with zero violations, one seed's run replayed byte for
-//! byte, and a seed range on which an injected bug (a log whose flush lies) is caught.
+//! byte, seed ranges on which injected bugs (a log whose flush lies, repair turned off) are
+//! caught, and a page bad on every replica read as an error.
 
 use super::*;
 
@@ -96,6 +97,37 @@ fn a_cluster_that_does_not_repair_is_caught() {
     }
     let (seed, violation) = caught.expect("no seed caught a cluster that leaves bad pages bad");
     println!("seed {seed} caught the missing repair: {violation}");
+}
+
+/// A page bad on every replica: the leader's read fails with `Error::Corrupted` (never wrong
+/// data) and counts the page unrepairable.
+#[test]
+fn a_page_bad_on_every_replica_reads_as_an_error() {
+    crate::runtime::seed_thread_rng(5);
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    runtime.block_on(async {
+        let mut rng = Rng::new(5);
+        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, LogFault::None, applied, false).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        leader.write_pages(chunk, &[(PageNo(1), content(1), Lsn(1))]).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        for i in 0..cluster.nodes.len() {
+            let corrupted = (0..10).any(|_| cluster.corrupt(i, chunk, PageNo(1), &mut rng).is_some());
+            assert!(corrupted, "node {} kept a good copy", i + 1);
+        }
+        match leader.read_page(chunk, PageNo(1)).await {
+            Err(Error::Corrupted(why)) => assert!(why.contains("no other replica"), "{why}"),
+            other => panic!("a page bad everywhere read as {:?}", other.map(|p| p.map(|p| value_of(&p)))),
+        }
+        assert!(leader.repair_stats().unrepairable >= 1);
+        assert_eq!(leader.repair_stats().pages_repaired, 0);
+        cluster.shutdown().await;
+    });
 }
 
 pub fn summary(r: &Report) -> String {
