@@ -16,8 +16,9 @@
 //! replica's own applies, and the store installs it only while the page's entry is still the
 //! bad one, under the gate every write holds from its journal commit to its install: a newer
 //! entry applied meanwhile wins, in memory and after a replay, and the repair is dropped
-//! (`Superseded`). When no peer has a good copy the read fails with [`Error::Corrupted`],
-//! never with wrong data.
+//! (`Superseded`). When every peer answered and none has a good copy, the read fails with
+//! [`Error::Corrupted`], never with wrong data; when a peer did not answer or holds another
+//! version (it may be catching up), with [`Error::Unavailable`], which is worth asking again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tundra_store::ErrorKind;
-use tundra_store::command::StoreCommand;
+use tundra_store::command::{PagePut, StoreCommand};
 use tundra_store::ids::{ChunkId, PageNo};
 use tundra_store::index::Encoding;
 use tundra_store::pages::Pages;
@@ -89,6 +90,13 @@ impl Repair {
     }
 }
 
+/// Why a peer gave no copy: it did not answer (or may have one later), or it answered that its
+/// own copy is bad.
+enum Fetch {
+    Unreachable(String),
+    NoGoodCopy(String),
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -136,26 +144,42 @@ impl Host {
                 page.0, chunk.0
             )));
         };
-        let unrepairable = || {
+        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
             bump(&self.repair.unrepairable);
-            Error::Corrupted(format!(
-                "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {}",
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
                 page.0,
                 chunk.0,
-                self.id(),
-                bad.lsn.0
-            ))
-        };
-        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
-            return Err(unrepairable());
+                self.id()
+            )));
         }
+        // Why each peer gave no copy, and whether any might give one later (it did not answer,
+        // or holds another version while it catches up): then the read is worth asking again.
+        let (mut why, mut transient) = (Vec::new(), false);
         for peer in self.peers_of(chunk) {
-            let Some(copy) = self.fetch(peer, chunk, page).await else { continue };
+            let copy = match self.fetch(peer, chunk, page).await {
+                Ok(copy) => copy,
+                Err(Fetch::Unreachable(error)) => {
+                    transient = true;
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+                Err(Fetch::NoGoodCopy(error)) => {
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+            };
             let same = copy.lsn == bad.lsn
                 && copy.image.checksum == bad.checksum
                 && copy.image.encoding == bad.encoding
                 && copy.image.bytes.len() == usize::from(bad.stored_len);
-            if !same || path.verify_image(chunk, &copy).is_err() {
+            if !same {
+                transient = true;
+                why.push(format!("node {peer}: holds LSN {}", copy.lsn.0));
+                continue;
+            }
+            if let Err(error) = path.verify_image(chunk, &copy) {
+                why.push(format!("node {peer}: its copy fails here: {error}"));
                 continue;
             }
             let outcome = path.store().repair_page(chunk, bad, &copy).map_err(|e| Error::Unavailable(e.to_string()))?;
@@ -164,7 +188,16 @@ impl Host {
             }
             return Ok(outcome);
         }
-        Err(unrepairable())
+        bump(&self.repair.unrepairable);
+        let message = format!(
+            "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
+            page.0,
+            chunk.0,
+            self.id(),
+            bad.lsn.0,
+            why.join("; ")
+        );
+        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
     }
 
     /// The other voters of a chunk's group, in id order.
@@ -175,15 +208,25 @@ impl Host {
     }
 
     /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
-    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Option<tundra_store::command::PagePut> {
+    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
         let envelope = Envelope { from: self.id(), to: peer, group: chunk, rpc: Rpc::FetchPage { page: page.0 } };
-        let reply = tokio::time::timeout(FETCH_TIMEOUT, self.transport().call(envelope)).await;
-        let Ok(Ok(Reply::Page(Ok(bytes)))) = reply else { return None };
+        let bytes = match tokio::time::timeout(FETCH_TIMEOUT, self.transport().call(envelope)).await {
+            Ok(Ok(Reply::Page(Ok(bytes)))) => bytes,
+            Ok(Ok(Reply::Page(Err(why)))) => return Err(Fetch::NoGoodCopy(why)),
+            Ok(Ok(_)) => return Err(Fetch::NoGoodCopy("a reply of another kind".into())),
+            Ok(Err(why)) => return Err(Fetch::Unreachable(why)),
+            Err(_) => return Err(Fetch::Unreachable("no answer in time".into())),
+        };
         match StoreCommand::decode(&bytes) {
-            Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() == 1 => {
-                pages.pop().filter(|put| put.page == page)
+            Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() <= 1 => {
+                // A peer without the page may not have applied its write yet.
+                pages
+                    .pop()
+                    .filter(|put| put.page == page)
+                    .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
             }
-            _ => None,
+            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk".into())),
+            Err(error) => Err(Fetch::NoGoodCopy(error.to_string())),
         }
     }
 
