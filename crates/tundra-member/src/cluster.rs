@@ -116,6 +116,8 @@ impl ClusterNode {
         }
         let weak = Arc::downgrade(&cluster);
         cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak)) });
+        let scrub = config.scrub_pages_per_sec.unwrap_or(tundra_node::config::DEFAULT_SCRUB_PAGES_PER_SEC);
+        cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });
         Ok(cluster)
     }
 

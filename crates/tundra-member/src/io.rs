@@ -74,6 +74,8 @@ fn refusal(error: tundra_raft::Error) -> Refusal {
     match error {
         tundra_raft::Error::NotLeader { leader, .. } => Refusal::NotLeader { leader },
         tundra_raft::Error::Invalid(why) => Refusal::Invalid(why),
+        // No replica holds a good copy: asking again would not help.
+        tundra_raft::Error::Corrupted(why) => Refusal::Invalid(format!("corrupted: {why}")),
         // A group not started here yet (its volume is being created) will be soon.
         other => Refusal::Unavailable(other.to_string()),
     }

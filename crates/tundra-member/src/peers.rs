@@ -93,7 +93,12 @@ mod tests {
     use super::*;
 
     fn config(peers: &[&str], key_file: Option<std::path::PathBuf>) -> ClusterConfig {
-        ClusterConfig { node_id: 1, peers: peers.iter().map(|p| p.to_string()).collect(), key_file }
+        ClusterConfig {
+            node_id: 1,
+            peers: peers.iter().map(|p| p.to_string()).collect(),
+            key_file,
+            ..ClusterConfig::default()
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
 //! applied index), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
 //! replica furthest behind has not applied (null while a replica does not answer). `traffic`
-//! counts the bytes the answering node sent its peers: Raft messages and everything else.
+//! counts the bytes the answering node sent its peers: Raft messages and everything else;
+//! `repair` what repair of bad pages and the scrub did there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,6 +49,9 @@ pub struct ClusterStatus {
     pub redo: Vec<ChunkStatus>,
     /// What the answering node sent to its peers since it started (message bodies).
     pub traffic: crate::transport::TrafficStats,
+    /// What repair of bad pages and the background scrub did on the answering node since it
+    /// started.
+    pub repair: tundra_raft::RepairStats,
 }
 
 impl ClusterNode {
@@ -112,7 +116,8 @@ impl ClusterNode {
             }
             redo.push(group_status(def, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
-        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic() }
+        let repair = self.host.repair_stats();
+        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic(), repair }
     }
 }
 

@@ -79,7 +79,13 @@ pub struct ClusterConfig {
     pub peers: Vec<String>,
     /// A file holding the cluster's shared secret (at least 32 bytes).
     pub key_file: Option<PathBuf>,
+    /// Pages per second the background scrub reads and verifies on this node, repairing bad
+    /// ones from a peer ([`DEFAULT_SCRUB_PAGES_PER_SEC`] when absent; 0 turns it off).
+    pub scrub_pages_per_sec: Option<u64>,
 }
+
+/// The scrub's default pace: a 1 GiB chunk of 8 KiB pages is read once in about 22 minutes.
+pub const DEFAULT_SCRUB_PAGES_PER_SEC: u64 = 100;
 
 impl Default for Config {
     fn default() -> Config {

@@ -46,6 +46,10 @@ pub enum Error {
     /// This node does not host the group.
     #[error("node {node} holds no replica of chunk {group}")]
     NoGroup { node: NodeId, group: u64 },
+    /// A page's stored image fails its checksum here and no other replica gave a good copy of
+    /// the same version (repair.rs); nothing was read.
+    #[error("corrupted: {0}")]
+    Corrupted(String),
 }
 
 /// The Raft timing of a node's groups. Every group heartbeats its followers on its own, so a
@@ -84,6 +88,8 @@ pub struct Host {
     requests: Arc<AppliedRequests>,
     /// Requests this node proposed as a leader whose proposals have not answered yet.
     pending: Mutex<std::collections::HashSet<u64>>,
+    /// Repair of bad pages from peers and the background scrub (repair.rs).
+    pub(crate) repair: crate::repair::Repair,
 }
 
 impl Host {
@@ -111,6 +117,7 @@ impl Host {
             hook,
             requests: Arc::default(),
             pending: Mutex::default(),
+            repair: crate::repair::Repair::default(),
         })
     }
 
@@ -124,6 +131,10 @@ impl Host {
 
     pub fn log(&self) -> &NodeLog {
         &self.log
+    }
+
+    pub(crate) fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
     }
 
     /// Starts this node's replica of `group`, where its log and its store's mark left it.
@@ -215,6 +226,7 @@ impl Host {
                 let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
                 Reply::Snapshot(raft.install_full_snapshot(vote, snapshot).await)
             }
+            Rpc::FetchPage { page } => Reply::Page(self.copy_for_peer(envelope.group, PageNo(page))),
         })
     }
 
@@ -285,10 +297,14 @@ impl Host {
             other => Error::Unavailable(other.to_string()),
         })?;
         let path = self.pages_of(chunk);
-        pages.iter().map(|&page| path.read_page(chunk, page).map_err(|e| Error::Unavailable(e.to_string()))).collect()
+        let mut read = Vec::with_capacity(pages.len());
+        for &page in pages {
+            read.push(self.read_or_repair(&path, chunk, page).await?);
+        }
+        Ok(read)
     }
 
-    fn pages_of(&self, group: GroupId) -> Arc<Pages> {
+    pub(crate) fn pages_of(&self, group: GroupId) -> Arc<Pages> {
         self.paths.lock().get(&group).cloned().unwrap_or_else(|| self.pages.clone())
     }
 
@@ -383,6 +399,7 @@ impl Host {
 
     /// Stops every group and the log writer; what the writer had not flushed stays unflushed.
     pub async fn shutdown(&self) {
+        self.repair.stop_scrub();
         let rafts: Vec<Raft> = self.groups.lock().values().cloned().collect();
         for raft in rafts {
             let _ = raft.shutdown().await;

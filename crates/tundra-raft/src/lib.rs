@@ -13,6 +13,7 @@
 //! - [`network`]: messages tagged with their group, over one transport per node.
 //! - [`redo_machine`]: a replicated volume's redo stream as a group of its own.
 //! - [`host`]: a node's groups, its message entry point, the leader's write and read paths.
+//! - [`repair`]: bad pages rewritten from a peer's copy, on read and by the background scrub.
 //! - `sim` (tests): the deterministic simulation of a cluster and its checkers.
 
 // openraft's storage and network traits fix their error types (`StorageError` is over 200
@@ -25,6 +26,7 @@ pub mod log;
 pub mod mark;
 pub mod network;
 pub mod redo_machine;
+pub mod repair;
 pub mod runtime;
 pub mod state_machine;
 pub mod types;
@@ -35,4 +37,5 @@ mod host_timing;
 mod sim;
 
 pub use host::{Error, Host, heartbeat_config};
+pub use repair::RepairStats;
 pub use types::{GroupId, NodeId, Proposal, Raft, TypeConfig};

@@ -31,6 +31,10 @@ pub enum Rpc {
         #[serde(with = "crate::codec::bytes")]
         data: Vec<u8>,
     },
+    /// A page's stored image, asked by a replica whose own copy fails its checksum (repair.rs).
+    FetchPage {
+        page: u32,
+    },
 }
 
 impl Rpc {
@@ -48,6 +52,7 @@ impl Rpc {
             Rpc::Snapshot { vote, meta, data } => {
                 format!("snapshot v={vote} last={:?} bytes={}", meta.last_log_id.map(|id| id.index), data.len())
             }
+            Rpc::FetchPage { page } => format!("fetch page={page}"),
         }
     }
 }
@@ -58,6 +63,9 @@ pub enum Reply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<SnapshotResponse<NodeId>, Fatal<NodeId>>),
+    /// The page's verified stored image as an encoded `StoreCommand::PutPages` of the chunk
+    /// (no page when the peer holds none), or why the peer has no good copy.
+    Page(Result<Vec<u8>, String>),
 }
 
 /// One message on a link between two nodes.

@@ -33,8 +33,10 @@ use crate::{Error, Result};
 mod apply;
 mod invariants;
 mod rebuild;
+mod repair;
 mod state;
 use rebuild::rebuild;
+pub use repair::RepairOutcome;
 pub use state::{StoreCore, Watermarks};
 
 /// An encoded page as the store receives it.

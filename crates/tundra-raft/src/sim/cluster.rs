@@ -10,8 +10,10 @@ use std::time::Duration;
 use tundra_codec::{DecompressCost, PageCodec, PageSize, Selector, SelectorConfig};
 use tundra_device::fault::FaultyDevice;
 use tundra_device::mem::MemDevice;
+use tundra_device::{BLOCK_SIZE, BlockDevice};
 use tundra_env::Rng;
-use tundra_store::ids::{ChunkId, VolumeId};
+use tundra_store::ids::{ChunkId, PageNo, VolumeId};
+use tundra_store::index::{Encoding, PageEntry};
 use tundra_store::journal::{Journal, JournalGeometry};
 use tundra_store::pages::{CpuLoad, Pages};
 use tundra_store::store::Store;
@@ -21,6 +23,7 @@ use super::check::{Applied, chunk_digest};
 use super::net::SimNet;
 use crate::host::{Host, heartbeat_config};
 use crate::log::{LogFault, MemLog};
+use crate::repair::RepairStats;
 use crate::state_machine::ApplyHook;
 use crate::types::NodeId;
 use parking_lot::Mutex;
@@ -58,7 +61,14 @@ pub struct Cluster {
     pub nodes: Vec<SimNode>,
     pub chunks: Vec<ChunkId>,
     applied: Arc<Mutex<Applied>>,
+    /// Repair turned off on every node (the injected bug of the twin test).
+    pub repair_off: bool,
+    /// What repair did on hosts that have since crashed.
+    pub repair_before: Vec<RepairStats>,
 }
+
+/// Pages a node's background scrub verifies per simulated second.
+const SCRUB_PAGES_PER_SECOND: u64 = 20;
 
 impl Cluster {
     /// Formats `nodes` nodes' devices, creates the volume on each, starts every host with a
@@ -70,6 +80,7 @@ impl Cluster {
         chunks: u32,
         fault: LogFault,
         applied: Arc<Mutex<Applied>>,
+        repair_off: bool,
     ) -> Cluster {
         let mut sim_nodes = Vec::new();
         for id in 1..=nodes {
@@ -83,7 +94,7 @@ impl Cluster {
             sim_nodes.push(SimNode { id, data, fast, log, host: None, nonce_seed: rng.next_u64() });
         }
         let chunks = (0..chunks).map(|i| ChunkId::new(VolumeId(1), i)).collect();
-        let mut cluster = Cluster { net, nodes: sim_nodes, chunks, applied };
+        let mut cluster = Cluster { net, nodes: sim_nodes, chunks, applied, repair_off, repair_before: Vec::new() };
         for i in 0..cluster.nodes.len() {
             cluster.start(i).await.expect("start a new node");
         }
@@ -129,6 +140,10 @@ impl Cluster {
         for &chunk in &self.chunks {
             host.add_group(chunk).await?;
         }
+        if self.repair_off {
+            host.disable_repair();
+        }
+        host.start_scrub(SCRUB_PAGES_PER_SECOND);
         self.net.up(node.id, host.clone());
         node.host = Some(host);
         Ok(())
@@ -146,7 +161,34 @@ impl Cluster {
         node.fast.crash();
         let lost = node.log.crash(rng);
         host.shutdown().await;
+        self.repair_before.push(host.repair_stats());
         lost
+    }
+
+    /// Flips bits in the stored image of `page` of `chunk` on node `i`, in the device block
+    /// that holds it, behind the store's back (the media went bad). Returns the page's entry
+    /// when the image now fails its checksum; a flip that leaves the image verifying (a bit
+    /// the decoder ignores) is undone, and a page that does not exist is left alone.
+    pub fn corrupt(&self, i: usize, chunk: ChunkId, page: PageNo, rng: &mut Rng) -> Option<PageEntry> {
+        let node = &self.nodes[i];
+        let host = node.host.as_ref()?;
+        let entry = host.store().entry(chunk, page).filter(|e| e.encoding != Encoding::Heavy)?;
+        let device = node.data.inner();
+        let mut blocks = vec![0u8; usize::from(entry.run.count) * BLOCK_SIZE];
+        device.read(entry.run.first_lba(), &mut blocks).ok()?;
+        let mut bad = blocks.clone();
+        for _ in 0..rng.range(1..4) {
+            let at = rng.below(u64::from(entry.stored_len)) as usize;
+            bad[at] ^= 1 << rng.below(8);
+        }
+        device.write(entry.run.first_lba(), &bad).ok()?;
+        let path = host.pages_of(chunk);
+        path.forget_all();
+        if path.verify_stored(chunk, page).is_ok() {
+            device.write(entry.run.first_lba(), &blocks).ok()?;
+            return None;
+        }
+        Some(entry)
     }
 
     pub fn is_up(&self, i: usize) -> bool {

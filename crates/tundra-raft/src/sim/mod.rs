@@ -33,6 +33,7 @@ use self::cluster::{Cluster, PAGE_BYTES};
 use self::net::{NetFaults, SimNet};
 use crate::host::Error;
 use crate::log::LogFault;
+use crate::repair::RepairStats;
 
 /// What one run is asked to do.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +41,9 @@ pub struct Options {
     pub steps: u32,
     pub log_fault: LogFault,
     pub trace: bool,
+    /// Repair of bad pages turned off on every node: the injected bug the twin test expects
+    /// the checks to catch.
+    pub repair_off: bool,
 }
 
 /// What one run (or many, added up) did and found.
@@ -56,6 +60,8 @@ pub struct Report {
     pub crashes: u64,
     pub restarts: u64,
     pub log_records_lost_in_crashes: u64,
+    pub pages_corrupted: u64,
+    pub repair: RepairStats,
     pub writes_acked: u64,
     pub writes_unknown: u64,
     pub writes_refused_not_leader: u64,
@@ -83,6 +89,8 @@ impl Report {
         self.crashes += other.crashes;
         self.restarts += other.restarts;
         self.log_records_lost_in_crashes += other.log_records_lost_in_crashes;
+        self.pages_corrupted += other.pages_corrupted;
+        add_repair(&mut self.repair, &other.repair);
         self.writes_acked += other.writes_acked;
         self.writes_unknown += other.writes_unknown;
         self.writes_refused_not_leader += other.writes_refused_not_leader;
@@ -97,12 +105,23 @@ impl Report {
     }
 }
 
+fn add_repair(total: &mut RepairStats, other: &RepairStats) {
+    total.scrub_passes += other.scrub_passes;
+    total.pages_scrubbed += other.pages_scrubbed;
+    total.bad_found_by_scrub += other.bad_found_by_scrub;
+    total.bad_found_by_reads += other.bad_found_by_reads;
+    total.pages_repaired += other.pages_repaired;
+    total.unrepairable += other.unrepairable;
+}
+
 /// The faults one seed turns on, and how often.
 #[derive(Clone, Copy, Debug)]
 struct Swarm {
     net: NetFaults,
     crash: f64,
     partition: f64,
+    /// Chance per step that a page's stored bytes go bad on one replica.
+    corrupt: f64,
 }
 
 impl Swarm {
@@ -112,7 +131,8 @@ impl Swarm {
             duplicate: *rng.pick(&[0.0, 0.02, 0.1]),
             delay_max_ms: *rng.pick(&[1, 5, 20, 45]),
         };
-        Swarm { net, crash: *rng.pick(&[0.0, 0.03, 0.08]), partition: *rng.pick(&[0.0, 0.03, 0.08]) }
+        let (crash, partition) = (*rng.pick(&[0.0, 0.03, 0.08]), *rng.pick(&[0.0, 0.03, 0.08]));
+        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]) }
     }
 }
 
@@ -139,7 +159,9 @@ async fn simulate(seed: u64, options: Options) -> Report {
     let net = SimNet::new(rng.fork(), swarm.net, options.trace);
     net.note(|| format!("seed {seed} swarm {swarm:?}"));
     let applied = Arc::new(Mutex::new(Applied::default()));
-    let mut cluster = Cluster::build(&mut rng, net.clone(), NODES, CHUNKS, options.log_fault, applied.clone()).await;
+    let mut cluster =
+        Cluster::build(&mut rng, net.clone(), NODES, CHUNKS, options.log_fault, applied.clone(), options.repair_off)
+            .await;
     let mut report = Report { seeds: 1, ..Report::default() };
     let mut model = Model::default();
     let mut sequence = 0u64;
@@ -162,7 +184,11 @@ async fn simulate(seed: u64, options: Options) -> Report {
             let stats = host.log().stats();
             report.log_records += stats.records;
             report.log_flushes += stats.flushes;
+            add_repair(&mut report.repair, &host.repair_stats());
         }
+    }
+    for before in &cluster.repair_before {
+        add_repair(&mut report.repair, before);
     }
     let counts = net.counts();
     (report.messages_sent, report.messages_lost) = (counts.sent, counts.lost);
@@ -204,6 +230,33 @@ async fn inject_faults(cluster: &mut Cluster, rng: &mut Rng, swarm: &Swarm, repo
             cluster.net.cut(alone, other);
         }
         report.partitions += 1;
+    }
+    if rng.chance(swarm.corrupt) {
+        corrupt_one_replica(cluster, rng, report);
+    }
+}
+
+/// Makes a page's stored bytes bad on one running replica, if every other replica's copy of
+/// the page is good as far as the simulation knows (one bad copy at a time, so that a good one
+/// is always left to repair from). A replica that is down may hold a bad copy from before its
+/// crash, so none is corrupted while a node is down.
+fn corrupt_one_replica(cluster: &mut Cluster, rng: &mut Rng, report: &mut Report) {
+    let i = rng.below(cluster.nodes.len() as u64) as usize;
+    let chunk = *rng.pick(&cluster.chunks);
+    let page = PageNo(rng.below(PAGES_PER_CHUNK) as u32);
+    if (0..cluster.nodes.len()).any(|j| !cluster.is_up(j)) {
+        return;
+    }
+    let others_good = cluster.nodes.iter().enumerate().filter(|&(j, _)| j != i).all(|(_, node)| {
+        let host = node.host.as_ref().expect("every node is up");
+        host.pages_of(chunk).verify_stored(chunk, page).is_ok()
+    });
+    if !others_good {
+        return;
+    }
+    if let Some(entry) = cluster.corrupt(i, chunk, page, rng) {
+        cluster.net.note(|| format!("corrupt node {} g{} page {} lsn {}", i + 1, chunk.0, page.0, entry.lsn.0));
+        report.pages_corrupted += 1;
     }
 }
 
@@ -311,11 +364,20 @@ async fn converge(cluster: &mut Cluster, model: &mut Model, report: &mut Report)
             report.restarts += 1;
         }
     }
+    let mut converged = Vec::new();
     for &chunk in &cluster.chunks.clone() {
-        if !settled(cluster, chunk).await {
+        if settled(cluster, chunk).await {
+            converged.push(chunk);
+        } else {
             report.violations.push(format!("chunk {} did not converge within 60 simulated seconds", chunk.0));
-            continue;
         }
+    }
+    // The background scrub runs throughout; one more pass on every node, now that every
+    // replica applied everything, bounds the time bad copies left from the faults can last.
+    for host in cluster.nodes.iter().filter_map(|n| n.host.clone()) {
+        host.scrub_pass(Duration::ZERO).await;
+    }
+    for chunk in converged {
         let hosts: Vec<_> = cluster.nodes.iter().filter_map(|n| n.host.clone()).collect();
         let contents: Vec<Vec<String>> = hosts.iter().map(|h| replica_content(h.store(), chunk)).collect();
         for (host, content) in hosts.iter().zip(&contents).skip(1) {

@@ -1,5 +1,6 @@
 //! The simulation's tests: many seeds with zero violations, one seed's run replayed byte for
-//! byte, and a seed range on which an injected bug (a log whose flush lies) is caught.
+//! byte, seed ranges on which injected bugs (a log whose flush lies, repair turned off) are
+//! caught, and a page bad on every replica read as an error.
 
 use super::*;
 
@@ -23,7 +24,7 @@ fn seeds_without_violations() {
     let first = env_number("TUNDRA_SIM_FIRST_SEED", 0);
     let mut total = Report::default();
     for seed in first..first + seeds {
-        let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: false });
+        let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: false, repair_off: false });
         if let Some(violation) = report.violations.first() {
             panic!("seed {seed}: {violation}\nreplay: {}", replay_command(seed, steps));
         }
@@ -34,6 +35,7 @@ fn seeds_without_violations() {
     assert!(total.reads_checked + total.final_reads_checked > seeds);
     assert!(total.crashes > 0 && total.partitions > 0 && total.messages_lost > 0 && total.messages_duplicated > 0);
     assert!(total.snapshots_sent > 0, "no replica was brought back by a snapshot");
+    assert!(total.pages_corrupted > 0 && total.repair.pages_repaired > 0, "no bad page was repaired");
 }
 
 /// Replays one seed (TUNDRA_SEED) and prints its trace.
@@ -41,7 +43,7 @@ fn seeds_without_violations() {
 fn one_seed() {
     let seed = tundra_env::seed_from_env(7);
     let steps = env_number("TUNDRA_SIM_STEPS", u64::from(DEFAULT_STEPS)) as u32;
-    let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: true });
+    let report = run_seed(seed, Options { steps, log_fault: LogFault::None, trace: true, repair_off: false });
     if std::env::var("TUNDRA_SEED").is_ok() {
         report.trace.iter().for_each(|line| println!("{line}"));
     }
@@ -57,7 +59,7 @@ fn one_seed() {
 #[test]
 fn same_seed_same_trace() {
     for seed in [3, 11, 42] {
-        let options = Options { steps: 30, log_fault: LogFault::None, trace: true };
+        let options = Options { steps: 30, log_fault: LogFault::None, trace: true, repair_off: false };
         let (a, b) = (run_seed(seed, options), run_seed(seed, options));
         assert!(a.trace.len() > 100, "seed {seed}: a trace of {} lines", a.trace.len());
         assert_eq!(a.trace, b.trace, "seed {seed} ran differently twice");
@@ -70,7 +72,8 @@ fn same_seed_same_trace() {
 fn a_log_whose_flush_lies_is_caught() {
     let mut caught = None;
     for seed in 0..200 {
-        let report = run_seed(seed, Options { steps: 40, log_fault: LogFault::FlushLies, trace: false });
+        let report =
+            run_seed(seed, Options { steps: 40, log_fault: LogFault::FlushLies, trace: false, repair_off: false });
         if let Some(violation) = report.violations.first() {
             caught = Some((seed, violation.clone()));
             break;
@@ -80,10 +83,58 @@ fn a_log_whose_flush_lies_is_caught() {
     println!("seed {seed} caught the lying flush: {violation}");
 }
 
+/// The twin of the repair checks: with repair off, a page corrupted on one replica stays bad,
+/// and the end check (every replica holds the same stored bytes) or a final read must say so.
+#[test]
+fn a_cluster_that_does_not_repair_is_caught() {
+    let mut caught = None;
+    for seed in 0..200 {
+        let report = run_seed(seed, Options { steps: 40, log_fault: LogFault::None, trace: false, repair_off: true });
+        if let Some(violation) = report.violations.first() {
+            caught = Some((seed, violation.clone()));
+            break;
+        }
+    }
+    let (seed, violation) = caught.expect("no seed caught a cluster that leaves bad pages bad");
+    println!("seed {seed} caught the missing repair: {violation}");
+}
+
+/// A page bad on every replica: the leader's read fails with `Error::Corrupted` (never wrong
+/// data) and counts the page unrepairable.
+#[test]
+fn a_page_bad_on_every_replica_reads_as_an_error() {
+    crate::runtime::seed_thread_rng(5);
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    runtime.block_on(async {
+        let mut rng = Rng::new(5);
+        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, LogFault::None, applied, false).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        leader.write_pages(chunk, &[(PageNo(1), content(1), Lsn(1))]).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        for i in 0..cluster.nodes.len() {
+            let corrupted = (0..10).any(|_| cluster.corrupt(i, chunk, PageNo(1), &mut rng).is_some());
+            assert!(corrupted, "node {} kept a good copy", i + 1);
+        }
+        match leader.read_page(chunk, PageNo(1)).await {
+            Err(Error::Corrupted(why)) => assert!(why.contains("no other replica"), "{why}"),
+            other => panic!("a page bad everywhere read as {:?}", other.map(|p| p.map(|p| value_of(&p)))),
+        }
+        assert!(leader.repair_stats().unrepairable >= 1);
+        assert_eq!(leader.repair_stats().pages_repaired, 0);
+        cluster.shutdown().await;
+    });
+}
+
 pub fn summary(r: &Report) -> String {
     format!(
         "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} partitions={} crashes={} restarts={} \
-         log_records_lost_in_crashes={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
+         log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} pages_repaired={} \
+         unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
          violations={}",
         r.seeds,
@@ -97,6 +148,12 @@ pub fn summary(r: &Report) -> String {
         r.crashes,
         r.restarts,
         r.log_records_lost_in_crashes,
+        r.pages_corrupted,
+        r.repair.bad_found_by_reads,
+        r.repair.bad_found_by_scrub,
+        r.repair.pages_repaired,
+        r.repair.unrepairable,
+        r.repair.pages_scrubbed,
         r.writes_acked,
         r.writes_unknown,
         r.writes_refused_not_leader,

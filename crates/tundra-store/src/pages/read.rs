@@ -29,6 +29,47 @@ impl Pages {
         Ok(Some(content))
     }
 
+    /// Reads a page's stored image from the device, past the cache, and verifies it: the
+    /// page's entry when it is sound, `None` when the page does not exist, a corruption error
+    /// when its bytes fail. What a scrub asks of every page.
+    pub fn verify_stored(&self, chunk: ChunkId, page: PageNo) -> Result<Option<crate::index::PageEntry>> {
+        Ok(self.load(chunk, page)?.map(|(entry, _)| entry))
+    }
+
+    /// The page's stored image as one [`PagePut`] (the bytes as stored, never compressed
+    /// again, with their LSN), verified first: a copy for a replica whose own image is bad.
+    /// `None` when the page does not exist; a corruption error when this copy is bad too.
+    pub fn good_image(&self, chunk: ChunkId, page: PageNo) -> Result<Option<crate::command::PagePut>> {
+        let Some((entry, bytes)) = self.store.read_image(chunk, page)? else { return Ok(None) };
+        if entry.encoding == Encoding::Heavy {
+            return Err(Error::invalid("a copy of a page of a heavy segment is not built yet"));
+        }
+        let image = crate::store::PageImage { encoding: entry.encoding, bytes, checksum: entry.checksum };
+        let put = crate::command::PagePut { page, image, lsn: entry.lsn };
+        self.verify_image(chunk, &put)?;
+        Ok(Some(put))
+    }
+
+    /// Checks that an image (from a peer, or read here) decompresses to content that matches
+    /// its checksum; a corruption error otherwise.
+    pub fn verify_image(&self, chunk: ChunkId, put: &crate::command::PagePut) -> Result<()> {
+        let encoding = match put.image.encoding {
+            Encoding::Heavy => return Err(Error::invalid("a heavy segment is not a page image")),
+            Encoding::Raw => tundra_codec::Encoding::Raw,
+            Encoding::Lz4 => tundra_codec::Encoding::Compressed(Algorithm::Lz4),
+            Encoding::Zstd => tundra_codec::Encoding::Compressed(Algorithm::Zstd),
+        };
+        let content = match encoding {
+            tundra_codec::Encoding::Raw if put.image.bytes.len() == self.page_size.bytes() => put.image.bytes.clone(),
+            tundra_codec::Encoding::Raw => return Err(Error::corrupted("a raw image that is not one page long")),
+            encoding => self.codec.decode(encoding, &put.image.bytes, self.page_size).map_err(codec_error)?,
+        };
+        if page_checksum(chunk, put.page, &content) != put.image.checksum {
+            return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", put.page.0, chunk.0)));
+        }
+        Ok(())
+    }
+
     /// Reads a page from the store, decompresses and verifies it.
     fn load(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::index::PageEntry, Vec<u8>)>> {
         let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };

@@ -835,3 +835,61 @@ fn pages_written_on_a_busy_host_are_chosen_again_when_it_is_idle() {
     assert_eq!(pages.rechoose_stats().pending_pages, 0);
     assert_eq!(pages.rechoose(100, 0.2).unwrap().examined_pages, 49);
 }
+
+/// Two replicas of one chunk holding the same command; a page made bad on one is rewritten
+/// from the other's copy with the same encoding, length, checksum and LSN, durably (it reads
+/// back after a reopen), and a copy of another version, a bad copy, or a page that changed
+/// meanwhile is never installed.
+#[test]
+fn a_bad_page_is_repaired_from_another_replicas_copy() {
+    let replica = || {
+        let data = Arc::new(MemDevice::new(4096));
+        let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+        Journal::format(fast.as_ref(), JOURNAL).unwrap();
+        (data.clone(), fast.clone(), pages_over(data, fast, 8192))
+    };
+    let ((data, fast, a), (_, _, b)) = (replica(), replica());
+    let chunk = ChunkId(2);
+    let content = table_page(7, 8192);
+    let command = a.encode_pages(chunk, &[(PageNo(3), content.as_slice(), Lsn(5), None)]).unwrap();
+    a.apply_command(&command, |c| a.store().apply(c)).unwrap();
+    b.apply_command(&command, |c| b.store().apply(c)).unwrap();
+    let bad = a.store().entry(chunk, PageNo(3)).unwrap();
+    let len = usize::from(bad.run.count) * 4096;
+    a.store().data_device().write(bad.run.first_lba(), &vec![0x5A; len]).unwrap();
+    a.forget_all();
+    assert_eq!(a.verify_stored(chunk, PageNo(3)).unwrap_err().kind(), crate::ErrorKind::Corrupted);
+    assert_eq!(a.good_image(chunk, PageNo(3)).unwrap_err().kind(), crate::ErrorKind::Corrupted);
+    let copy = b.good_image(chunk, PageNo(3)).unwrap().unwrap();
+
+    // A copy of another version, and a copy whose bytes are bad, are refused.
+    let mut newer = copy.clone();
+    newer.lsn = Lsn(6);
+    assert_eq!(a.store().repair_page(chunk, bad, &newer).unwrap_err().kind(), crate::ErrorKind::Invalid);
+    let mut damaged = copy.clone();
+    damaged.image.bytes[10] ^= 0x40;
+    assert!(a.verify_image(chunk, &damaged).is_err());
+    assert!(a.verify_image(chunk, &copy).is_ok());
+
+    assert_eq!(a.store().repair_page(chunk, bad, &copy).unwrap(), crate::store::RepairOutcome::Repaired);
+    let repaired = a.store().entry(chunk, PageNo(3)).unwrap();
+    let theirs = b.store().entry(chunk, PageNo(3)).unwrap();
+    assert_eq!(
+        (repaired.encoding, repaired.stored_len, repaired.checksum, repaired.lsn),
+        (theirs.encoding, theirs.stored_len, theirs.checksum, theirs.lsn)
+    );
+    assert_eq!(a.read_page(chunk, PageNo(3)).unwrap().unwrap(), content);
+    a.store().check_invariants().unwrap();
+    drop(a);
+    let reopened = path_of(Arc::new(Store::open(data, fast).unwrap()), 8192, CpuLoad::Fixed(0.0));
+    assert_eq!(reopened.read_page(chunk, PageNo(3)).unwrap().unwrap(), content);
+
+    // The page was written again after it was found bad: the old copy is not installed.
+    let bad = reopened.store().entry(chunk, PageNo(3)).unwrap();
+    reopened.store().data_device().write(bad.run.first_lba(), &vec![0x5A; len]).unwrap();
+    let newer_content = table_page(8, 8192);
+    reopened.write_page(chunk, PageNo(3), &newer_content, Lsn(9), None).unwrap();
+    assert_eq!(reopened.store().repair_page(chunk, bad, &copy).unwrap(), crate::store::RepairOutcome::Superseded);
+    assert_eq!(reopened.read_page(chunk, PageNo(3)).unwrap().unwrap(), newer_content);
+    reopened.store().check_invariants().unwrap();
+}

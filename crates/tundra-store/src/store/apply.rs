@@ -267,7 +267,7 @@ impl Store {
 
     /// Writes each image to its run, zero-padded, with one device write for every group of
     /// runs that follow each other on the device. Not flushed (see [`Store::write_run`]).
-    fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
+    pub(super) fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
         let mut order: Vec<usize> = (0..runs.len()).collect();
         order.sort_unstable_by_key(|&i| runs[i].first_lba().0);
         let mut i = 0;
@@ -309,7 +309,7 @@ impl Store {
     }
 
     /// Takes a run of blocks for each page of a group (see [`StoreCore::allocate`]).
-    fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
+    pub(super) fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
         self.state.lock().allocate(chunk, counts)
     }
 
@@ -362,7 +362,7 @@ impl Store {
 
     /// Gives back runs written but never journalled: nothing points at them, so they are
     /// trimmed (they hold no space on a compressing drive), then allocatable again.
-    fn abandon_runs(&self, chunk: ChunkId, runs: &[BlockRun]) -> Result<()> {
+    pub(super) fn abandon_runs(&self, chunk: ChunkId, runs: &[BlockRun]) -> Result<()> {
         for &run in runs {
             self.data.trim(run.first_lba(), u64::from(run.count))?;
         }
@@ -372,7 +372,7 @@ impl Store {
 }
 
 /// The index entry of a page put into `run`.
-fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {
+pub(super) fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {
     PageEntry {
         encoding: put.image.encoding,
         run,

@@ -1,0 +1,294 @@
+//! Repair of bad pages from another replica (seed 000 §3.2.1: a chunk has three copies, so a
+//! page whose stored image fails its checksum on one replica is rewritten from another's),
+//! on the read path and by a rate-limited background scrub.
+//!
+//! A replica that finds a page it cannot verify asks each other voter of the chunk for the
+//! page's stored image ([`Rpc::FetchPage`]): the bytes as stored (never compressed again) with
+//! their encoding, checksum and LSN, which the peer verifies before it sends them. The copy is
+//! taken only if it is the same version as the bad image (same encoding, length, checksum and
+//! LSN: a lagging or a more advanced peer holds another version, and is passed over) and if it
+//! decompresses to content that matches its checksum here too. The store then rewrites its own
+//! copy with one journal commit ([`Store::repair_page`](tundra_store::store::Store::repair_page)).
+//!
+//! Why replicas stay identical and a repair never goes back in time: a repair is not a Raft
+//! entry but a local rewrite of content every replica already holds, at the same LSN, so the
+//! chunk's content and its apply mark are the same before and after. It races only with this
+//! replica's own applies, and the store installs it only while the page's entry is still the
+//! bad one, under the gate every write holds from its journal commit to its install: a newer
+//! entry applied meanwhile wins, in memory and after a replay, and the repair is dropped
+//! (`Superseded`). When every peer answered and none has a good copy, the read fails with
+//! [`Error::Corrupted`], never with wrong data; when a peer did not answer or holds another
+//! version (it may be catching up), with [`Error::Unavailable`], which is worth asking again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tundra_store::ErrorKind;
+use tundra_store::command::{PagePut, StoreCommand};
+use tundra_store::ids::{ChunkId, PageNo};
+use tundra_store::index::Encoding;
+use tundra_store::pages::Pages;
+use tundra_store::store::RepairOutcome;
+
+use crate::host::{Error, Host};
+use crate::network::{Envelope, Reply, Rpc};
+use crate::types::GroupId;
+
+/// How long a replica waits for one peer's copy of a page.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What repair and the scrub did on this node since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RepairStats {
+    /// Full passes of the scrub over every page of every chunk this node holds.
+    pub scrub_passes: u64,
+    /// Pages the scrub read and verified.
+    pub pages_scrubbed: u64,
+    /// Pages whose stored image failed its checksum, found by the scrub.
+    pub bad_found_by_scrub: u64,
+    /// Pages whose stored image failed its checksum, found by a read.
+    pub bad_found_by_reads: u64,
+    /// Bad pages rewritten from a peer's copy.
+    pub pages_repaired: u64,
+    /// Bad pages no peer had a good copy of when asked (a read of one failed; the scrub tries
+    /// again on its next pass).
+    pub unrepairable: u64,
+}
+
+/// A node's repair counters, its scrub task, and (for the simulation's twin test) a switch
+/// that turns repair off.
+#[derive(Default)]
+pub struct Repair {
+    scrub_passes: AtomicU64,
+    pages_scrubbed: AtomicU64,
+    bad_found_by_scrub: AtomicU64,
+    bad_found_by_reads: AtomicU64,
+    pages_repaired: AtomicU64,
+    unrepairable: AtomicU64,
+    disabled: AtomicBool,
+    scrub: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Repair {
+    pub fn stats(&self) -> RepairStats {
+        RepairStats {
+            scrub_passes: self.scrub_passes.load(Ordering::Relaxed),
+            pages_scrubbed: self.pages_scrubbed.load(Ordering::Relaxed),
+            bad_found_by_scrub: self.bad_found_by_scrub.load(Ordering::Relaxed),
+            bad_found_by_reads: self.bad_found_by_reads.load(Ordering::Relaxed),
+            pages_repaired: self.pages_repaired.load(Ordering::Relaxed),
+            unrepairable: self.unrepairable.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn stop_scrub(&self) {
+        if let Some(task) = self.scrub.lock().take() {
+            task.abort();
+        }
+    }
+}
+
+/// Why a peer gave no copy: it did not answer (or may have one later), or it answered that its
+/// own copy is bad.
+enum Fetch {
+    Unreachable(String),
+    NoGoodCopy(String),
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Host {
+    /// What repair and the scrub did on this node.
+    pub fn repair_stats(&self) -> RepairStats {
+        self.repair.stats()
+    }
+
+    /// Turns repair off: bad pages stay bad. The simulation's injected bug, which its twin
+    /// test expects a check to catch.
+    #[cfg(test)]
+    pub(crate) fn disable_repair(&self) {
+        self.repair.disabled.store(true, Ordering::Relaxed);
+    }
+
+    /// A read of one page that repairs the page from a peer when its image here is bad.
+    pub(crate) async fn read_or_repair(
+        &self,
+        path: &Pages,
+        chunk: ChunkId,
+        page: PageNo,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        match path.read_page(chunk, page) {
+            Err(error) if error.kind() == ErrorKind::Corrupted => {
+                bump(&self.repair.bad_found_by_reads);
+                self.repair_page(path, chunk, page).await?;
+                path.read_page(chunk, page).map_err(|e| Error::Corrupted(e.to_string()))
+            }
+            other => other.map_err(|e| Error::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Rewrites a bad page from the first peer that holds a good copy of the same version.
+    /// `Superseded` when the page was written again meanwhile (or is sound after all).
+    async fn repair_page(&self, path: &Pages, chunk: ChunkId, page: PageNo) -> Result<RepairOutcome, Error> {
+        if path.verify_stored(chunk, page).is_ok() {
+            return Ok(RepairOutcome::Superseded);
+        }
+        let Some(bad) = path.store().entry(chunk, page) else {
+            bump(&self.repair.unrepairable);
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {}: its journal record is damaged",
+                page.0, chunk.0
+            )));
+        };
+        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
+            bump(&self.repair.unrepairable);
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
+                page.0,
+                chunk.0,
+                self.id()
+            )));
+        }
+        // Why each peer gave no copy, and whether any might give one later (it did not answer,
+        // or holds another version while it catches up): then the read is worth asking again.
+        let (mut why, mut transient) = (Vec::new(), false);
+        for peer in self.peers_of(chunk) {
+            let copy = match self.fetch(peer, chunk, page).await {
+                Ok(copy) => copy,
+                Err(Fetch::Unreachable(error)) => {
+                    transient = true;
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+                Err(Fetch::NoGoodCopy(error)) => {
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+            };
+            let same = copy.lsn == bad.lsn
+                && copy.image.checksum == bad.checksum
+                && copy.image.encoding == bad.encoding
+                && copy.image.bytes.len() == usize::from(bad.stored_len);
+            if !same {
+                transient = true;
+                why.push(format!("node {peer}: holds LSN {}", copy.lsn.0));
+                continue;
+            }
+            if let Err(error) = path.verify_image(chunk, &copy) {
+                why.push(format!("node {peer}: its copy fails here: {error}"));
+                continue;
+            }
+            let outcome = path.store().repair_page(chunk, bad, &copy).map_err(|e| Error::Unavailable(e.to_string()))?;
+            if outcome == RepairOutcome::Repaired {
+                bump(&self.repair.pages_repaired);
+            }
+            return Ok(outcome);
+        }
+        bump(&self.repair.unrepairable);
+        let message = format!(
+            "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
+            page.0,
+            chunk.0,
+            self.id(),
+            bad.lsn.0,
+            why.join("; ")
+        );
+        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+    }
+
+    /// The other voters of a chunk's group, in id order.
+    fn peers_of(&self, chunk: ChunkId) -> Vec<u64> {
+        let Ok(raft) = self.raft(chunk) else { return Vec::new() };
+        let voters: Vec<u64> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
+        voters.into_iter().filter(|&id| id != self.id()).collect()
+    }
+
+    /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
+    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
+        let envelope = Envelope { from: self.id(), to: peer, group: chunk, rpc: Rpc::FetchPage { page: page.0 } };
+        let bytes = match tokio::time::timeout(FETCH_TIMEOUT, self.transport().call(envelope)).await {
+            Ok(Ok(Reply::Page(Ok(bytes)))) => bytes,
+            Ok(Ok(Reply::Page(Err(why)))) => return Err(Fetch::NoGoodCopy(why)),
+            Ok(Ok(_)) => return Err(Fetch::NoGoodCopy("a reply of another kind".into())),
+            Ok(Err(why)) => return Err(Fetch::Unreachable(why)),
+            Err(_) => return Err(Fetch::Unreachable("no answer in time".into())),
+        };
+        match StoreCommand::decode(&bytes) {
+            Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() <= 1 => {
+                // A peer without the page may not have applied its write yet.
+                pages
+                    .pop()
+                    .filter(|put| put.page == page)
+                    .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
+            }
+            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk".into())),
+            Err(error) => Err(Fetch::NoGoodCopy(error.to_string())),
+        }
+    }
+
+    /// A peer's request for this replica's copy of a page: its stored image, verified, as an
+    /// encoded `PutPages` of the chunk (of no page when this replica holds none).
+    pub(crate) fn copy_for_peer(&self, chunk: GroupId, page: PageNo) -> Result<Vec<u8>, String> {
+        self.raft(chunk).map_err(|e| e.to_string())?;
+        let copy = self.pages_of(chunk).good_image(chunk, page).map_err(|e| e.to_string())?;
+        Ok(StoreCommand::PutPages { chunk, pages: copy.into_iter().collect() }.encode())
+    }
+
+    /// Reads and verifies one page past the cache, and repairs it from a peer when it is bad.
+    async fn scrub_page(&self, path: &Pages, chunk: ChunkId, page: PageNo) {
+        bump(&self.repair.pages_scrubbed);
+        match path.verify_stored(chunk, page) {
+            Err(error) if error.kind() == ErrorKind::Corrupted => {
+                bump(&self.repair.bad_found_by_scrub);
+                // An unrepairable page is counted and tried again on the next pass.
+                let _ = self.repair_page(path, chunk, page).await;
+            }
+            // A page that is sound, gone, or unreadable for another reason (the node is
+            // stopping) is not the scrub's to fix.
+            _ => {}
+        }
+    }
+
+    /// One scrub pass over every page of every chunk this node holds, one page every `pace`.
+    pub async fn scrub_pass(&self, pace: Duration) {
+        for chunk in self.groups() {
+            let path = self.pages_of(chunk);
+            for (page, entry) in path.store().chunk_entries(chunk) {
+                if entry.encoding == Encoding::Heavy {
+                    continue;
+                }
+                self.scrub_page(&path, chunk, page).await;
+                if !pace.is_zero() {
+                    tokio::time::sleep(pace).await;
+                }
+            }
+        }
+        bump(&self.repair.scrub_passes);
+    }
+
+    /// Starts the background scrub on the current runtime: passes over every page at
+    /// `pages_per_second`, forever, until [`Host::shutdown`]. Zero turns it off.
+    pub fn start_scrub(self: &Arc<Host>, pages_per_second: u64) {
+        if pages_per_second == 0 {
+            return;
+        }
+        let pace = Duration::from_secs(1) / u32::try_from(pages_per_second).unwrap_or(u32::MAX);
+        let host = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            loop {
+                let Some(host) = host.upgrade() else { return };
+                host.scrub_pass(pace).await;
+                drop(host);
+                // Between passes, and so that a node holding no pages does not spin.
+                tokio::time::sleep(pace.max(Duration::from_millis(100))).await;
+            }
+        });
+        if let Some(old) = self.repair.scrub.lock().replace(task) {
+            old.abort();
+        }
+    }
+}
