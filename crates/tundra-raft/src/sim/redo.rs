@@ -92,7 +92,7 @@ async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) ->
     let faults = NetFaults { loss: 0.05, duplicate: 0.05, delay_max_ms: 20 };
     let net = SimNet::new(rng.fork(), faults, false);
     let applied = Arc::new(Mutex::new(Applied::default()));
-    let mut cluster = Cluster::build(&mut rng, net, 3, 1, fault, applied).await;
+    let mut cluster = Cluster::build(&mut rng, net, 3, 1, fault, applied, false).await;
     let streams: Vec<Arc<Stream>> = (0..3).map(|_| Arc::default()).collect();
     for i in 0..3 {
         start_redo(&cluster, i, &streams).await;
