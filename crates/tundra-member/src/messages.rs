@@ -27,14 +27,41 @@ pub struct PageWrite {
     pub bytes: Vec<u8>,
 }
 
-/// A replicated volume's definition, the same on every replica.
+/// A replicated volume's definition, the same in every node's catalog.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeDef {
     pub id: u32,
     pub name: String,
     pub size_bytes: u64,
     pub page_size: u32,
+    /// The replicas of every chunk of a volume whose chunks all live on the same nodes (a
+    /// volume made before placement per chunk); ignored where `chunks` names a chunk's.
     pub replicas: Vec<u64>,
+    /// Each chunk's replica set, by chunk index, as placement chose it and moves changed it.
+    #[serde(default)]
+    pub chunks: Vec<Vec<u64>>,
+}
+
+impl VolumeDef {
+    /// The nodes holding a replica of the volume's chunk `index`, lowest id first.
+    pub fn replicas_of(&self, index: u32) -> &[u64] {
+        self.chunks.get(index as usize).map_or(self.replicas.as_slice(), Vec::as_slice)
+    }
+
+    /// Whether `node` holds a replica of chunk `index`.
+    pub fn holds(&self, node: u64, index: u32) -> bool {
+        self.replicas_of(index).contains(&node)
+    }
+}
+
+/// A node's drive space, as placement counts it (seed 000 §4.2.1): capacity and usage on the
+/// logical axis (pages' uncompressed bytes) and the physical one (the drive's media).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    pub logical_capacity_bytes: u64,
+    pub physical_capacity_bytes: u64,
+    pub logical_used_bytes: u64,
+    pub physical_used_bytes: u64,
 }
 
 /// Work one node asks of another.
@@ -56,6 +83,8 @@ pub enum Forward {
     Initialize { volume: u32 },
     /// This node's view of its groups.
     LocalStatus,
+    /// This node's drive space, for placement.
+    Usage,
 }
 
 /// A [`Forward`]'s answer.
@@ -65,6 +94,7 @@ pub enum Answer {
     Pages(Vec<Option<Vec<u8>>>),
     VolumeId(u32),
     Status(LocalStatus),
+    Usage(NodeUsage),
 }
 
 /// Why a [`Forward`] was not done.
@@ -97,4 +127,5 @@ pub struct GroupView {
 pub struct LocalStatus {
     pub node: u64,
     pub groups: Vec<GroupView>,
+    pub usage: NodeUsage,
 }

@@ -34,7 +34,24 @@ pub fn run(command: ClusterCommand) -> Result<()> {
     println!("as node {} sees it:", status["node"]);
     for node in status["nodes"].as_array().into_iter().flatten() {
         let up = if node["up"].as_bool() == Some(true) { "up" } else { "down" };
-        println!("node {}\t{}\t{up}", node["id"], node["addr"].as_str().unwrap_or("?"));
+        let usage = &node["usage"];
+        let held: Vec<String> = node["chunks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{}/{}", c["volume_id"], c["chunk"]))
+            .collect();
+        println!(
+            "node {}\t{}\t{up}\tlogical {} of {}\tphysical {} of {}\tratio {}\tchunks [{}]",
+            node["id"],
+            node["addr"].as_str().unwrap_or("?"),
+            text(&usage["logical_used_bytes"]),
+            text(&usage["logical_capacity_bytes"]),
+            text(&usage["physical_used_bytes"]),
+            text(&usage["physical_capacity_bytes"]),
+            node["ratio"].as_f64().map_or("-".to_string(), |r| format!("{r:.2}")),
+            held.join(" "),
+        );
     }
     for chunk in status["chunks"].as_array().into_iter().flatten() {
         println!(

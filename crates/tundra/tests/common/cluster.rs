@@ -1,5 +1,6 @@
-//! Three `tundra serve` processes forming a cluster on 127.0.0.1, for the end-to-end tests:
-//! each with its own data directory and config (`[cluster]` naming all three), ports found
+//! `tundra serve` processes forming a cluster on 127.0.0.1 (three unless a test asks for
+//! more), for the end-to-end tests: each with its own data directory and config (`[cluster]`
+//! naming all of them), ports found
 //! free, readiness awaited in a bounded loop, stopped by PID (kill -9 where a test crashes a
 //! node), and killed when the test ends, whatever happens.
 
@@ -39,7 +40,7 @@ impl Member {
     }
 }
 
-/// A cluster of three nodes.
+/// A cluster of nodes 1 to N.
 pub struct Cluster {
     pub dir: TempDir,
     pub members: Vec<Member>,
@@ -63,11 +64,16 @@ impl Cluster {
 
     /// [`Cluster::new`] with `drive` as the body of every node's `[drive]` section.
     pub fn with_drive(key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
+        Cluster::of_size(3, key_of, drive)
+    }
+
+    /// [`Cluster::with_drive`] of `count` nodes.
+    pub fn of_size(count: usize, key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let addrs = free_addrs(9);
-        let peers: Vec<String> = (0..3).map(|i| format!("\"{}@{}\"", i + 1, addrs[i * 3])).collect();
+        let addrs = free_addrs(count * 3);
+        let peers: Vec<String> = (0..count).map(|i| format!("\"{}@{}\"", i + 1, addrs[i * 3])).collect();
         let mut members = Vec::new();
-        for i in 0..3 {
+        for i in 0..count {
             let id = i as u64 + 1;
             let data = dir.path().join(format!("node{id}"));
             let key_line = match key_of(id) {
@@ -103,10 +109,11 @@ impl Cluster {
 
     /// Starts every node and waits until each answers a ping.
     pub fn start_all(&mut self) {
-        for id in 1..=3 {
+        let count = self.members.len() as u64;
+        for id in 1..=count {
             self.spawn(id);
         }
-        for id in 1..=3 {
+        for id in 1..=count {
             self.wait_ready(id);
         }
     }
