@@ -31,6 +31,8 @@ const COMPACT_BYTES: u64 = 64 << 20;
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a volume's creation waits for a peer it cannot reach yet.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// How long a node that restarted waits before it settles the moves its catalog lists.
+const SETTLE_DELAY: Duration = Duration::from_secs(2);
 /// How long a volume's creation waits for its groups' first leaders.
 const FIRST_LEADER_WAIT: Duration = Duration::from_secs(20);
 
@@ -109,7 +111,17 @@ impl ClusterNode {
             cluster.runtime.block_on(cluster.open_replica(&def))?;
         }
         let weak = Arc::downgrade(&cluster);
-        cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak)) });
+        cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak.clone())) });
+        // Moves this node's catalog lists were under way when it stopped: settle them once the
+        // peers are connected (crate::migrate).
+        if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {
+            cluster.runtime.spawn(async move {
+                tokio::time::sleep(SETTLE_DELAY).await;
+                if let Some(cluster) = weak.upgrade() {
+                    cluster.settle_all().await;
+                }
+            });
+        }
         Ok(cluster)
     }
 
@@ -168,6 +180,13 @@ impl ClusterNode {
             Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
             Forward::Usage => Ok(Answer::Usage(self.usage())),
+            Forward::SetChunk { volume, chunk, replicas, moving } => tokio::task::block_in_place(|| {
+                self.catalog.lock().set_chunk(volume, chunk, replicas, moving).map(|()| Answer::Done)
+            })
+            .map_err(Refusal::Invalid),
+            Forward::StartReplica { volume, chunk } => self.start_replica(volume, chunk).await,
+            Forward::DropReplica { volume, chunk } => self.drop_replica(volume, chunk).await,
+            Forward::Membership { volume, chunk, change } => self.change_membership(volume, chunk, change).await,
         }
     }
 
@@ -203,7 +222,7 @@ impl ClusterNode {
             return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
         }
         for chunk in chunks(&volume.volume) {
-            if def.holds(self.me, chunk.index()) {
+            if def.runs(self.me, chunk.index()) {
                 self.host.add_group_on(chunk, volume.pages().clone()).await?;
             }
         }
@@ -264,8 +283,15 @@ impl ClusterNode {
             let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
             all.sort_unstable();
             all.dedup();
-            let def =
-                VolumeDef { id, name: name.to_string(), size_bytes, page_size, replicas: all.clone(), chunks: sets };
+            let def = VolumeDef {
+                id,
+                name: name.to_string(),
+                size_bytes,
+                page_size,
+                replicas: all.clone(),
+                chunks: sets,
+                moves: Vec::new(),
+            };
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;
             }
@@ -339,7 +365,7 @@ fn catalog_groups(catalog: &Catalog, me: u64) -> usize {
     catalog
         .volumes()
         .iter()
-        .map(|def| (0..chunk_spans(def.size_bytes).len() as u32).filter(|&index| def.holds(me, index)).count())
+        .map(|def| (0..chunk_spans(def.size_bytes).len() as u32).filter(|&index| def.runs(me, index)).count())
         .sum()
 }
 

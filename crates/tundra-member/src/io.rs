@@ -70,7 +70,7 @@ impl Drop for PageGuard<'_> {
     }
 }
 
-fn refusal(error: tundra_raft::Error) -> Refusal {
+pub(crate) fn refusal(error: tundra_raft::Error) -> Refusal {
     match error {
         tundra_raft::Error::NotLeader { leader, .. } => Refusal::NotLeader { leader },
         tundra_raft::Error::Invalid(why) => Refusal::Invalid(why),
@@ -288,6 +288,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::VolumeId(_) => "a volume id",
         Answer::Status(_) => "a status",
         Answer::Usage(_) => "a usage",
+        Answer::Members { .. } => "a membership",
     }
 }
 

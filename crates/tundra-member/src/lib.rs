@@ -11,6 +11,7 @@
 //! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
 //!   creation.
 //! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
+//! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
@@ -19,6 +20,7 @@ pub mod catalog;
 pub mod cluster;
 mod io;
 pub mod messages;
+pub mod migrate;
 pub mod peers;
 pub mod placement;
 pub mod service;

@@ -40,6 +40,19 @@ pub struct VolumeDef {
     /// Each chunk's replica set, by chunk index, as placement chose it and moves changed it.
     #[serde(default)]
     pub chunks: Vec<Vec<u64>>,
+    /// Moves of a chunk's replica under way (at most one per chunk): entered in every catalog
+    /// before the move starts and removed once it finished or was rolled back, so a node that
+    /// restarts finds it and settles it.
+    #[serde(default)]
+    pub moves: Vec<ChunkMove>,
+}
+
+/// A chunk replica moving from one node to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMove {
+    pub chunk: u32,
+    pub from: u64,
+    pub to: u64,
 }
 
 impl VolumeDef {
@@ -51,6 +64,16 @@ impl VolumeDef {
     /// Whether `node` holds a replica of chunk `index`.
     pub fn holds(&self, node: u64, index: u32) -> bool {
         self.replicas_of(index).contains(&node)
+    }
+
+    /// Whether `node` runs a group for chunk `index`: a replica, or the target of its move.
+    pub fn runs(&self, node: u64, index: u32) -> bool {
+        self.holds(node, index) || self.moves.iter().any(|m| m.chunk == index && m.to == node)
+    }
+
+    /// The move of chunk `index` under way, if any.
+    pub fn move_of(&self, index: u32) -> Option<ChunkMove> {
+        self.moves.iter().copied().find(|m| m.chunk == index)
     }
 }
 
@@ -85,6 +108,27 @@ pub enum Forward {
     LocalStatus,
     /// This node's drive space, for placement.
     Usage,
+    /// Enter chunk `chunk`'s replica set and the move under way (if any) in the catalog.
+    SetChunk { volume: u32, chunk: u32, replicas: Vec<u64>, moving: Option<ChunkMove> },
+    /// Start an empty replica of the chunk's group here (a move's target).
+    StartReplica { volume: u32, chunk: u32 },
+    /// Stop this node's replica of the chunk and free its pages (a move's source, or a
+    /// target rolled back).
+    DropReplica { volume: u32, chunk: u32 },
+    /// At the chunk's leader: a membership change of its group.
+    Membership { volume: u32, chunk: u32, change: MembershipChange },
+}
+
+/// A change of a chunk group's membership, done by its leader.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// Only report the voters and learners.
+    Query,
+    /// Add a learner and answer once it caught up.
+    AddLearner(u64),
+    /// Make these the voters (learners not among them are removed).
+    Voters(Vec<u64>),
+    RemoveLearner(u64),
 }
 
 /// A [`Forward`]'s answer.
@@ -95,6 +139,7 @@ pub enum Answer {
     VolumeId(u32),
     Status(LocalStatus),
     Usage(NodeUsage),
+    Members { voters: Vec<u64>, learners: Vec<u64> },
 }
 
 /// Why a [`Forward`] was not done.

@@ -159,6 +159,10 @@ impl Service for ClusterService {
         Ok(json.to_string())
     }
 
+    fn cluster_admin(&self, request: &str) -> Result<String, ServiceError> {
+        self.cluster.admin(request).map_err(service_error)
+    }
+
     fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
         self.not_built(append.volume, "a redo stream")?;
         self.local.append_redo(append)
