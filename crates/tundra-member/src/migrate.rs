@@ -226,7 +226,13 @@ impl ClusterNode {
     async fn finish(&self, volume: u32, chunk: ChunkId, moving: ChunkMove) -> Result<(), Refusal> {
         let (voters, _) = self.members(volume, chunk).await?;
         let _ = self.ask(moving.from, Forward::DropReplica { volume, chunk: chunk.index() }).await;
-        self.tell_all(volume, chunk.index(), voters, None).await
+        self.tell_all(volume, chunk.index(), voters.clone(), None).await.map_err(|why| {
+            Refusal::Unavailable(format!(
+                "the move finished (chunk {} is on nodes {voters:?}), but not every node learned it yet; a node \
+                 learns it when it next starts: {why:?}",
+                chunk.index()
+            ))
+        })
     }
 
     /// The learner removed, the target's replica dropped, the old set entered everywhere.
