@@ -238,6 +238,14 @@ impl Client {
     }
 
     /// The node's statistics text (JSON by convention), for one volume or the node.
+    /// A cluster operation (JSON text) asked of the node; its answer as JSON text.
+    pub fn cluster_admin(&mut self, request: &str) -> Result<String> {
+        match self.call(Request::ClusterAdmin { request })? {
+            Reply::Admin(text) => Ok(text),
+            other => Err(unexpected(Opcode::ClusterAdmin, &other)),
+        }
+    }
+
     pub fn stats(&mut self, volume: Option<u32>) -> Result<String> {
         match self.call(Request::Stats { volume })? {
             Reply::Stats(text) => Ok(text),

@@ -109,6 +109,15 @@ pub enum Command {
     DeleteChunk {
         chunk: ChunkId,
     },
+    /// An existing chunk whose replicas are known (a manager rebuilt from the nodes' catalogs):
+    /// it counts against its nodes at the size a placement would have expected, until its
+    /// stats arrive. Apply before the nodes' heartbeats, so that their usage beyond the
+    /// chunks is counted once.
+    AdoptChunk {
+        chunk: ChunkId,
+        replicas: BTreeSet<NodeId>,
+        expected_logical_bytes: u64,
+    },
     /// `tundra cluster drain`: move everything off the node.
     DrainNode {
         node: NodeId,
@@ -211,6 +220,9 @@ impl ClusterState {
                 return self.place_chunk(*chunk, *expected_logical_bytes).map(Applied::Placed);
             }
             Command::DeleteChunk { chunk } => self.delete_chunk(*chunk)?,
+            Command::AdoptChunk { chunk, replicas, expected_logical_bytes } => {
+                self.adopt_chunk(*chunk, replicas, *expected_logical_bytes)?
+            }
             Command::DrainNode { node } => self.set_status(*node, NodeStatus::Draining)?,
             Command::NodeDead { node } => self.node_dead(*node)?,
             Command::RemoveNode { node } => self.remove_node(*node)?,
@@ -299,6 +311,29 @@ impl ClusterState {
         let replicas = chosen.iter().copied().collect();
         self.chunks.insert(chunk, ChunkState { size, expected: size, reported: Space::ZERO, replicas, moving: None });
         Ok(chosen)
+    }
+
+    fn adopt_chunk(&mut self, chunk: ChunkId, replicas: &BTreeSet<NodeId>, expected_logical_bytes: u64) -> Result<()> {
+        if self.chunks.contains_key(&chunk) {
+            return Err(Error::invalid(format!("chunk {} is already placed", chunk.0)));
+        }
+        if replicas.is_empty() {
+            return Err(Error::invalid(format!("chunk {} has no replica", chunk.0)));
+        }
+        if let Some(unknown) = replicas.iter().find(|node| !self.nodes.contains_key(node)) {
+            return Err(Error::invalid(format!("chunk {} is on {unknown}, which is not a member", chunk.0)));
+        }
+        let size = self.expected_size(expected_logical_bytes);
+        for node in replicas {
+            let n = self.nodes.get_mut(node).expect("checked above");
+            n.chunks.insert(chunk);
+            n.chunk_space = n.chunk_space.plus(size);
+        }
+        self.chunk_total = self.chunk_total.plus(size);
+        let state =
+            ChunkState { size, expected: size, reported: Space::ZERO, replicas: replicas.clone(), moving: None };
+        self.chunks.insert(chunk, state);
+        Ok(())
     }
 
     /// A new chunk's size until its stats arrive: the expected logical bytes, and physical bytes

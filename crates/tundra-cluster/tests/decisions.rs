@@ -261,6 +261,22 @@ fn refused_commands_change_nothing() {
         (Command::AddNode { node: replicas[0], capacity: Space::new(1, 1) }, ErrorKind::Invalid),
         (Command::RemoveNode { node: replicas[0] }, ErrorKind::Conflict),
         (Command::DeleteChunk { chunk }, ErrorKind::Conflict),
+        (
+            Command::AdoptChunk { chunk, replicas: replicas.iter().copied().collect(), expected_logical_bytes: GIB },
+            ErrorKind::Invalid,
+        ),
+        (
+            Command::AdoptChunk {
+                chunk: ChunkId(999),
+                replicas: [NodeId(12345)].into_iter().collect(),
+                expected_logical_bytes: GIB,
+            },
+            ErrorKind::Invalid,
+        ),
+        (
+            Command::AdoptChunk { chunk: ChunkId(999), replicas: Default::default(), expected_logical_bytes: GIB },
+            ErrorKind::Invalid,
+        ),
     ];
     for (command, kind) in refusals {
         let error = state.apply(&command).unwrap_err();
@@ -270,6 +286,40 @@ fn refused_commands_change_nothing() {
     // Aborting puts the replica back where it was.
     state.apply(&Command::AbortMove { chunk }).unwrap();
     assert_eq!(state.chunk(chunk).unwrap().replicas.iter().copied().collect::<Vec<_>>(), replicas);
+    state.check_invariants();
+}
+
+/// A manager rebuilt from the replicas the nodes report (chunks adopted, then heartbeats)
+/// drains a node as one that placed the chunks itself would.
+#[test]
+fn adopted_chunks_are_counted_and_drained() {
+    let mut state = ClusterState::new(config(Policy::Logical)).unwrap();
+    let capacity = Space::new(8 * GIB, 4 * GIB);
+    for id in 1..=5 {
+        state.apply(&Command::AddNode { node: NodeId(id), capacity }).unwrap();
+    }
+    let sets: [&[u64]; 2] = [&[1, 2, 3], &[1, 4, 5]];
+    for (index, set) in sets.iter().enumerate() {
+        let replicas = set.iter().map(|&n| NodeId(n)).collect();
+        state
+            .apply(&Command::AdoptChunk { chunk: ChunkId(index as u64), replicas, expected_logical_bytes: GIB })
+            .unwrap();
+    }
+    for id in 1..=5 {
+        state.apply(&Command::Heartbeat { node: NodeId(id), capacity, used: Space::new(GIB / 2, GIB / 4) }).unwrap();
+    }
+    state.check_invariants();
+    assert_eq!(state.node(NodeId(1)).unwrap().chunks.len(), 2);
+    assert_eq!(state.node(NodeId(1)).unwrap().projected(), Space::new(2 * GIB, 2 * GIB));
+    state.apply(&Command::DrainNode { node: NodeId(1) }).unwrap();
+    let moves = state.plan().moves;
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    for m in &moves {
+        assert_eq!(m.from, NodeId(1));
+        state.apply(&Command::BeginMove(*m)).unwrap();
+        state.apply(&Command::FinishMove { chunk: m.chunk }).unwrap();
+    }
+    assert!(state.node(NodeId(1)).unwrap().chunks.is_empty());
     state.check_invariants();
 }
 

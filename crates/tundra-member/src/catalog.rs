@@ -74,6 +74,39 @@ impl Catalog {
         Ok(())
     }
 
+    /// Enters chunk `chunk`'s replica set and its move under way (replacing any earlier move
+    /// of it), durably.
+    pub fn set_chunk(
+        &mut self,
+        volume: u32,
+        chunk: u32,
+        replicas: Vec<u64>,
+        moving: Option<crate::messages::ChunkMove>,
+    ) -> Result<(), String> {
+        let mut volumes = self.volumes.clone();
+        let def = volumes
+            .iter_mut()
+            .find(|v| v.id == volume)
+            .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
+        let count = crate::cluster::chunk_spans(def.size_bytes).len();
+        if chunk as usize >= count || replicas.is_empty() {
+            return Err(format!("chunk {chunk} of volume {:?} with replicas {replicas:?}", def.name));
+        }
+        if def.chunks.len() != count {
+            def.chunks = (0..count as u32).map(|index| def.replicas_of(index).to_vec()).collect();
+        }
+        def.chunks[chunk as usize] = replicas;
+        def.moves.retain(|m| m.chunk != chunk);
+        def.moves.extend(moving);
+        let mut all: Vec<u64> = def.chunks.iter().flatten().copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        def.replicas = all;
+        self.write(&volumes)?;
+        self.volumes = volumes;
+        Ok(())
+    }
+
     fn write(&self, volumes: &[VolumeDef]) -> Result<(), String> {
         let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec() };
         let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| e.to_string())?;

@@ -19,7 +19,7 @@ use tundra_store::volume::VolumeMode;
 
 use crate::catalog::Catalog;
 use crate::io::PageLocks;
-use crate::messages::{Answer, Forward, PeerRequest, PeerResponse, Refusal, VolumeDef};
+use crate::messages::{Answer, Forward, NodeUsage, PeerRequest, PeerResponse, Refusal, VolumeDef};
 use crate::peers::Membership;
 use crate::transport::{Handler, PeerTransport};
 
@@ -31,6 +31,8 @@ const COMPACT_BYTES: u64 = 64 << 20;
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a volume's creation waits for a peer it cannot reach yet.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// How long a node that restarted waits before it settles the moves its catalog lists.
+const SETTLE_DELAY: Duration = Duration::from_secs(2);
 /// How long a volume's creation waits for its groups' first leaders.
 const FIRST_LEADER_WAIT: Duration = Duration::from_secs(20);
 
@@ -115,9 +117,19 @@ impl ClusterNode {
             cluster.runtime.block_on(cluster.open_replica(&def))?;
         }
         let weak = Arc::downgrade(&cluster);
-        cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak)) });
+        cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak.clone())) });
         let scrub = config.scrub_pages_per_sec.unwrap_or(tundra_node::config::DEFAULT_SCRUB_PAGES_PER_SEC);
         cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });
+        // Moves this node's catalog lists were under way when it stopped: settle them once the
+        // peers are connected (crate::migrate).
+        if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {
+            cluster.runtime.spawn(async move {
+                tokio::time::sleep(SETTLE_DELAY).await;
+                if let Some(cluster) = weak.upgrade() {
+                    cluster.settle_all().await;
+                }
+            });
+        }
         Ok(cluster)
     }
 
@@ -176,10 +188,31 @@ impl ClusterNode {
             Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
             Forward::Redo { volume, call } => self.lead_redo(volume, call).await,
+            Forward::Usage => Ok(Answer::Usage(self.usage())),
+            Forward::SetChunk { volume, chunk, replicas, moving } => tokio::task::block_in_place(|| {
+                self.catalog.lock().set_chunk(volume, chunk, replicas, moving).map(|()| Answer::Done)
+            })
+            .map_err(Refusal::Invalid),
+            Forward::StartReplica { volume, chunk } => self.start_replica(volume, chunk).await,
+            Forward::DropReplica { volume, chunk } => self.drop_replica(volume, chunk).await,
+            Forward::Membership { volume, chunk, change } => self.change_membership(volume, chunk, change).await,
         }
     }
 
-    /// Creates the volume in the store if it is not there yet and starts its chunks' groups.
+    /// This node's drive space: the drive's logical and physical capacity, the logical bytes
+    /// of the pages it holds and the media bytes they take.
+    pub(crate) fn usage(&self) -> NodeUsage {
+        let stats = tokio::task::block_in_place(|| self.node.stats());
+        NodeUsage {
+            logical_capacity_bytes: stats.drive.logical_capacity_bytes,
+            physical_capacity_bytes: stats.drive.physical_capacity_bytes,
+            logical_used_bytes: stats.compressed.logical_bytes,
+            physical_used_bytes: stats.drive.physical_used_bytes,
+        }
+    }
+
+    /// Creates the volume in the store if it is not there yet (every node has it, so that any
+    /// node can serve its I/O) and starts the groups of the chunks this node holds a replica of.
     async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
         let volume = match self.node.volume(VolumeId(def.id)) {
             Ok(volume) => volume,
@@ -197,18 +230,24 @@ impl ClusterNode {
         if volume.volume.name != def.name {
             return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
         }
-        let groups: Vec<ChunkId> = chunks(&volume.volume).collect();
+        // Only the chunks whose replica (or a move's target) this node is.
+        let groups: Vec<ChunkId> = chunks(&volume.volume).filter(|chunk| def.runs(self.me, chunk.index())).collect();
         self.host.add_groups_on(&groups, volume.pages().clone()).await?;
         self.open_redo_group(def).await
     }
 
-    /// Makes the volume's replicas the first membership of each of its groups.
+    /// Makes each chunk's replicas the first membership of its group, for the chunks whose
+    /// first replica (lowest id) is this node.
     async fn initialize(&self, volume: u32) -> Result<(), Refusal> {
         let def = self.catalog.lock().get(volume).cloned();
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
-        let voters: BTreeSet<u64> = def.replicas.iter().copied().collect();
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        for chunk in groups(&volume.volume) {
+        for chunk in chunks(&volume.volume) {
+            let replicas = def.replicas_of(chunk.index());
+            if replicas.first() != Some(&self.me) {
+                continue;
+            }
+            let voters: BTreeSet<u64> = replicas.iter().copied().collect();
             if let Err(why) = self.host.initialize(chunk, voters.clone()).await {
                 // A group initialized before (a retried creation) keeps its membership.
                 if !why.contains("NotAllowed") && !why.contains("not allowed") {
@@ -219,41 +258,60 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// Creates a volume with a replica on every node of the cluster: the same id on each (the
-    /// largest next id any of them would give), entered in every catalog, then its groups'
-    /// first membership set on the lowest node, and answered once every chunk has a leader.
-    /// Every node must be up.
+    /// Creates a volume with `replicas` replicas of each chunk: the same id on every node (the
+    /// largest next id any of them would give), each chunk's replicas placed by tundra-cluster
+    /// from every node's usage, the definition entered in every node's catalog (every node
+    /// serves the volume's I/O), each group's first membership set on its first replica, and
+    /// answered once every chunk has a leader. Every node must be up.
     pub fn create_replicated(&self, name: &str, size_bytes: u64, page_size: u32, replicas: u8) -> Result<u32, Refusal> {
         let nodes = self.membership.ids();
-        if usize::from(replicas) != nodes.len() {
+        if usize::from(replicas) > nodes.len() {
             return Err(Refusal::Invalid(format!(
-                "a replicated volume has a replica on every node: this cluster has {} nodes, so --replicas {}",
-                nodes.len(),
+                "--replicas {replicas} needs as many nodes, and this cluster has {}",
                 nodes.len()
             )));
         }
         self.block_on(async {
             let mut id = 0;
+            let mut usage = Vec::with_capacity(nodes.len());
             for &node in &nodes {
                 match self.ask_patiently(node, Forward::Prepare { name: name.to_string() }).await? {
                     Answer::VolumeId(next) => id = id.max(next),
                     other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
                 }
+                match self.ask(node, Forward::Usage).await? {
+                    Answer::Usage(space) => usage.push((node, space)),
+                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
+                }
             }
-            let def = VolumeDef { id, name: name.to_string(), size_bytes, page_size, replicas: nodes.clone() };
+            let spans = chunk_spans(size_bytes);
+            let sets = crate::placement::place_volume(id, &usage, &spans, usize::from(replicas))
+                .map_err(|why| Refusal::Invalid(format!("the cluster cannot hold volume {name:?}: {why}")))?;
+            let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            let def = VolumeDef {
+                id,
+                name: name.to_string(),
+                size_bytes,
+                page_size,
+                replicas: all.clone(),
+                chunks: sets,
+                moves: Vec::new(),
+            };
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;
             }
-            self.ask(nodes[0], Forward::Initialize { volume: id }).await?;
-            let volume = self.node.volume(VolumeId(id)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-            let deadline = tokio::time::Instant::now() + FIRST_LEADER_WAIT;
-            for chunk in groups(&volume.volume) {
-                while self.local_leader(chunk).is_none() {
-                    if tokio::time::Instant::now() > deadline {
-                        return Err(Refusal::Unavailable(format!("chunk {} of {name:?} elected no leader", chunk.0)));
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+            let firsts: BTreeSet<u64> = def.chunks.iter().filter_map(|set| set.first().copied()).collect();
+            for node in firsts {
+                self.ask(node, Forward::Initialize { volume: id }).await?;
+            }
+            for index in 0..def.chunks.len() as u32 {
+                let chunk = ChunkId::new(VolumeId(id), index);
+                let confirm = Forward::Read { volume: id, chunk: chunk.0, pages: Vec::new() };
+                tokio::time::timeout(FIRST_LEADER_WAIT, self.to_leader(chunk, confirm))
+                    .await
+                    .map_err(|_| Refusal::Unavailable(format!("chunk {index} of {name:?} elected no leader")))??;
             }
             Ok(id)
         })
@@ -302,9 +360,11 @@ pub(crate) fn chunks(volume: &tundra_store::volume::Volume) -> impl Iterator<Ite
     (0..count as u32).map(move |index| ChunkId::new(id, index))
 }
 
-/// The Raft groups of a volume: its chunks' and its redo stream's.
-fn groups(volume: &tundra_store::volume::Volume) -> impl Iterator<Item = ChunkId> + use<> {
-    chunks(volume).chain(std::iter::once(tundra_raft::redo_machine::redo_group(volume.id.0)))
+/// The logical bytes of each chunk of a volume of `size_bytes`: whole chunks, and the rest.
+pub(crate) fn chunk_spans(size_bytes: u64) -> Vec<u64> {
+    let chunk = tundra_store::volume::DEFAULT_CHUNK_BYTES;
+    let count = size_bytes.div_ceil(chunk).max(1);
+    (0..count).map(|index| (size_bytes - index * chunk).min(chunk)).collect()
 }
 
 fn handler(cluster: Weak<ClusterNode>) -> Handler {

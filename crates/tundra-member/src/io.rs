@@ -70,7 +70,7 @@ impl Drop for PageGuard<'_> {
     }
 }
 
-fn refusal(error: tundra_raft::Error) -> Refusal {
+pub(crate) fn refusal(error: tundra_raft::Error) -> Refusal {
     match error {
         tundra_raft::Error::NotLeader { leader, .. } => Refusal::NotLeader { leader },
         tundra_raft::Error::Invalid(why) => Refusal::Invalid(why),
@@ -184,13 +184,16 @@ impl ClusterNode {
         let deadline = tokio::time::Instant::now() + STALL_LIMIT;
         let mut hint: Option<u64> = None;
         let mut first = true;
+        let mut attempt = 0usize;
         loop {
+            attempt += 1;
             // Every attempt after the first may follow one that took effect unseen.
             if let Forward::Write { retry, .. } = &mut forward {
                 *retry = !first;
             }
             first = false;
-            let result = match hint.take().or_else(|| self.local_leader(chunk)) {
+            let guess = hint.take().or_else(|| self.local_leader(chunk)).or_else(|| self.replica_guess(chunk, attempt));
+            let result = match guess {
                 Some(leader) => self.ask(leader, forward.clone()).await,
                 None => Err(Refusal::Unavailable(format!("chunk {} has no leader now", chunk.0))),
             };
@@ -210,6 +213,16 @@ impl ClusterNode {
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+    }
+
+    /// A replica of `chunk` to ask when this node knows no leader (it holds no replica, or
+    /// its replica knows none yet): each attempt the next one of the catalog's replica set,
+    /// which answers with the leader it knows.
+    fn replica_guess(&self, chunk: ChunkId, attempt: usize) -> Option<u64> {
+        let catalog = self.catalog.lock();
+        let replicas = catalog.get(chunk.volume().0)?.replicas_of(chunk.index());
+        let others: Vec<u64> = replicas.iter().copied().filter(|&node| node != self.me).collect();
+        (!others.is_empty()).then(|| others[attempt % others.len()])
     }
 
     /// Writes `data` at byte `offset` of a replicated volume; durable on a majority of its
@@ -290,6 +303,8 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::VolumeId(_) => "a volume id",
         Answer::Status(_) => "a status",
         Answer::Redo(_) => "a redo answer",
+        Answer::Usage(_) => "a usage",
+        Answer::Members { .. } => "a membership",
     }
 }
 

@@ -1,5 +1,5 @@
 //! A cluster of Tundra nodes (seed 000 §3.2.1, §4.2): replicated volumes whose chunks are Raft
-//! groups with a replica on each node (tundra-raft), the node's shared Raft log in a file of
+//! groups with replicas on a subset of the nodes placed by tundra-cluster (tundra-raft), the node's shared Raft log in a file of
 //! its data directory, one authenticated TCP connection per pair of nodes carrying every
 //! group's messages, and page I/O that any node accepts and sends to the chunk's leader.
 //!
@@ -10,6 +10,8 @@
 //! - [`catalog`]: which volumes are replicated, in `cluster-volumes.json`.
 //! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
 //!   creation.
+//! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
+//! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
@@ -19,7 +21,9 @@ pub mod catalog;
 pub mod cluster;
 mod io;
 pub mod messages;
+pub mod migrate;
 pub mod peers;
+pub mod placement;
 pub mod redo;
 pub mod service;
 pub mod status;

@@ -27,14 +27,64 @@ pub struct PageWrite {
     pub bytes: Vec<u8>,
 }
 
-/// A replicated volume's definition, the same on every replica.
+/// A replicated volume's definition, the same in every node's catalog.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeDef {
     pub id: u32,
     pub name: String,
     pub size_bytes: u64,
     pub page_size: u32,
+    /// The replicas of every chunk of a volume whose chunks all live on the same nodes (a
+    /// volume made before placement per chunk); ignored where `chunks` names a chunk's.
     pub replicas: Vec<u64>,
+    /// Each chunk's replica set, by chunk index, as placement chose it and moves changed it.
+    #[serde(default)]
+    pub chunks: Vec<Vec<u64>>,
+    /// Moves of a chunk's replica under way (at most one per chunk): entered in every catalog
+    /// before the move starts and removed once it finished or was rolled back, so a node that
+    /// restarts finds it and settles it.
+    #[serde(default)]
+    pub moves: Vec<ChunkMove>,
+}
+
+/// A chunk replica moving from one node to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMove {
+    pub chunk: u32,
+    pub from: u64,
+    pub to: u64,
+}
+
+impl VolumeDef {
+    /// The nodes holding a replica of the volume's chunk `index`, lowest id first.
+    pub fn replicas_of(&self, index: u32) -> &[u64] {
+        self.chunks.get(index as usize).map_or(self.replicas.as_slice(), Vec::as_slice)
+    }
+
+    /// Whether `node` holds a replica of chunk `index`.
+    pub fn holds(&self, node: u64, index: u32) -> bool {
+        self.replicas_of(index).contains(&node)
+    }
+
+    /// Whether `node` runs a group for chunk `index`: a replica, or the target of its move.
+    pub fn runs(&self, node: u64, index: u32) -> bool {
+        self.holds(node, index) || self.moves.iter().any(|m| m.chunk == index && m.to == node)
+    }
+
+    /// The move of chunk `index` under way, if any.
+    pub fn move_of(&self, index: u32) -> Option<ChunkMove> {
+        self.moves.iter().copied().find(|m| m.chunk == index)
+    }
+}
+
+/// A node's drive space, as placement counts it (seed 000 §4.2.1): capacity and usage on the
+/// logical axis (pages' uncompressed bytes) and the physical one (the drive's media).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    pub logical_capacity_bytes: u64,
+    pub physical_capacity_bytes: u64,
+    pub logical_used_bytes: u64,
+    pub physical_used_bytes: u64,
 }
 
 /// Work one node asks of another.
@@ -58,6 +108,29 @@ pub enum Forward {
     LocalStatus,
     /// A call on a replicated volume's redo stream, done by its redo group's leader.
     Redo { volume: u32, call: crate::redo::RedoCall },
+    /// This node's drive space, for placement.
+    Usage,
+    /// Enter chunk `chunk`'s replica set and the move under way (if any) in the catalog.
+    SetChunk { volume: u32, chunk: u32, replicas: Vec<u64>, moving: Option<ChunkMove> },
+    /// Start an empty replica of the chunk's group here (a move's target).
+    StartReplica { volume: u32, chunk: u32 },
+    /// Stop this node's replica of the chunk and free its pages (a move's source, or a
+    /// target rolled back).
+    DropReplica { volume: u32, chunk: u32 },
+    /// At the chunk's leader: a membership change of its group.
+    Membership { volume: u32, chunk: u32, change: MembershipChange },
+}
+
+/// A change of a chunk group's membership, done by its leader.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// Only report the voters and learners.
+    Query,
+    /// Add a learner and answer once it caught up.
+    AddLearner(u64),
+    /// Make these the voters (learners not among them are removed).
+    Voters(Vec<u64>),
+    RemoveLearner(u64),
 }
 
 /// A [`Forward`]'s answer.
@@ -68,6 +141,8 @@ pub enum Answer {
     VolumeId(u32),
     Status(LocalStatus),
     Redo(crate::redo::RedoReply),
+    Usage(NodeUsage),
+    Members { voters: Vec<u64>, learners: Vec<u64> },
 }
 
 /// Why a [`Forward`] was not done.
@@ -100,4 +175,5 @@ pub struct GroupView {
 pub struct LocalStatus {
     pub node: u64,
     pub groups: Vec<GroupView>,
+    pub usage: NodeUsage,
 }

@@ -161,6 +161,10 @@ impl Service for ClusterService {
         Ok(json.to_string())
     }
 
+    fn cluster_admin(&self, request: &str) -> Result<String, ServiceError> {
+        self.cluster.admin(request).map_err(service_error)
+    }
+
     fn append_redo(&self, append: &RedoAppend<'_>) -> Result<AppendOutcome, ServiceError> {
         if !self.cluster.is_replicated(append.volume) {
             return self.local.append_redo(append);

@@ -1,5 +1,6 @@
 //! `tundra cluster status`: every node's view of its groups, merged into one report of the
-//! nodes (`nodes[]`: `id`, `addr`, `up`) and the chunks (`chunks[]`: `volume`, `chunk`,
+//! nodes (`nodes[]`: `id`, `addr`, `up`, the drive's logical and physical usage and capacity,
+//! the compression ratio, the chunks whose replicas it runs) and the chunks (`chunks[]`: `volume`, `chunk`,
 //! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
 //! applied index), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
 //! replica furthest behind has not applied (null while a replica does not answer). `traffic`
@@ -12,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cluster::ClusterNode;
-use crate::messages::{Answer, Forward, GroupView, LocalStatus, PeerRequest, PeerResponse};
+use crate::messages::{Answer, Forward, GroupView, LocalStatus, NodeUsage, PeerRequest, PeerResponse};
 
 /// How long a status waits for each peer.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -22,6 +23,19 @@ pub struct NodeStatus {
     pub id: u64,
     pub addr: String,
     pub up: bool,
+    /// The node's drive space (null while the node does not answer).
+    pub usage: Option<NodeUsage>,
+    /// Logical over physical bytes used (null when nothing is stored or the node is down).
+    pub ratio: Option<f64>,
+    /// The chunks whose replicas the node runs.
+    pub chunks: Vec<HeldChunk>,
+}
+
+/// A chunk replica a node runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldChunk {
+    pub volume_id: u32,
+    pub chunk: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -76,7 +90,7 @@ impl ClusterNode {
                 })
             })
             .collect();
-        LocalStatus { node: self.me, groups }
+        LocalStatus { node: self.me, groups, usage: self.usage() }
     }
 
     /// Every node's view, merged.
@@ -100,10 +114,29 @@ impl ClusterNode {
             .membership
             .nodes
             .iter()
-            .map(|(id, addr)| NodeStatus {
-                id: *id,
-                addr: addr.clone(),
-                up: views.get(id).is_some_and(|v| v.is_some()),
+            .map(|(id, addr)| {
+                let view = views.get(id).and_then(Option::as_ref);
+                let usage = view.map(|v| v.usage);
+                NodeStatus {
+                    id: *id,
+                    addr: addr.clone(),
+                    up: view.is_some(),
+                    usage,
+                    ratio: usage
+                        .filter(|u| u.physical_used_bytes > 0)
+                        .map(|u| u.logical_used_bytes as f64 / u.physical_used_bytes as f64),
+                    chunks: view
+                        .map(|v| {
+                            v.groups
+                                .iter()
+                                .map(|g| HeldChunk {
+                                    volume_id: g.volume,
+                                    chunk: tundra_store::ids::ChunkId(g.chunk).index(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                }
             })
             .collect();
         let catalog = self.catalog.lock().volumes().to_vec();
@@ -112,9 +145,9 @@ impl ClusterNode {
         for def in &catalog {
             let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
             for chunk in crate::cluster::chunks(&volume.volume) {
-                chunks.push(group_status(def, &views, chunk, chunk.index()));
+                chunks.push(group_status(def, def.replicas_of(chunk.index()), &views, chunk, chunk.index()));
             }
-            redo.push(group_status(def, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
+            redo.push(group_status(def, &def.replicas, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
         let repair = self.host.repair_stats();
         ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic(), repair }
@@ -125,21 +158,18 @@ impl ClusterNode {
 /// with the highest term.
 fn group_status(
     def: &crate::messages::VolumeDef,
+    replicas: &[u64],
     views: &BTreeMap<u64, Option<LocalStatus>>,
     group: tundra_store::ids::ChunkId,
     index: u32,
 ) -> ChunkStatus {
     let of =
         |node: u64| -> Option<&GroupView> { views.get(&node)?.as_ref()?.groups.iter().find(|g| g.chunk == group.0) };
-    let leader = def
-        .replicas
-        .iter()
-        .filter_map(|&n| of(n))
-        .filter_map(|g| g.leader)
-        .max_by_key(|&l| of(l).map_or(0, |g| g.term));
+    let leader =
+        replicas.iter().filter_map(|&n| of(n)).filter_map(|g| g.leader).max_by_key(|&l| of(l).map_or(0, |g| g.term));
     let led = leader.and_then(of).filter(|g| g.leader == leader);
     let replica_applied: BTreeMap<u64, Option<u64>> =
-        def.replicas.iter().map(|&n| (n, of(n).map(|g| g.applied_index.unwrap_or(0)))).collect();
+        replicas.iter().map(|&n| (n, of(n).map(|g| g.applied_index.unwrap_or(0)))).collect();
     let commit = led.and_then(|g| g.commit_index);
     let lag = match (commit, replica_applied.values().copied().collect::<Option<Vec<u64>>>()) {
         (Some(commit), Some(applied)) => applied.iter().map(|&a| commit.saturating_sub(a)).max(),
@@ -150,7 +180,7 @@ fn group_status(
         volume: def.name.clone(),
         volume_id: def.id,
         chunk: index,
-        replicas: def.replicas.clone(),
+        replicas: replicas.to_vec(),
         leader: led.and(leader),
         term: led.map_or(0, |g| g.term),
         commit_index: commit,

@@ -21,6 +21,8 @@ pub enum Opcode {
     Flush = 19,
     HeavyCompress = 20,
     Stats = 32,
+    /// Version 2: a cluster operation (drain, move), asked as JSON text, answered as JSON text.
+    ClusterAdmin = 33,
     /// Version 2: a batch of redo records from a volume's writer.
     AppendRedo = 48,
     /// Version 2: a volume's redo watermarks.
@@ -37,7 +39,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode this build knows, in number order.
-    pub const ALL: [Opcode; 19] = [
+    pub const ALL: [Opcode; 20] = [
         Opcode::Ping,
         Opcode::VolumeLookup,
         Opcode::VolumeCreate,
@@ -50,6 +52,7 @@ impl Opcode {
         Opcode::Flush,
         Opcode::HeavyCompress,
         Opcode::Stats,
+        Opcode::ClusterAdmin,
         Opcode::AppendRedo,
         Opcode::RedoStatus,
         Opcode::GetPageAtLsn,
@@ -84,7 +87,8 @@ impl Opcode {
             | Opcode::Flush
             | Opcode::HeavyCompress
             | Opcode::Stats => 1,
-            Opcode::AppendRedo
+            Opcode::ClusterAdmin
+            | Opcode::AppendRedo
             | Opcode::RedoStatus
             | Opcode::GetPageAtLsn
             | Opcode::GetPagesAtLsn
@@ -109,6 +113,7 @@ impl Opcode {
             Opcode::Flush => "FLUSH",
             Opcode::HeavyCompress => "HEAVY_COMPRESS",
             Opcode::Stats => "STATS",
+            Opcode::ClusterAdmin => "CLUSTER_ADMIN",
             Opcode::AppendRedo => "APPEND_REDO",
             Opcode::RedoStatus => "REDO_STATUS",
             Opcode::GetPageAtLsn => "GET_PAGE_AT_LSN",
@@ -266,8 +271,8 @@ mod tests {
     #[test]
     fn version_2_adds_the_redo_opcodes_and_statuses() {
         let new: Vec<Opcode> = Opcode::ALL.into_iter().filter(|opcode| opcode.since() == 2).collect();
-        assert_eq!(new.len(), 7);
-        assert!(new.iter().all(|opcode| opcode.code() >= 48));
+        assert_eq!(new.len(), 8);
+        assert!(new.iter().all(|opcode| opcode.code() >= 48 || *opcode == Opcode::ClusterAdmin));
         assert!(Opcode::ALL.into_iter().all(|opcode| (1..=2).contains(&opcode.since())));
         assert_eq!(Status::ALL.into_iter().filter(|status| status.since() == 2).count(), 4);
         assert!(Status::ALL.into_iter().filter(|status| status.carries_lsn()).all(|status| status.since() == 2));
@@ -279,6 +284,7 @@ mod tests {
         assert_eq!(Opcode::ReadPage.code(), 16);
         assert_eq!(Opcode::WritePage.code(), 17);
         assert_eq!(Opcode::Stats.code(), 32);
+        assert_eq!(Opcode::ClusterAdmin.code(), 33);
         assert_eq!(Status::NotFound.code(), 2);
         assert_eq!(Status::ShuttingDown.code(), 10);
         assert_eq!(Status::Busy.code(), 12);

@@ -134,6 +134,7 @@ fn execute(service: &dyn Service, request: Request<'_>, reply: &mut Reply) -> Re
             put_heavy_result(head, &service.heavy_compress(volume, first, count)?);
         }
         Request::Stats { volume } => head.extend_from_slice(service.stats(volume)?.as_bytes()),
+        Request::ClusterAdmin { request } => head.extend_from_slice(service.cluster_admin(request)?.as_bytes()),
         Request::AppendRedo(append) => service.append_redo(&append)?.encode(head),
         Request::RedoStatus { volume } => service.redo_status(volume)?.encode(head),
         Request::GetPageAtLsn(read) => {

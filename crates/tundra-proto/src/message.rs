@@ -77,6 +77,10 @@ pub enum Request<'a> {
     Stats {
         volume: Option<u32>,
     },
+    /// Version 2: a cluster operation as JSON text (the node chooses what it understands).
+    ClusterAdmin {
+        request: &'a str,
+    },
     /// Version 2. The records are sent straight from the caller's buffer.
     AppendRedo(RedoAppend<'a>),
     /// Version 2.
@@ -122,6 +126,7 @@ impl<'a> Request<'a> {
             Request::Flush { .. } => Opcode::Flush,
             Request::HeavyCompress { .. } => Opcode::HeavyCompress,
             Request::Stats { .. } => Opcode::Stats,
+            Request::ClusterAdmin { .. } => Opcode::ClusterAdmin,
             Request::AppendRedo(_) => Opcode::AppendRedo,
             Request::RedoStatus { .. } => Opcode::RedoStatus,
             Request::GetPageAtLsn(_) => Opcode::GetPageAtLsn,
@@ -162,6 +167,7 @@ impl<'a> Request<'a> {
             | Request::VolumeCreate { name, .. }
             | Request::VolumeResize { name, .. }
             | Request::VolumeDelete { name } => name.len(),
+            Request::ClusterAdmin { request } => request.len(),
             _ => 0,
         }
     }
@@ -173,6 +179,7 @@ impl<'a> Request<'a> {
         match *self {
             Request::Ping { .. } | Request::VolumeList => {}
             Request::VolumeLookup { name } | Request::VolumeDelete { name } => put_str(out, name),
+            Request::ClusterAdmin { request } => put_str(out, request),
             Request::VolumeCreate { name, size_bytes, page_size, mode, replicas } => {
                 put_u64(out, size_bytes);
                 put_u32(out, page_size);
@@ -291,6 +298,7 @@ impl<'a> Request<'a> {
             }
             Opcode::Flush => Request::Flush { volume: cursor.optional_u32("the volume")? },
             Opcode::Stats => Request::Stats { volume: cursor.optional_u32("the volume")? },
+            Opcode::ClusterAdmin => Request::ClusterAdmin { request: cursor.str("the request")? },
             Opcode::AppendRedo => Request::AppendRedo(RedoAppend::decode(&mut cursor)?),
             Opcode::RedoStatus => Request::RedoStatus { volume: cursor.u32("the volume id")? },
             Opcode::GetPageAtLsn => Request::GetPageAtLsn(PageRead::decode(&mut cursor)?),
@@ -331,6 +339,8 @@ pub enum Reply {
     Heavy(HeavyResult),
     /// STATS: UTF-8 text (JSON by convention; the node chooses its content).
     Stats(String),
+    /// CLUSTER_ADMIN: UTF-8 text, JSON by convention.
+    Admin(String),
     /// APPEND_REDO: the outcome, u8, and its LSN or epoch, u64.
     Appended(AppendOutcome),
     /// REDO_STATUS: writer epoch, durable, complete and minimum reader LSNs, each u64.
@@ -354,7 +364,7 @@ impl Reply {
             Reply::Volumes(infos) => put_volume_list(out, infos),
             Reply::Done => {}
             Reply::Heavy(result) => put_heavy_result(out, result),
-            Reply::Stats(text) => out.extend_from_slice(text.as_bytes()),
+            Reply::Stats(text) | Reply::Admin(text) => out.extend_from_slice(text.as_bytes()),
             Reply::Appended(outcome) => outcome.encode(out),
             Reply::RedoStatus(status) => status.encode(out),
             Reply::PageAtLsn(page) => {
@@ -383,6 +393,11 @@ impl Reply {
                     .map(Reply::Stats)
                     .map_err(|_| DecodeError { opcode, message: "the statistics are not UTF-8".into() });
             }
+            Opcode::ClusterAdmin => {
+                return String::from_utf8(body)
+                    .map(Reply::Admin)
+                    .map_err(|_| DecodeError { opcode, message: "the answer is not UTF-8".into() });
+            }
             _ => {}
         }
         let mut cursor = Cursor::new(opcode, &body);
@@ -410,7 +425,12 @@ impl Reply {
             Opcode::RedoStatus => Reply::RedoStatus(RedoStatus::decode(&mut cursor)?),
             Opcode::RegisterReader => Reply::Lease(ReaderLease::decode(&mut cursor)?),
             Opcode::RenewReader => Reply::Renewed(LeaseRenewal::decode(&mut cursor)?),
-            Opcode::Ping | Opcode::ReadPage | Opcode::Stats | Opcode::GetPageAtLsn | Opcode::GetPagesAtLsn => {
+            Opcode::Ping
+            | Opcode::ReadPage
+            | Opcode::Stats
+            | Opcode::ClusterAdmin
+            | Opcode::GetPageAtLsn
+            | Opcode::GetPagesAtLsn => {
                 unreachable!("handled above")
             }
         };
@@ -502,6 +522,7 @@ mod tests {
             Request::HeavyCompress { volume: 1, first: 0, count: 1 << 20 },
             Request::Stats { volume: Some(u32::MAX) },
             Request::Stats { volume: None },
+            Request::ClusterAdmin { request: "{\"drain_step\":{\"node\":1}}" },
             Request::AppendRedo(RedoAppend {
                 volume: 7,
                 writer_epoch: 2,
@@ -569,6 +590,7 @@ mod tests {
                 Reply::Heavy(HeavyResult { pages: 1, segments: 2, bytes_before: 3, bytes_after: 4 }),
             ),
             (Opcode::Stats, Reply::Stats("{\"pages\":1}".into())),
+            (Opcode::ClusterAdmin, Reply::Admin("{\"chunks_left\":0}".into())),
         ];
         for (opcode, reply) in replies {
             let mut body = Vec::new();

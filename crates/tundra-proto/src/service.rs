@@ -39,6 +39,13 @@ pub trait Service: Send + Sync {
     /// Statistics as text, JSON by convention; the node chooses the content.
     fn stats(&self, volume: Option<u32>) -> Result<String, ServiceError>;
 
+    /// Version 2: a cluster operation asked as JSON text, answered as JSON text. A node outside
+    /// a cluster refuses.
+    fn cluster_admin(&self, request: &str) -> Result<String, ServiceError> {
+        let _ = request;
+        Err(ServiceError::unsupported(Opcode::ClusterAdmin))
+    }
+
     // Version 2: redo streams, reads at an LSN, reader leases. The server has checked each
     // request against the protocol's own rules (`Request::problem`) before calling.
 

@@ -63,6 +63,7 @@ impl Fields {
             Opcode::Flush => Request::Flush { volume: optional },
             Opcode::HeavyCompress => Request::HeavyCompress { volume: self.volume, first: a, count: b },
             Opcode::Stats => Request::Stats { volume: optional },
+            Opcode::ClusterAdmin => Request::ClusterAdmin { request: &self.name },
             Opcode::AppendRedo => Request::AppendRedo(RedoAppend {
                 volume: self.volume,
                 writer_epoch: a,
@@ -202,7 +203,9 @@ proptest! {
 
     #[test]
     fn redo_replies_round_trip_and_refuse_cut_bodies(
-        opcode in prop::sample::select(Opcode::ALL.iter().copied().filter(|o| o.since() == 2).collect::<Vec<_>>()),
+        opcode in prop::sample::select(
+            Opcode::ALL.iter().copied().filter(|o| o.since() == 2 && *o != Opcode::ClusterAdmin).collect::<Vec<_>>(),
+        ),
         numbers in (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
         kind in any::<u8>(),
         page_size in 0u32..300,

@@ -432,3 +432,73 @@ impl Drop for Pending<'_> {
 pub fn empty_nodes(ids: &BTreeSet<NodeId>) -> BTreeMap<NodeId, EmptyNode> {
     ids.iter().map(|&id| (id, EmptyNode {})).collect()
 }
+
+/// Membership changes that move a chunk's replica from one node to another (seed 000 §4.2:
+/// migration, by Raft's own protocol): a learner added on the target and caught up, the voter
+/// set changed (openraft's joint consensus), and the source's replica dropped.
+impl Host {
+    /// On the leader: adds `node` as a learner of `group` and returns once it caught up with
+    /// the leader's log as it was when added (from the entries, or from a snapshot of the
+    /// chunk's stored images when the leader purged them).
+    pub async fn add_learner(&self, group: GroupId, node: NodeId) -> Result<(), Error> {
+        let raft = self.leader_raft(group)?;
+        raft.add_learner(node, EmptyNode {}, true).await.map(|_| ()).map_err(|e| self.membership_error(group, e))
+    }
+
+    /// On the leader: makes `voters` the group's voters; learners not among them are removed
+    /// too. One change at a time: openraft refuses a change while another is in progress.
+    pub async fn change_voters(&self, group: GroupId, voters: BTreeSet<NodeId>) -> Result<(), Error> {
+        let raft = self.leader_raft(group)?;
+        raft.change_membership(voters, false).await.map(|_| ()).map_err(|e| self.membership_error(group, e))
+    }
+
+    /// On the leader: removes `node` from the group's learners (a move rolled back).
+    pub async fn remove_learner(&self, group: GroupId, node: NodeId) -> Result<(), Error> {
+        let raft = self.leader_raft(group)?;
+        let change = openraft::ChangeMembers::RemoveNodes(BTreeSet::from([node]));
+        raft.change_membership(change, false).await.map(|_| ()).map_err(|e| self.membership_error(group, e))
+    }
+
+    /// The group's voters and learners as this replica last applied or appended them.
+    pub fn members(&self, group: GroupId) -> Result<(BTreeSet<NodeId>, BTreeSet<NodeId>), Error> {
+        let raft = self.raft(group)?;
+        let metrics = raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        Ok((membership.voter_ids().collect(), membership.learner_ids().collect()))
+    }
+
+    /// Whether this node's log holds anything of `group` (it ran a replica of it once).
+    pub fn has_log_of(&self, group: GroupId) -> bool {
+        self.log.with_group(group, |log| log.vote.is_some() || log.purged.is_some() || !log.entries.is_empty())
+    }
+
+    /// Stops this node's replica of `group` and frees the chunk's pages in the store (one
+    /// journal commit), its apply mark reset. The group's records stay in the node's log, so
+    /// [`Host::has_log_of`] still says it ran here.
+    pub async fn drop_group(&self, group: GroupId) -> Result<(), String> {
+        let raft = self.groups.lock().remove(&group);
+        if let Some(raft) = raft {
+            raft.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        let pages = self.pages_of(group);
+        self.paths.lock().remove(&group);
+        let empty = crate::mark::ApplyMark::default().encode();
+        let store = pages.store();
+        tokio::task::block_in_place(|| store.replace_chunk(group, &[], &empty)).map_err(|e| e.to_string())
+    }
+
+    fn membership_error<E: std::fmt::Display>(&self, group: GroupId, error: RaftError<NodeId, E>) -> Error {
+        match error {
+            RaftError::APIError(api) => {
+                let text = api.to_string();
+                match self.raft(group).ok().and_then(|r| r.metrics().borrow().current_leader) {
+                    Some(leader) if leader != self.id => {
+                        Error::NotLeader { node: self.id, group: group.0, leader: Some(leader) }
+                    }
+                    _ => Error::Unavailable(text),
+                }
+            }
+            other => Error::Unavailable(other.to_string()),
+        }
+    }
+}

@@ -1,5 +1,7 @@
 //! `tundra cluster status`: a cluster's nodes and chunk groups as the node asked sees them
-//! (its stats' `cluster` object, which it gathers from every peer).
+//! (its stats' `cluster` object, which it gathers from every peer). `tundra cluster drain` and
+//! `tundra cluster move`: chunk replicas moved by the node asked (tundra-member's `migrate`),
+//! one CLUSTER_ADMIN request per move so that progress shows.
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -17,10 +19,64 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connect: Connect,
     },
+    /// Moves every chunk replica off node NODE, one at a time, as the cluster manager plans
+    /// them, showing the chunks left; refuses when the other nodes cannot take them.
+    Drain {
+        node: u64,
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Moves chunk CHUNK of volume VOLUME from node FROM to node TO.
+    Move {
+        #[arg(long)]
+        volume: String,
+        #[arg(long)]
+        chunk: u32,
+        #[arg(long)]
+        from: u64,
+        #[arg(long)]
+        to: u64,
+        #[command(flatten)]
+        connect: Connect,
+    },
 }
 
 pub fn run(command: ClusterCommand) -> Result<()> {
-    let ClusterCommand::Status { json, connect } = command;
+    match command {
+        ClusterCommand::Status { json, connect } => status(json, &connect),
+        ClusterCommand::Drain { node, connect } => drain(node, &connect),
+        ClusterCommand::Move { volume, chunk, from, to, connect } => {
+            let request = serde_json::json!({ "move": { "volume": volume, "chunk": chunk, "from": from, "to": to } });
+            connect.client()?.cluster_admin(&request.to_string())?;
+            println!("moved chunk {chunk} of {volume:?} from node {from} to node {to}");
+            Ok(())
+        }
+    }
+}
+
+fn drain(node: u64, connect: &Connect) -> Result<()> {
+    let mut client = connect.client()?;
+    let request = serde_json::json!({ "drain_step": { "node": node } }).to_string();
+    loop {
+        let answer = client.cluster_admin(&request)?;
+        let progress: serde_json::Value = serde_json::from_str(&answer).context("the node's answer is not JSON")?;
+        let left = progress["chunks_left"].as_u64().context("the answer has no chunks_left")?;
+        if let Some(moved) = progress["moved"].as_array() {
+            println!(
+                "moved chunk {} of {} to node {}; node {node} holds {left} chunks",
+                moved.get(1).unwrap_or(&serde_json::Value::Null),
+                moved.first().unwrap_or(&serde_json::Value::Null),
+                moved.get(2).unwrap_or(&serde_json::Value::Null),
+            );
+        }
+        if left == 0 {
+            println!("node {node} holds no chunk");
+            return Ok(());
+        }
+    }
+}
+
+fn status(json: bool, connect: &Connect) -> Result<()> {
     let text = connect.client()?.stats(None)?;
     let stats: serde_json::Value = serde_json::from_str(&text).context("the node's stats are not JSON")?;
     let Some(status) = stats.get("cluster") else {
@@ -34,7 +90,24 @@ pub fn run(command: ClusterCommand) -> Result<()> {
     println!("as node {} sees it:", status["node"]);
     for node in status["nodes"].as_array().into_iter().flatten() {
         let up = if node["up"].as_bool() == Some(true) { "up" } else { "down" };
-        println!("node {}\t{}\t{up}", node["id"], node["addr"].as_str().unwrap_or("?"));
+        let usage = &node["usage"];
+        let held: Vec<String> = node["chunks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{}/{}", c["volume_id"], c["chunk"]))
+            .collect();
+        println!(
+            "node {}\t{}\t{up}\tlogical {} of {}\tphysical {} of {}\tratio {}\tchunks [{}]",
+            node["id"],
+            node["addr"].as_str().unwrap_or("?"),
+            text(&usage["logical_used_bytes"]),
+            text(&usage["logical_capacity_bytes"]),
+            text(&usage["physical_used_bytes"]),
+            text(&usage["physical_capacity_bytes"]),
+            node["ratio"].as_f64().map_or("-".to_string(), |r| format!("{r:.2}")),
+            held.join(" "),
+        );
     }
     for chunk in status["chunks"].as_array().into_iter().flatten() {
         println!(

@@ -1,5 +1,6 @@
-//! Three `tundra serve` processes forming a cluster on 127.0.0.1, for the end-to-end tests:
-//! each with its own data directory and config (`[cluster]` naming all three), ports found
+//! `tundra serve` processes forming a cluster on 127.0.0.1 (three unless a test asks for
+//! more), for the end-to-end tests: each with its own data directory and config (`[cluster]`
+//! naming all of them), ports found
 //! free, readiness awaited in a bounded loop, stopped by PID (kill -9 where a test crashes a
 //! node), and killed when the test ends, whatever happens. With [`Cluster::with_faulty_links`]
 //! every peer link goes through a proxy of common/links.rs that a test can cut.
@@ -42,7 +43,7 @@ impl Member {
     }
 }
 
-/// A cluster of three nodes.
+/// A cluster of nodes 1 to N.
 pub struct Cluster {
     pub dir: TempDir,
     pub members: Vec<Member>,
@@ -68,26 +69,31 @@ impl Cluster {
 
     /// [`Cluster::new`] with `drive` as the body of every node's `[drive]` section.
     pub fn with_drive(key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
-        Cluster::build(key_of, drive, false)
+        Cluster::build(3, key_of, drive, false)
+    }
+
+    /// [`Cluster::with_drive`] of `count` nodes.
+    pub fn of_size(count: usize, key_of: impl Fn(u64) -> Option<String>, drive: &str) -> Cluster {
+        Cluster::build(count, key_of, drive, false)
     }
 
     /// [`Cluster::new`] with every peer link through a fault-injecting proxy: each node's
     /// config names the other nodes at the addresses of its own proxies to them (it still
     /// listens on its own address), so `links` can cut what one node sends another.
     pub fn with_faulty_links(key_of: impl Fn(u64) -> Option<String>) -> Cluster {
-        Cluster::build(key_of, "physical = \"256MiB\"", true)
+        Cluster::build(3, key_of, "physical = \"256MiB\"", true)
     }
 
-    fn build(key_of: impl Fn(u64) -> Option<String>, drive: &str, faulty_links: bool) -> Cluster {
+    fn build(count: usize, key_of: impl Fn(u64) -> Option<String>, drive: &str, faulty_links: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let addrs = free_addrs(9);
-        let peer_addrs: Vec<SocketAddr> = (0..3).map(|i| addrs[i * 3]).collect();
+        let addrs = free_addrs(count * 3);
+        let peer_addrs: Vec<SocketAddr> = (0..count).map(|i| addrs[i * 3]).collect();
         let links = faulty_links.then(|| Links::start(&peer_addrs));
         let mut members = Vec::new();
-        for i in 0..3 {
+        for i in 0..count {
             let id = i as u64 + 1;
             // Node `id` listens on its own address and dials the others where it is told to.
-            let peers: Vec<String> = (1..=3u64)
+            let peers: Vec<String> = (1..=count as u64)
                 .map(|other| {
                     let addr = match &links {
                         Some(links) if other != id => links.addr(id, other),
@@ -130,10 +136,11 @@ impl Cluster {
 
     /// Starts every node and waits until each answers a ping.
     pub fn start_all(&mut self) {
-        for id in 1..=3 {
+        let count = self.members.len() as u64;
+        for id in 1..=count {
             self.spawn(id);
         }
-        for id in 1..=3 {
+        for id in 1..=count {
             self.wait_ready(id);
         }
     }

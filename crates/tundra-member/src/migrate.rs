@@ -1,0 +1,364 @@
+//! Moving a chunk's replica from one node to another (seed 000 §4.2: the manager moves chunks;
+//! the protocol is Raft's membership change), and draining a node by such moves as
+//! tundra-cluster plans them.
+//!
+//! A move of chunk C from A to B, run by whichever node was asked (the coordinator):
+//! 1. the decision core agrees (`BeginMove` on a `ClusterState` rebuilt from the catalog and
+//!    the nodes' usage: B active, without a replica of C, kept under the fullness limit);
+//! 2. every node's catalog enters the move (all must be up), so a node that restarts finds it;
+//! 3. B starts an empty replica of C's group (B's store has the volume already: every node
+//!    creates it);
+//! 4. C's leader adds B as a learner and answers once B caught up, from the log or from a
+//!    snapshot of the chunk's stored, compressed images (never compressed again);
+//! 5. C's leader makes the voters the old set without A and with B (openraft's joint
+//!    consensus: one membership change per group at a time);
+//! 6. A drops its replica (stops the group, frees the chunk's pages) and every catalog learns
+//!    the new replica set, the move removed.
+//!
+//! Clients keep reading and writing through it: their requests go to C's leader, which keeps
+//! serving while the membership changes. A move that fails before step 5 committed is rolled
+//! back: the learner removed, B's replica dropped, the catalogs told the old set. A move whose
+//! outcome is unknown (the coordinator died, the leader changed during step 5) is settled from
+//! the group's own membership: B a voter means finished, otherwise rolled back. Every node
+//! settles the moves its catalog lists when it starts, and a drain or move settles them first.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tundra_cluster::{ClusterState, Command, ManagerConfig, Move, MoveReason, NodeId, Policy, Space};
+use tundra_store::ids::{ChunkId, VolumeId};
+
+use crate::cluster::{ClusterNode, chunk_spans};
+use crate::messages::{Answer, ChunkMove, Forward, MembershipChange, Refusal, VolumeDef};
+
+/// How long a learner may take to catch up before its move is rolled back.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+
+/// A cluster operation `tundra cluster` asks of a node (the CLUSTER_ADMIN request's JSON).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminRequest {
+    /// Move one chunk off a draining node; answers what is left.
+    DrainStep {
+        node: u64,
+    },
+    Move {
+        volume: String,
+        chunk: u32,
+        from: u64,
+        to: u64,
+    },
+}
+
+/// What a drain step did.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DrainProgress {
+    /// The chunk replicas the node still holds.
+    pub chunks_left: usize,
+    /// The move made: volume name, chunk index, target node.
+    pub moved: Option<(String, u32, u64)>,
+}
+
+impl ClusterNode {
+    /// Answers a cluster operation (JSON in, JSON out).
+    pub fn admin(&self, request: &str) -> Result<String, Refusal> {
+        let request: AdminRequest =
+            serde_json::from_str(request).map_err(|e| Refusal::Invalid(format!("a cluster operation: {e}")))?;
+        let answer = match request {
+            AdminRequest::DrainStep { node } => serde_json::to_value(self.drain_step(node)?),
+            AdminRequest::Move { volume, chunk, from, to } => {
+                self.move_replica(&volume, chunk, from, to)?;
+                Ok(serde_json::json!({ "moved": true }))
+            }
+        };
+        answer.map(|v| v.to_string()).map_err(|e| Refusal::Invalid(e.to_string()))
+    }
+
+    /// Moves one chunk replica off `node`, as tundra-cluster's plan for a drain chooses, or
+    /// says that the node holds nothing more; refuses when no other node can take the chunk.
+    pub fn drain_step(&self, node: u64) -> Result<DrainProgress, Refusal> {
+        if !self.membership.ids().contains(&node) {
+            return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
+        }
+        self.block_on(self.settle_all());
+        let mut state = self.manager_state()?;
+        state.apply(&Command::DrainNode { node: NodeId(node) }).map_err(|e| Refusal::Invalid(e.message().into()))?;
+        let held: Vec<ChunkId> =
+            state.node(NodeId(node)).map(|n| n.chunks.iter().copied().collect()).unwrap_or_default();
+        if held.is_empty() {
+            return Ok(DrainProgress { chunks_left: 0, moved: None });
+        }
+        let planned = state.plan().moves.into_iter().find(|m| m.from == NodeId(node)).ok_or_else(|| {
+            Refusal::Invalid(format!(
+                "the remaining nodes cannot take chunk {} of volume id {} from node {node}: every other active node \
+                 holds a replica of it or would pass 75% of its logical or physical capacity; add nodes",
+                held[0].index(),
+                held[0].volume().0
+            ))
+        })?;
+        state.apply(&Command::BeginMove(planned)).map_err(|e| Refusal::Invalid(e.message().into()))?;
+        let def = self.def_of(planned.chunk.volume().0)?;
+        if let Err(why) = self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0)) {
+            let _ = state.apply(&Command::AbortMove { chunk: planned.chunk });
+            return Err(why);
+        }
+        state.apply(&Command::FinishMove { chunk: planned.chunk }).map_err(|e| Refusal::Invalid(e.message().into()))?;
+        let left = state.node(NodeId(node)).map_or(0, |n| n.chunks.len());
+        Ok(DrainProgress { chunks_left: left, moved: Some((def.name.clone(), planned.chunk.index(), planned.to.0)) })
+    }
+
+    /// Moves chunk `chunk` of volume `volume` from node `from` to node `to`.
+    pub fn move_replica(&self, volume: &str, chunk: u32, from: u64, to: u64) -> Result<(), Refusal> {
+        let def = self.catalog.lock().volumes().iter().find(|v| v.name == volume).cloned();
+        let def = def.ok_or_else(|| Refusal::Invalid(format!("no replicated volume is named {volume:?}")))?;
+        if chunk as usize >= chunk_spans(def.size_bytes).len() {
+            return Err(Refusal::Invalid(format!("volume {volume:?} has no chunk {chunk}")));
+        }
+        self.block_on(self.settle_all());
+        let mut state = self.manager_state()?;
+        let planned = Move {
+            chunk: ChunkId::new(VolumeId(def.id), chunk),
+            from: NodeId(from),
+            to: NodeId(to),
+            reason: MoveReason::Drain,
+        };
+        state.apply(&Command::BeginMove(planned)).map_err(|e| Refusal::Invalid(e.message().into()))?;
+        let def = self.def_of(def.id)?;
+        self.block_on(self.execute(&def, chunk, from, to))
+    }
+
+    fn def_of(&self, volume: u32) -> Result<VolumeDef, Refusal> {
+        self.catalog.lock().get(volume).cloned().ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is gone")))
+    }
+
+    /// The decision core's view: every member with its drive's capacity, every catalogued
+    /// chunk on its replicas (at the size placement expects), then the members' usage.
+    fn manager_state(&self) -> Result<ClusterState, Refusal> {
+        let nodes = self.membership.ids();
+        let usage = self.block_on(async {
+            let mut usage = Vec::new();
+            for &node in &nodes {
+                match self.ask(node, Forward::Usage).await? {
+                    Answer::Usage(space) => usage.push((node, space)),
+                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
+                }
+            }
+            Ok(usage)
+        })?;
+        let invalid = |e: tundra_cluster::Error| Refusal::Invalid(e.message().to_string());
+        let mut config = ManagerConfig::paper(Policy::Logical);
+        config.throttle.max_moves = 1;
+        let mut state = ClusterState::new(config).map_err(invalid)?;
+        let space = |u: &crate::messages::NodeUsage| {
+            (
+                Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
+                Space::new(u.logical_used_bytes, u.physical_used_bytes),
+            )
+        };
+        for (node, u) in &usage {
+            state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
+        }
+        for def in self.catalog.lock().volumes() {
+            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
+                let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();
+                let chunk = ChunkId::new(VolumeId(def.id), index as u32);
+                state
+                    .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
+                    .map_err(invalid)?;
+            }
+        }
+        for (node, u) in &usage {
+            let (capacity, used) = space(u);
+            state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
+        }
+        Ok(state)
+    }
+
+    /// Carries out a move the decision core accepted: finished, or rolled back and refused.
+    async fn execute(&self, def: &VolumeDef, index: u32, from: u64, to: u64) -> Result<(), Refusal> {
+        let chunk = ChunkId::new(VolumeId(def.id), index);
+        let old: Vec<u64> = def.replicas_of(index).to_vec();
+        let moving = ChunkMove { chunk: index, from, to };
+        let begun = self.tell_all(def.id, index, old.clone(), Some(moving)).await;
+        let caught_up = match begun {
+            Ok(()) => self.begin_on_target(def.id, chunk, to).await,
+            Err(why) => Err(why),
+        };
+        if let Err(why) = caught_up {
+            self.roll_back(def.id, chunk, moving, old).await;
+            return Err(why);
+        }
+        let voters: Vec<u64> = old.iter().copied().filter(|&n| n != from).chain([to]).collect();
+        let changed = self
+            .to_leader(
+                chunk,
+                Forward::Membership { volume: def.id, chunk: index, change: MembershipChange::Voters(voters) },
+            )
+            .await;
+        match changed {
+            Ok(_) => self.finish(def.id, chunk, moving).await,
+            // The change may have committed unseen: the group's membership says.
+            Err(why) => match self.settle(def.id, moving).await {
+                Ok(true) => Ok(()),
+                _ => Err(why),
+            },
+        }
+    }
+
+    /// Steps 3 and 4: an empty replica on `to`, added as a learner and caught up.
+    async fn begin_on_target(&self, volume: u32, chunk: ChunkId, to: u64) -> Result<(), Refusal> {
+        if let Some(why) = refused(self.ask(to, Forward::StartReplica { volume, chunk: chunk.index() }).await) {
+            return Err(why);
+        }
+        let add = Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::AddLearner(to) };
+        match tokio::time::timeout(CATCH_UP_LIMIT, self.to_leader(chunk, add)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(why)) => Err(why),
+            Err(_) => Err(Refusal::Unavailable(format!(
+                "node {to} did not catch up with chunk {} within {CATCH_UP_LIMIT:?}",
+                chunk.index()
+            ))),
+        }
+    }
+
+    /// Step 6: the source's replica dropped and the new set entered everywhere. A source that
+    /// does not answer drops its replica when it settles the move at its next start.
+    async fn finish(&self, volume: u32, chunk: ChunkId, moving: ChunkMove) -> Result<(), Refusal> {
+        let (voters, _) = self.members(volume, chunk).await?;
+        let _ = self.ask(moving.from, Forward::DropReplica { volume, chunk: chunk.index() }).await;
+        self.tell_all(volume, chunk.index(), voters.clone(), None).await.map_err(|why| {
+            Refusal::Unavailable(format!(
+                "the move finished (chunk {} is on nodes {voters:?}), but not every node learned it yet; a node \
+                 learns it when it next starts: {why:?}",
+                chunk.index()
+            ))
+        })
+    }
+
+    /// The learner removed, the target's replica dropped, the old set entered everywhere.
+    async fn roll_back(&self, volume: u32, chunk: ChunkId, moving: ChunkMove, old: Vec<u64>) {
+        let remove =
+            Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::RemoveLearner(moving.to) };
+        if self.to_leader(chunk, remove).await.is_err() {
+            // The move stays in the catalogs, to be settled later.
+            return;
+        }
+        let _ = self.ask(moving.to, Forward::DropReplica { volume, chunk: chunk.index() }).await;
+        let _ = self.tell_all(volume, chunk.index(), old, None).await;
+    }
+
+    /// Finishes or rolls back a move whose outcome is unknown, from the group's membership at
+    /// its leader; answers whether it finished.
+    pub(crate) async fn settle(&self, volume: u32, moving: ChunkMove) -> Result<bool, Refusal> {
+        let chunk = ChunkId::new(VolumeId(volume), moving.chunk);
+        let (voters, _) = self.members(volume, chunk).await?;
+        if voters.contains(&moving.to) {
+            if voters.contains(&moving.from) {
+                // A joint configuration left by a coordinator that stopped: complete it.
+                let target: Vec<u64> = voters.iter().copied().filter(|&n| n != moving.from).collect();
+                let change = MembershipChange::Voters(target);
+                self.to_leader(chunk, Forward::Membership { volume, chunk: moving.chunk, change }).await?;
+            }
+            self.finish(volume, chunk, moving).await?;
+            return Ok(true);
+        }
+        self.roll_back(volume, chunk, moving, voters).await;
+        Ok(false)
+    }
+
+    /// Settles every move this node's catalog lists.
+    pub(crate) async fn settle_all(&self) {
+        let moves: Vec<(u32, ChunkMove)> =
+            self.catalog.lock().volumes().iter().flat_map(|def| def.moves.iter().map(move |m| (def.id, *m))).collect();
+        for (volume, moving) in moves {
+            let _ = self.settle(volume, moving).await;
+        }
+    }
+
+    async fn members(&self, volume: u32, chunk: ChunkId) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
+        let query = Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::Query };
+        match self.to_leader(chunk, query).await? {
+            Answer::Members { voters, learners } => Ok((voters, learners)),
+            other => Err(Refusal::Unavailable(format!("a membership query answered {other:?}"))),
+        }
+    }
+
+    /// Enters a chunk's replica set and move in every node's catalog; every node must answer.
+    async fn tell_all(
+        &self,
+        volume: u32,
+        chunk: u32,
+        replicas: Vec<u64>,
+        moving: Option<ChunkMove>,
+    ) -> Result<(), Refusal> {
+        let mut replicas = replicas;
+        replicas.sort_unstable();
+        let mut failed = None;
+        for node in self.membership.ids() {
+            let set = Forward::SetChunk { volume, chunk, replicas: replicas.clone(), moving };
+            if let Some(why) = refused(self.ask(node, set).await) {
+                failed = Some(Refusal::Unavailable(format!("node {node} did not enter the move: {why:?}")));
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// A move's target: starts the chunk's group here, empty. A node whose log holds the group
+    /// already (it held a replica once) refuses: its old log and apply mark would not match
+    /// the group's new history.
+    pub(crate) async fn start_replica(&self, volume: u32, chunk: u32) -> Result<Answer, Refusal> {
+        let id = ChunkId::new(VolumeId(volume), chunk);
+        if self.host.raft(id).is_ok() {
+            return Ok(Answer::Done);
+        }
+        if self.host.has_log_of(id) {
+            return Err(Refusal::Invalid(format!(
+                "node {} held a replica of chunk {chunk} of volume id {volume} before; moving a chunk back to a node \
+                 that held it is not supported yet",
+                self.me
+            )));
+        }
+        let v = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        self.host.add_group_on(id, v.pages().clone()).await.map_err(Refusal::Unavailable)?;
+        Ok(Answer::Done)
+    }
+
+    pub(crate) async fn drop_replica(&self, volume: u32, chunk: u32) -> Result<Answer, Refusal> {
+        let id = ChunkId::new(VolumeId(volume), chunk);
+        if self.host.raft(id).is_err() {
+            return Ok(Answer::Done);
+        }
+        self.host.drop_group(id).await.map_err(Refusal::Unavailable)?;
+        Ok(Answer::Done)
+    }
+
+    /// A membership change of a chunk's group, here as its leader.
+    pub(crate) async fn change_membership(
+        &self,
+        volume: u32,
+        chunk: u32,
+        change: MembershipChange,
+    ) -> Result<Answer, Refusal> {
+        let id = ChunkId::new(VolumeId(volume), chunk);
+        let leader = self.local_leader(id);
+        if leader != Some(self.me) {
+            return Err(Refusal::NotLeader { leader });
+        }
+        let done = match change {
+            MembershipChange::Query => Ok(()),
+            MembershipChange::AddLearner(node) => self.host.add_learner(id, node).await,
+            MembershipChange::Voters(voters) => self.host.change_voters(id, voters.into_iter().collect()).await,
+            MembershipChange::RemoveLearner(node) => match self.host.members(id) {
+                Ok((_, learners)) if !learners.contains(&node) => Ok(()),
+                _ => self.host.remove_learner(id, node).await,
+            },
+        };
+        done.map_err(crate::io::refusal)?;
+        let (voters, learners) = self.host.members(id).map_err(crate::io::refusal)?;
+        Ok(Answer::Members { voters: voters.into_iter().collect(), learners: learners.into_iter().collect() })
+    }
+}
+
+fn refused(answer: Result<Answer, Refusal>) -> Option<Refusal> {
+    answer.err()
+}

@@ -1,0 +1,264 @@
+//! Volumes on a subset of a larger cluster, end to end: five `tundra serve` processes on
+//! 127.0.0.1, a volume of three chunks created with `--replicas 3` whose chunks tundra-cluster's
+//! placement spreads over the nodes, every page read back through every node (those holding no
+//! replica of a chunk forward to its leader), `tundra cluster status` showing each node's
+//! usage and the chunks it holds, and a volume the cluster cannot hold refused. Chunk
+//! migration: `tundra cluster drain` empties a node while a writer writes (every page then
+//! reads back as the writer's log says, through every node), and a move whose target is
+//! killed with kill -9 half way is rolled back or finished, nothing lost.
+
+mod common;
+#[path = "common/cluster.rs"]
+mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
+
+use std::collections::BTreeSet;
+
+use common::{fails, succeeds};
+use common_cluster::Cluster;
+use tundra_proto::WriteMode;
+
+/// Drives (sparse files) with room for three 1 GiB chunks each: placement counts a new chunk
+/// at its whole logical size on both axes until the cluster has measured a ratio.
+const DRIVE: &str = "physical = \"4GiB\"\nlogical = \"8GiB\"";
+const PAGE: usize = 8192;
+const PAGES_PER_CHUNK: u64 = (1 << 30) / PAGE as u64;
+
+/// A page's content for a given write: its number and the write's, then text that compresses.
+fn content(page: u64, write: u64) -> Vec<u8> {
+    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
+    bytes.resize(PAGE, b'.');
+    bytes
+}
+
+fn chunk_replicas(status: &serde_json::Value, volume: &str) -> Vec<BTreeSet<u64>> {
+    status["chunks"]
+        .as_array()
+        .expect("chunks[]")
+        .iter()
+        .filter(|c| c["volume"] == volume)
+        .map(|c| c["replicas"].as_array().expect("replicas").iter().map(|n| n.as_u64().expect("a node id")).collect())
+        .collect()
+}
+
+#[test]
+fn a_volume_on_three_of_five_nodes_is_placed_and_served_by_every_node() {
+    let mut cluster = Cluster::of_size(5, |_| None, DRIVE);
+    cluster.start_all();
+    let addr = cluster.member(1).addr();
+    succeeds(&["volume", "create", "sub", "--size", "2560MiB", "--replicas", "3", "--addr", &addr]);
+
+    let status = cluster.status(2);
+    let sets = chunk_replicas(&status, "sub");
+    assert_eq!(sets.len(), 3, "{status:#}");
+    for set in &sets {
+        assert_eq!(set.len(), 3, "{status:#}");
+    }
+    // Placement counts the chunks placed before: the second chunk goes to the two nodes the
+    // first left empty, so all five nodes hold a replica of something.
+    let used: BTreeSet<u64> = sets.iter().flatten().copied().collect();
+    assert_eq!(used.len(), 5, "{sets:?}");
+    for node in status["nodes"].as_array().expect("nodes[]") {
+        let id = node["id"].as_u64().expect("id");
+        let held = node["chunks"].as_array().expect("chunks of a node").len();
+        let placed = sets.iter().filter(|set| set.contains(&id)).count();
+        assert_eq!(held, placed, "node {id} runs its placed replicas only: {status:#}");
+        assert!(node["usage"]["logical_capacity_bytes"].as_u64().expect("capacity") >= 8 << 30, "{node}");
+    }
+
+    // Pages of every chunk written through node 1, read back through every node.
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("sub").expect("lookup").id;
+    let pages: Vec<u64> = (0..3).flat_map(|chunk| (0..4).map(move |i| chunk * PAGES_PER_CHUNK + i * 7)).collect();
+    let pages: Vec<u64> = pages.into_iter().filter(|&p| p * (PAGE as u64) < 2560 << 20).collect();
+    for &page in &pages {
+        client.write_page(volume, page, WriteMode::Auto, &content(page, 1)).expect("write");
+    }
+    for id in 1..=5 {
+        let mut reader = tundra_client::Client::connect(cluster.member(id).native).expect("connect");
+        for &page in &pages {
+            let read = reader.read_page(volume, page).expect("read");
+            assert!(read == content(page, 1), "page {page} through node {id}");
+        }
+    }
+    let status = cluster.status(3);
+    let logical: u64 = status["nodes"]
+        .as_array()
+        .expect("nodes[]")
+        .iter()
+        .map(|n| n["usage"]["logical_used_bytes"].as_u64().expect("logical used"))
+        .sum();
+    assert_eq!(logical, (pages.len() * 3 * PAGE) as u64, "every page counted on its three replicas: {status:#}");
+
+    fails(&["volume", "create", "six", "--size", "64MiB", "--replicas", "6", "--addr", &addr], "this cluster has 5");
+    fails(&["volume", "create", "big", "--size", "3840MiB", "--replicas", "5", "--addr", &addr], "cannot hold");
+}
+
+/// The pages a writer wrote and the write number each last acknowledged.
+type WriterLog = std::collections::BTreeMap<u64, u64>;
+
+/// Every page of `log` read through node `id` must hold its last acknowledged write.
+fn verify(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
+    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
+    for (&page, &write) in log {
+        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
+        if read != content(page, write) {
+            let head = String::from_utf8_lossy(&read[..40]).into_owned();
+            return Err(format!("page {page} through node {id} is {head:?}, not write {write}"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes pages of both chunks through node `via` until `stop`, one at a time; returns its log.
+fn writer(addr: std::net::SocketAddr, volume: u32, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> WriterLog {
+    let mut client = tundra_client::Client::connect(addr).expect("connect");
+    let pages: Vec<u64> = (0..32).chain((0..32).map(|i| PAGES_PER_CHUNK + i)).collect();
+    let mut log = WriterLog::new();
+    let mut write = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        write += 1;
+        let page = pages[(write * 7) as usize % pages.len()];
+        client.write_page(volume, page, WriteMode::Auto, &content(page, write)).expect("a write during the drain");
+        log.insert(page, write);
+    }
+    log
+}
+
+fn node_of(status: &serde_json::Value, id: u64) -> &serde_json::Value {
+    status["nodes"].as_array().expect("nodes[]").iter().find(|n| n["id"] == id).expect("the node")
+}
+
+#[test]
+fn draining_a_node_under_writes_loses_nothing() {
+    let mut cluster = Cluster::of_size(5, |_| None, DRIVE);
+    cluster.start_all();
+    succeeds(&["volume", "create", "d", "--size", "1536MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let volume =
+        tundra_client::Client::connect(cluster.member(1).native).expect("connect").volume_lookup("d").expect("d").id;
+    let status = cluster.status(1);
+    let sets = chunk_replicas(&status, "d");
+    // The node holding the most chunks is drained.
+    let drained = (1..=5).max_by_key(|id| (sets.iter().filter(|s| s.contains(id)).count(), *id)).expect("a node");
+    let via = if drained == 2 { 3 } else { 2 };
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writing = {
+        let (addr, stop) = (cluster.member(via).native, stop.clone());
+        std::thread::spawn(move || writer(addr, volume, stop))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = succeeds(&["cluster", "drain", &drained.to_string(), "--addr", &cluster.member(via).addr()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains(&format!("node {drained} holds no chunk")), "{text}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let log = writing.join().expect("the writer");
+    assert!(log.len() > 10, "the writer wrote {} pages", log.len());
+
+    for id in 1..=5 {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+    // Twin: the check catches a page that does not hold the write the log names.
+    let mut wrong = log.clone();
+    *wrong.values_mut().next().expect("a page") += 1;
+    assert!(verify(&cluster, via, volume, &wrong).is_err(), "the read-back check missed a wrong page");
+
+    let status = cluster.status(via);
+    let sets = chunk_replicas(&status, "d");
+    assert_eq!(sets.len(), 2, "{status:#}");
+    for set in &sets {
+        assert_eq!(set.len(), 3, "{status:#}");
+        assert!(!set.contains(&drained), "{status:#}");
+    }
+    let node = node_of(&status, drained);
+    assert_eq!(node["chunks"].as_array().expect("chunks").len(), 0, "{status:#}");
+    assert_eq!(node["usage"]["logical_used_bytes"], 0, "the drained node freed the pages: {status:#}");
+    // Draining again has nothing to do.
+    succeeds(&["cluster", "drain", &drained.to_string(), "--addr", &cluster.member(via).addr()]);
+}
+
+#[test]
+fn a_move_whose_target_dies_is_rolled_back_or_finished() {
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    cluster.start_all();
+    succeeds(&["volume", "create", "k", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("k").expect("k").id;
+    let mut log = WriterLog::new();
+    for page in 0..300 {
+        client.write_page(volume, page, WriteMode::Auto, &content(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    let set = chunk_replicas(&cluster.status(1), "k").remove(0);
+    let target = (1..=4).find(|id| !set.contains(id)).expect("a node outside the set");
+    let source = *set.iter().next().expect("a replica");
+    let asked = *set.iter().find(|&&id| id != source).expect("another replica");
+    let mut mover = std::process::Command::new(env!("CARGO_BIN_EXE_tundra"))
+        .args(["cluster", "move", "--volume", "k", "--chunk", "0", "--from", &source.to_string()])
+        .args(["--to", &target.to_string(), "--addr", &cluster.member(asked).addr()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tundra cluster move");
+    // Kill the target as soon as it runs its replica.
+    let started = std::time::Instant::now();
+    while cluster.status(asked)["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .all(|n| n["id"] != target || n["chunks"].as_array().is_none_or(|c| c.is_empty()))
+        && started.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    cluster.kill9(target);
+    let moved = mover.wait().expect("the move ends").success();
+    cluster.start(target);
+
+    // Settled either way: three replicas in every catalog, the group run on exactly them.
+    let started = std::time::Instant::now();
+    let final_set = loop {
+        let status = cluster.status(target);
+        let sets = chunk_replicas(&status, "k");
+        let runs: BTreeSet<u64> = status["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter(|n| n["chunks"].as_array().is_some_and(|c| !c.is_empty()))
+            .map(|n| n["id"].as_u64().expect("id"))
+            .collect();
+        let agreed = (1..=4).all(|id| chunk_replicas(&cluster.status(id), "k") == sets);
+        if sets[0].len() == 3 && runs == sets[0] && agreed {
+            break sets[0].clone();
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(40), "not settled: {status:#}\n{}", cluster.logs());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    println!("the move {}; replicas now {final_set:?} (were {set:?})", if moved { "finished" } else { "failed" });
+    if moved {
+        assert!(final_set.contains(&target) && !final_set.contains(&source), "{final_set:?}");
+    } else {
+        assert!(final_set == set || (final_set.contains(&target) && !final_set.contains(&source)), "{final_set:?}");
+    }
+    for id in 1..=4 {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+}
+
+#[test]
+fn a_drain_the_other_nodes_cannot_take_is_refused() {
+    let mut cluster = Cluster::new(|_| None);
+    cluster.start_all();
+    let addr = cluster.member(1).addr();
+    succeeds(&["volume", "create", "r", "--size", "16MiB", "--replicas", "3", "--addr", &addr]);
+    fails(&["cluster", "drain", "3", "--addr", &addr], "the remaining nodes cannot take chunk 0");
+    fails(&["cluster", "drain", "9", "--addr", &addr], "node 9 is not a member");
+    fails(
+        &["cluster", "move", "--volume", "r", "--chunk", "0", "--from", "1", "--to", "2", "--addr", &addr],
+        "already has a replica",
+    );
+    let status = cluster.status(2);
+    assert_eq!(chunk_replicas(&status, "r"), vec![BTreeSet::from([1, 2, 3])], "{status:#}");
+}
