@@ -208,6 +208,7 @@ impl ClusterNode {
             physical_capacity_bytes: stats.drive.physical_capacity_bytes,
             logical_used_bytes: stats.compressed.logical_bytes,
             physical_used_bytes: stats.drive.physical_used_bytes,
+            overcommit: self.node.drive_overcommit(),
         }
     }
 

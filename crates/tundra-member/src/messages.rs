@@ -85,6 +85,9 @@ pub struct NodeUsage {
     pub physical_capacity_bytes: u64,
     pub logical_used_bytes: u64,
     pub physical_used_bytes: u64,
+    /// The node's drive takes volumes beyond its space (`overcommit = true` under [drive]).
+    #[serde(default)]
+    pub overcommit: bool,
 }
 
 /// Work one node asks of another.

@@ -129,6 +129,11 @@ impl ClusterNode {
                         .map(|v| {
                             v.groups
                                 .iter()
+                                // A volume's redo group is reported in `redo[]`, not as a chunk.
+                                .filter(|g| {
+                                    tundra_raft::redo_machine::redo_volume(tundra_store::ids::ChunkId(g.chunk))
+                                        .is_none()
+                                })
                                 .map(|g| HeldChunk {
                                     volume_id: g.volume,
                                     chunk: tundra_store::ids::ChunkId(g.chunk).index(),

@@ -156,6 +156,11 @@ impl Node {
         &self.data_dir
     }
 
+    /// Whether volumes on the drive may promise more than its space (`overcommit` in [drive]).
+    pub fn drive_overcommit(&self) -> bool {
+        self.overcommit.drive
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
