@@ -151,7 +151,6 @@ impl ExportBackend for DriveFile {
 pub struct DriveFs {
     csd: Arc<CsdDevice>,
     threads: Arc<ServingThreads>,
-    file: PathBuf,
     mount_point: PathBuf,
     loop_device: Option<String>,
     mounted: bool,
@@ -198,15 +197,8 @@ impl DriveFs {
         });
         let export = FileExport::start(backend, &file, "tundra-bench-drive")
             .with_context(|| format!("mounting FUSE on {} (needs root and /dev/fuse)", file.display()))?;
-        let mut drive_fs = DriveFs {
-            csd,
-            threads,
-            file: file.clone(),
-            mount_point,
-            loop_device: None,
-            mounted: false,
-            export: Some(export),
-        };
+        let mut drive_fs =
+            DriveFs { csd, threads, mount_point, loop_device: None, mounted: false, export: Some(export) };
         let device = run(Command::new("losetup")
             .args(["--find", "--show", "--direct-io=on", "--sector-size", "4096"])
             .arg(&file))
