@@ -313,8 +313,8 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
     /// No FUSE open flags: a loop device opens the file with O_DIRECT, which bypasses the page
     /// cache anyway. Forcing direct I/O for every opener (`FOPEN_DIRECT_IO`, with parallel
     /// direct writes) measured slower under PostgreSQL through ext4 and a loop device: pgbench
-    /// at 0.36x of NBD through nbdfuse with it (bench/results/2026-11-25-block-path), 0.64x
-    /// without (bench/results/2026-11-25-block-path-mount).
+    /// at 0.36x of NBD through nbdfuse with it (bench/results/2026-11-25-block-path); without
+    /// it, 1.02x of NBD on a quieter machine (bench/results/2026-11-28-block-path).
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.backend.on_request();
         reply.opened(FileHandle(0), FopenFlags::empty());
