@@ -745,10 +745,13 @@ class TundraStack(Stack):
         journals, the redo area and the WAL volume: more than the WAL alone, counted against
         Tundra). None where the node reports no such figure."""
         live, allocated = drive.get("physical_live_bytes"), drive.get("physical_allocated_bytes")
-        fast = self.data_dir / "fast.img"
-        fast_allocated = allocated_bytes(fast) if fast.exists() else 0
         return {"live_bytes": None if live is None else live + (wal_physical or 0),
-                "allocated_bytes": None if allocated is None else allocated + fast_allocated}
+                "allocated_bytes": None if allocated is None else allocated + self._fast_allocated()}
+
+    def _fast_allocated(self) -> int:
+        """The host's blocks of the node's fast device file (0 before it exists)."""
+        fast = self.data_dir / "fast.img"
+        return allocated_bytes(fast) if fast.exists() else 0
 
     def teardown(self) -> None:
         """Unmounts the filesystems, detaches the loop devices, unmounts the FUSE files and
@@ -839,8 +842,7 @@ class TundraStack(Stack):
             st = json.loads(p.stdout)
         except json.JSONDecodeError as e:
             raise BenchError(f"{self.name}: tundra drive stats --json printed no JSON ({e}): {p.stdout[:300]!r}") from e
-        fast = self.data_dir / "fast.img"
-        fast_allocated = allocated_bytes(fast) if fast.exists() else 0
+        fast_allocated = self._fast_allocated()
         return {"gc": gc.stdout.strip(), "drive_live_bytes": st["physical_live_bytes"],
                 "drive_allocated_bytes": st["physical_allocated_bytes"], "fast_allocated_bytes": fast_allocated,
                 "live_bytes": st["physical_live_bytes"],
