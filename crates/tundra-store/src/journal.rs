@@ -78,9 +78,46 @@ pub struct Journal {
     committer: Mutex<Committer>,
     committed: Condvar,
     checkpoints: Mutex<Checkpoints>,
-    /// A device flushed before every group of records is written: the data device, whose blocks
-    /// the records point at. One flush then covers every writer of the group.
-    barrier: Option<Arc<dyn BlockDevice>>,
+    /// The data device, whose blocks the records point at, flushed with every group of records
+    /// by the flusher thread while this device flushes the log blocks: one flush of each covers
+    /// every writer of the group, and the two run side by side rather than one after the other.
+    barrier: Option<Flusher>,
+}
+
+/// A thread that flushes one device when asked and answers, so that a group commit's two
+/// flushes (the data device's and the journal's) overlap. One request is in flight at a time:
+/// only the committing thread asks. The thread ends when the journal is dropped.
+struct Flusher {
+    requests: std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<Result<()>>>,
+}
+
+impl Flusher {
+    fn start(device: Arc<dyn BlockDevice>) -> Result<Flusher> {
+        let (requests, inbox) = std::sync::mpsc::channel::<std::sync::mpsc::SyncSender<Result<()>>>();
+        std::thread::Builder::new()
+            .name("tundra-flush".into())
+            .spawn(move || {
+                for answer in inbox {
+                    let _ = answer.send(device.flush().map_err(Error::from));
+                }
+            })
+            .map_err(|e| Error::invalid(format!("starting the journal's flusher thread: {e}")))?;
+        Ok(Flusher { requests })
+    }
+
+    /// Starts a flush; the receiver answers once it is done.
+    fn begin(&self) -> std::sync::mpsc::Receiver<Result<()>> {
+        let (answer, done) = std::sync::mpsc::sync_channel(1);
+        if let Err(std::sync::mpsc::SendError(answer)) = self.requests.send(answer) {
+            let _ = answer.send(Err(Error::closed("the journal's flusher thread is gone")));
+        }
+        done
+    }
+}
+
+/// Waits for a flush [`Flusher::begin`] started.
+fn finish(done: std::sync::mpsc::Receiver<Result<()>>) -> Result<()> {
+    done.recv().unwrap_or_else(|_| Err(Error::closed("the journal's flusher thread is gone")))
 }
 
 /// What recovery found: the checkpoint's records, then the log's, in order.
@@ -92,6 +129,9 @@ pub struct Replay {
     pub notes: Vec<String>,
     /// The damage a repair truncated the log at: what was dropped.
     pub lost: Option<LogDamage>,
+    /// Where in `log` the newest group commit starts (its [`Record::GroupStart`]), if the log
+    /// has one: that group's data may not be durable (see [`Journal::set_barrier`]).
+    pub newest_group: Option<usize>,
 }
 
 impl Journal {
@@ -179,15 +219,20 @@ impl Journal {
         // The new epoch must be durable before any block of it is written.
         journal.write_superblock(&mut checkpoints, found.next_epoch)?;
         *journal.checkpoints.lock() = checkpoints;
-        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage };
+        let newest_group = found.log.iter().rposition(|record| *record == Record::GroupStart);
+        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage, newest_group };
         Ok((journal, replay))
     }
 
-    /// Flushes `device` before writing each group of records, so that callers may write their
-    /// data blocks without flushing them: the group's one flush makes all of them durable before
-    /// any record that points at them.
-    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) {
-        self.barrier = Some(device);
+    /// Flushes `device` with each group of records, so that callers may write their data
+    /// blocks without flushing them: a commit returns once the group's log blocks and every
+    /// data block written before it are durable. The two flushes overlap, so a power failure
+    /// may leave the newest group's records without their data; each group starts with
+    /// [`Record::GroupStart`] and recovery drops the newest group if its data does not check
+    /// (`Store::open_with`).
+    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) -> Result<()> {
+        self.barrier = Some(Flusher::start(device)?);
+        Ok(())
     }
 
     /// Makes `records` durable, together with whatever other threads commit at the same time
@@ -216,6 +261,7 @@ impl Journal {
             if !c.committing {
                 c.committing = true;
                 let mut batch = c.tail.clone();
+                Record::GroupStart.encode(&mut batch);
                 batch.append(&mut c.pending);
                 let batch_id = c.pending_batch;
                 c.pending_batch += 1;
@@ -254,9 +300,6 @@ impl Journal {
         retain_from: LogPosition,
     ) -> Result<(LogPosition, Vec<u8>)> {
         assert!(!records.is_empty(), "a group commit of no records");
-        if let Some(barrier) = &self.barrier {
-            barrier.flush()?;
-        }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
         let mut last_start = 0;
@@ -292,7 +335,12 @@ impl Journal {
             self.device.write(self.geometry.log_lba(first), &blocks[i..i + n].concat())?;
             i += n;
         }
-        self.device.flush()?;
+        // The data device flushes on the flusher thread while this one flushes the log: both
+        // must be done before any writer of the group hears its commit succeeded.
+        let data = self.barrier.as_ref().map(Flusher::begin);
+        let log = self.device.flush().map_err(Error::from);
+        let data = data.map_or(Ok(()), finish);
+        log.and(data)?;
         Ok((tail_position, tail))
     }
 
