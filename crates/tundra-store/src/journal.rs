@@ -62,6 +62,11 @@ struct Committer {
     failed: Option<String>,
 }
 
+struct Shared {
+    committer: Mutex<Committer>,
+    committed: Condvar,
+}
+
 /// The superblock's view of the checkpoints: its generation, the newest checkpoint's slot and
 /// each slot's log position.
 #[derive(Clone, Copy)]
@@ -75,8 +80,9 @@ struct Checkpoints {
 pub struct Journal {
     device: Arc<dyn BlockDevice>,
     geometry: JournalGeometry,
-    committer: Mutex<Committer>,
-    committed: Condvar,
+    /// The commit state, shared with the flusher thread (which finishes a group's
+    /// [`Record::GroupDone`] write).
+    shared: Arc<Shared>,
     checkpoints: Mutex<Checkpoints>,
     /// The data device, whose blocks the records point at, flushed with every group of records
     /// by the flusher thread while this device flushes the log blocks: one flush of each covers
@@ -86,32 +92,53 @@ pub struct Journal {
 
 /// A thread that flushes one device when asked and answers, so that a group commit's two
 /// flushes (the data device's and the journal's) overlap. One request is in flight at a time:
-/// only the committing thread asks. The thread ends when the journal is dropped.
+/// only the committing thread asks. Dropping the journal ends the thread and waits for it, so
+/// the device (and the lock on its file) is let go when the store is.
 struct Flusher {
-    requests: std::sync::mpsc::Sender<std::sync::mpsc::SyncSender<Result<()>>>,
+    jobs: Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    device: Arc<dyn BlockDevice>,
 }
 
 impl Flusher {
     fn start(device: Arc<dyn BlockDevice>) -> Result<Flusher> {
-        let (requests, inbox) = std::sync::mpsc::channel::<std::sync::mpsc::SyncSender<Result<()>>>();
-        std::thread::Builder::new()
+        let (jobs, inbox) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let thread = std::thread::Builder::new()
             .name("tundra-flush".into())
             .spawn(move || {
-                for answer in inbox {
-                    let _ = answer.send(device.flush().map_err(Error::from));
+                for job in inbox {
+                    job();
                 }
             })
             .map_err(|e| Error::invalid(format!("starting the journal's flusher thread: {e}")))?;
-        Ok(Flusher { requests })
+        Ok(Flusher { jobs: Some(jobs), thread: Some(thread), device })
     }
 
-    /// Starts a flush; the receiver answers once it is done.
+    /// Runs `job` on the thread; false if the thread is gone (the job then never runs).
+    fn run(&self, job: Box<dyn FnOnce() + Send>) -> bool {
+        self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok())
+    }
+
+    /// Starts a flush of the device; the receiver answers once it is done.
     fn begin(&self) -> std::sync::mpsc::Receiver<Result<()>> {
         let (answer, done) = std::sync::mpsc::sync_channel(1);
-        if let Err(std::sync::mpsc::SendError(answer)) = self.requests.send(answer) {
+        let device = self.device.clone();
+        let reply = answer.clone();
+        if !self.run(Box::new(move || {
+            let _ = reply.send(device.flush().map_err(Error::from));
+        })) {
             let _ = answer.send(Err(Error::closed("the journal's flusher thread is gone")));
         }
         done
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -200,7 +227,8 @@ impl Journal {
         let journal = Journal {
             device,
             geometry,
-            committer: Mutex::new(Committer {
+            shared: Arc::new(Shared {
+                committer: Mutex::new(Committer {
                 pending: Vec::new(),
                 pending_batch: 1,
                 durable_batch: 0,
@@ -212,7 +240,8 @@ impl Journal {
                 retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
                 failed: None,
             }),
-            committed: Condvar::new(),
+                committed: Condvar::new(),
+            }),
             checkpoints: Mutex::new(checkpoints),
             barrier: None,
         };
@@ -238,7 +267,7 @@ impl Journal {
     /// Makes `records` durable, together with whatever other threads commit at the same time
     /// (group commit: one device write and one flush for the whole group).
     pub fn commit(&self, records: &[Record]) -> Result<()> {
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
         }
@@ -268,22 +297,59 @@ impl Journal {
                 let (position, epoch, retain_from) = (c.next_position, c.epoch, c.retain_from);
                 drop(c);
                 let written = self.write_batch(&batch, position, epoch, retain_from);
-                c = self.committer.lock();
+                c = self.shared.committer.lock();
                 c.committing = false;
                 match written {
                     Ok((next, tail)) => {
                         c.next_position = next;
                         c.tail = tail;
                         c.durable_batch = batch_id;
+                        if c.pending.is_empty() {
+                            self.mark_done(&mut c);
+                        }
                     }
                     Err(error) => {
                         c.failed = Some(error.to_string());
                     }
                 }
-                self.committed.notify_all();
+                self.shared.committed.notify_all();
                 continue;
             }
-            self.committed.wait(&mut c);
+            self.shared.committed.wait(&mut c);
+        }
+    }
+
+    /// After a group is durable and no other records wait: appends [`Record::GroupDone`] to the
+    /// partly filled last block and rewrites it on the flusher thread, not flushed, while the
+    /// group's writers go on. It tells recovery the group was acknowledged, so a data check that
+    /// fails there is damage to report, not a flush a power failure cut short (which would
+    /// drop the group). Commits wait for the write (`committing` stays set until it is done):
+    /// a later group rewrites the same block. Without a partly filled block, or a flusher
+    /// thread, there is nothing to do.
+    fn mark_done(&self, c: &mut Committer) {
+        let Some(flusher) = &self.barrier else { return };
+        if c.tail.is_empty() {
+            return;
+        }
+        let mut records = c.tail.clone();
+        Record::GroupDone.encode(&mut records);
+        if records.len() > LOG_PAYLOAD_BYTES {
+            return;
+        }
+        let block = encode_log_block(c.next_position, c.epoch, &records);
+        let (device, lba, shared) = (self.device.clone(), self.geometry.log_lba(c.next_position), self.shared.clone());
+        c.committing = true;
+        let started = flusher.run(Box::new(move || {
+            let written = device.write(lba, &block);
+            let mut c = shared.committer.lock();
+            if written.is_ok() {
+                c.tail = records;
+            }
+            c.committing = false;
+            shared.committed.notify_all();
+        }));
+        if !started {
+            c.committing = false;
         }
     }
 
@@ -347,7 +413,7 @@ impl Journal {
     /// Log blocks the ring holds for recovery (from the older checkpoint's position), and the
     /// ring's size. A commit that would need more than the ring fails: the journal is full.
     pub fn usage_blocks(&self) -> (u64, u64) {
-        let c = self.committer.lock();
+        let c = self.shared.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         (c.next_position.after(partly).blocks_since(c.retain_from), self.geometry.log_blocks)
     }
@@ -356,7 +422,7 @@ impl Journal {
     /// two thirds held since the older one. Checkpoints then come every third of the ring, so
     /// the blocks both checkpoints need stay within about two thirds of it.
     pub fn wants_checkpoint(&self) -> bool {
-        let c = self.committer.lock();
+        let c = self.shared.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         let end = c.next_position.after(partly);
         let since_newest = end.blocks_since(c.checkpoint_position);
@@ -375,14 +441,14 @@ impl Journal {
         let image = encode_checkpoint(records, position, self.geometry.checkpoint_blocks)?;
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
-        let epoch = self.committer.lock().epoch;
+        let epoch = self.shared.committer.lock().epoch;
         let mut next = *checkpoints;
         let previous = next.positions[next.current.index()];
         next.current = slot;
         next.positions[slot.index()] = position;
         self.write_superblock(&mut next, epoch)?;
         *checkpoints = next;
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
         c.checkpoint_position = position;
         c.retain_from = previous.min(position);
         Ok(())
@@ -392,7 +458,11 @@ impl Journal {
     /// record before it.
     /// The caller must hold off commits while it takes a checkpoint at this position.
     pub fn position(&self) -> LogPosition {
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
+        // A group's GroupDone write may still be on the flusher thread.
+        while c.committing && c.pending.is_empty() {
+            self.shared.committed.wait(&mut c);
+        }
         assert!(!c.committing && c.pending.is_empty(), "a checkpoint position taken while commits are in flight");
         // The checkpoint will reflect the records of the partly filled block too, so later
         // commits start a fresh block at the checkpoint's position.

@@ -43,6 +43,11 @@ pub enum Record {
     /// reads them back for the newest group only (see [`Record::GroupStart`]): a mismatch means
     /// the group's data flush was cut short. Never in a checkpoint.
     DataCheck { crc: u32 },
+    /// The group this record ends was durable and its writers heard so: written after both of
+    /// its flushes, not flushed itself. A newest group that has it is kept whatever its data
+    /// check says (a mismatch there is damage, which reads report), one that lacks it is
+    /// dropped when its data check fails. Never in a checkpoint.
+    GroupDone,
 }
 
 const TAG_PAGE_SET: u8 = 1;
@@ -52,8 +57,9 @@ const TAG_VOLUME_DELETE: u8 = 4;
 const TAG_VOLUME_ID_FLOOR: u8 = 5;
 const TAG_WATERMARKS: u8 = 6;
 const TAG_CHUNK_MARK: u8 = 7;
-const TAG_GROUP_START: u8 = 8;
-const TAG_DATA_CHECK: u8 = 9;
+const TAG_GROUP_START: u8 = 9;
+const TAG_DATA_CHECK: u8 = 10;
+const TAG_GROUP_DONE: u8 = 11;
 /// The longest chunk mark the journal keeps.
 pub const MAX_CHUNK_MARK_BYTES: usize = 80;
 /// The largest encoded record: a volume with the longest name.
@@ -112,6 +118,7 @@ impl Record {
                 out.push(TAG_DATA_CHECK);
                 out.extend_from_slice(&crc.to_le_bytes());
             }
+            Record::GroupDone => out.push(TAG_GROUP_DONE),
         }
     }
 
@@ -139,6 +146,7 @@ impl Record {
             }
             TAG_GROUP_START => return Ok((Record::GroupStart, r.at)),
             TAG_DATA_CHECK => return Ok((Record::DataCheck { crc: r.u32()? }, r.at)),
+            TAG_GROUP_DONE => return Ok((Record::GroupDone, r.at)),
             _ => {}
         }
         let chunk = ChunkId(r.u64()?);
