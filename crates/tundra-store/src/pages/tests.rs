@@ -703,7 +703,8 @@ fn two_layer_crash_rounds(rounds: u64) -> (u64, u64) {
         for crash in 0..3u64 {
             let drive: Arc<dyn BlockDevice> = Arc::new(CsdDevice::open(media.clone(), quiet).unwrap());
             let store = Arc::new(Store::open(drive, fast.clone()).unwrap());
-            dropped += store.recovery().notes.iter().filter(|n| n.starts_with("dropped the newest group")).count() as u64;
+            dropped +=
+                store.recovery().notes.iter().filter(|n| n.starts_with("dropped the newest group")).count() as u64;
             if store.volume(crate::ids::VolumeId(0)).is_none() {
                 store.create_volume(test_volume(8192)).unwrap();
             }

@@ -342,11 +342,10 @@ impl Store {
         mark: Option<&[u8]>,
     ) -> Result<()> {
         let mut records: Vec<Record> = data_crc.map(|crc| Record::DataCheck { crc }).into_iter().collect();
-        records.extend(entries.iter()
-            .map(|&(page, entry)| match entry {
-                Some(entry) => Record::PageSet { chunk, page, entry },
-                None => Record::PageClear { chunk, page },
-            }));
+        records.extend(entries.iter().map(|&(page, entry)| match entry {
+            Some(entry) => Record::PageSet { chunk, page, entry },
+            None => Record::PageClear { chunk, page },
+        }));
         if let Some(mark) = mark {
             records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
         }

@@ -193,8 +193,11 @@ pub(super) fn newest_group_problem(data: &dyn BlockDevice, group: &[Record]) -> 
             found = crc32c::crc32c_append(found, &blocks);
         }
         if found != crc {
-            return Some(format!("the data of {} run(s) from block {} does not match its check", runs.len(),
-                runs.first().map_or(0, |run| run.first_lba().0)));
+            return Some(format!(
+                "the data of {} run(s) from block {} does not match its check",
+                runs.len(),
+                runs.first().map_or(0, |run| run.first_lba().0)
+            ));
         }
     }
     None
