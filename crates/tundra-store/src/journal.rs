@@ -62,6 +62,11 @@ struct Committer {
     failed: Option<String>,
 }
 
+struct Shared {
+    committer: Mutex<Committer>,
+    committed: Condvar,
+}
+
 /// The superblock's view of the checkpoints: its generation, the newest checkpoint's slot and
 /// each slot's log position.
 #[derive(Clone, Copy)]
@@ -75,12 +80,71 @@ struct Checkpoints {
 pub struct Journal {
     device: Arc<dyn BlockDevice>,
     geometry: JournalGeometry,
-    committer: Mutex<Committer>,
-    committed: Condvar,
+    /// The commit state, shared with the flusher thread (which finishes a group's
+    /// [`Record::GroupDone`] write).
+    shared: Arc<Shared>,
     checkpoints: Mutex<Checkpoints>,
-    /// A device flushed before every group of records is written: the data device, whose blocks
-    /// the records point at. One flush then covers every writer of the group.
-    barrier: Option<Arc<dyn BlockDevice>>,
+    /// The data device, whose blocks the records point at, flushed with every group of records
+    /// by the flusher thread while this device flushes the log blocks: one flush of each covers
+    /// every writer of the group, and the two run side by side rather than one after the other.
+    barrier: Option<Flusher>,
+}
+
+/// A thread that flushes one device when asked and answers, so that a group commit's two
+/// flushes (the data device's and the journal's) overlap. One request is in flight at a time:
+/// only the committing thread asks. Dropping the journal ends the thread and waits for it, so
+/// the device (and the lock on its file) is let go when the store is.
+struct Flusher {
+    jobs: Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    device: Arc<dyn BlockDevice>,
+}
+
+impl Flusher {
+    fn start(device: Arc<dyn BlockDevice>) -> Result<Flusher> {
+        let (jobs, inbox) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let thread = std::thread::Builder::new()
+            .name("tundra-flush".into())
+            .spawn(move || {
+                for job in inbox {
+                    job();
+                }
+            })
+            .map_err(|e| Error::invalid(format!("starting the journal's flusher thread: {e}")))?;
+        Ok(Flusher { jobs: Some(jobs), thread: Some(thread), device })
+    }
+
+    /// Runs `job` on the thread; false if the thread is gone (the job then never runs).
+    fn run(&self, job: Box<dyn FnOnce() + Send>) -> bool {
+        self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok())
+    }
+
+    /// Starts a flush of the device; the receiver answers once it is done.
+    fn begin(&self) -> std::sync::mpsc::Receiver<Result<()>> {
+        let (answer, done) = std::sync::mpsc::sync_channel(1);
+        let device = self.device.clone();
+        let reply = answer.clone();
+        if !self.run(Box::new(move || {
+            let _ = reply.send(device.flush().map_err(Error::from));
+        })) {
+            let _ = answer.send(Err(Error::closed("the journal's flusher thread is gone")));
+        }
+        done
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Waits for a flush [`Flusher::begin`] started.
+fn finish(done: std::sync::mpsc::Receiver<Result<()>>) -> Result<()> {
+    done.recv().unwrap_or_else(|_| Err(Error::closed("the journal's flusher thread is gone")))
 }
 
 /// What recovery found: the checkpoint's records, then the log's, in order.
@@ -92,6 +156,9 @@ pub struct Replay {
     pub notes: Vec<String>,
     /// The damage a repair truncated the log at: what was dropped.
     pub lost: Option<LogDamage>,
+    /// Where in `log` the newest group commit starts (its [`Record::GroupStart`]), if the log
+    /// has one: that group's data may not be durable (see [`Journal::set_barrier`]).
+    pub newest_group: Option<usize>,
 }
 
 impl Journal {
@@ -160,40 +227,47 @@ impl Journal {
         let journal = Journal {
             device,
             geometry,
-            committer: Mutex::new(Committer {
-                pending: Vec::new(),
-                pending_batch: 1,
-                durable_batch: 0,
-                committing: false,
-                next_position: found.end,
-                tail: Vec::new(),
-                epoch: found.next_epoch,
-                checkpoint_position: found.start,
-                retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
-                failed: None,
+            shared: Arc::new(Shared {
+                committer: Mutex::new(Committer {
+                    pending: Vec::new(),
+                    pending_batch: 1,
+                    durable_batch: 0,
+                    committing: false,
+                    next_position: found.end,
+                    tail: Vec::new(),
+                    epoch: found.next_epoch,
+                    checkpoint_position: found.start,
+                    retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
+                    failed: None,
+                }),
+                committed: Condvar::new(),
             }),
-            committed: Condvar::new(),
             checkpoints: Mutex::new(checkpoints),
             barrier: None,
         };
         // The new epoch must be durable before any block of it is written.
         journal.write_superblock(&mut checkpoints, found.next_epoch)?;
         *journal.checkpoints.lock() = checkpoints;
-        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage };
+        let newest_group = found.log.iter().rposition(|record| *record == Record::GroupStart);
+        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage, newest_group };
         Ok((journal, replay))
     }
 
-    /// Flushes `device` before writing each group of records, so that callers may write their
-    /// data blocks without flushing them: the group's one flush makes all of them durable before
-    /// any record that points at them.
-    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) {
-        self.barrier = Some(device);
+    /// Flushes `device` with each group of records, so that callers may write their data
+    /// blocks without flushing them: a commit returns once the group's log blocks and every
+    /// data block written before it are durable. The two flushes overlap, so a power failure
+    /// may leave the newest group's records without their data; each group starts with
+    /// [`Record::GroupStart`] and recovery drops the newest group if its data does not check
+    /// (`Store::open_with`).
+    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) -> Result<()> {
+        self.barrier = Some(Flusher::start(device)?);
+        Ok(())
     }
 
     /// Makes `records` durable, together with whatever other threads commit at the same time
     /// (group commit: one device write and one flush for the whole group).
     pub fn commit(&self, records: &[Record]) -> Result<()> {
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
         }
@@ -216,28 +290,66 @@ impl Journal {
             if !c.committing {
                 c.committing = true;
                 let mut batch = c.tail.clone();
+                Record::GroupStart.encode(&mut batch);
                 batch.append(&mut c.pending);
                 let batch_id = c.pending_batch;
                 c.pending_batch += 1;
                 let (position, epoch, retain_from) = (c.next_position, c.epoch, c.retain_from);
                 drop(c);
                 let written = self.write_batch(&batch, position, epoch, retain_from);
-                c = self.committer.lock();
+                c = self.shared.committer.lock();
                 c.committing = false;
                 match written {
                     Ok((next, tail)) => {
                         c.next_position = next;
                         c.tail = tail;
                         c.durable_batch = batch_id;
+                        if c.pending.is_empty() {
+                            self.mark_done(&mut c);
+                        }
                     }
                     Err(error) => {
                         c.failed = Some(error.to_string());
                     }
                 }
-                self.committed.notify_all();
+                self.shared.committed.notify_all();
                 continue;
             }
-            self.committed.wait(&mut c);
+            self.shared.committed.wait(&mut c);
+        }
+    }
+
+    /// After a group is durable and no other records wait: appends [`Record::GroupDone`] to the
+    /// partly filled last block and rewrites it on the flusher thread, not flushed, while the
+    /// group's writers go on. It tells recovery the group was acknowledged, so a data check that
+    /// fails there is damage to report, not a flush a power failure cut short (which would
+    /// drop the group). Commits wait for the write (`committing` stays set until it is done):
+    /// a later group rewrites the same block. Without a partly filled block, or a flusher
+    /// thread, there is nothing to do.
+    fn mark_done(&self, c: &mut Committer) {
+        let Some(flusher) = &self.barrier else { return };
+        if c.tail.is_empty() {
+            return;
+        }
+        let mut records = c.tail.clone();
+        Record::GroupDone.encode(&mut records);
+        if records.len() > LOG_PAYLOAD_BYTES {
+            return;
+        }
+        let block = encode_log_block(c.next_position, c.epoch, &records);
+        let (device, lba, shared) = (self.device.clone(), self.geometry.log_lba(c.next_position), self.shared.clone());
+        c.committing = true;
+        let started = flusher.run(Box::new(move || {
+            let written = device.write(lba, &block);
+            let mut c = shared.committer.lock();
+            if written.is_ok() {
+                c.tail = records;
+            }
+            c.committing = false;
+            shared.committed.notify_all();
+        }));
+        if !started {
+            c.committing = false;
         }
     }
 
@@ -254,9 +366,6 @@ impl Journal {
         retain_from: LogPosition,
     ) -> Result<(LogPosition, Vec<u8>)> {
         assert!(!records.is_empty(), "a group commit of no records");
-        if let Some(barrier) = &self.barrier {
-            barrier.flush()?;
-        }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
         let mut last_start = 0;
@@ -292,14 +401,19 @@ impl Journal {
             self.device.write(self.geometry.log_lba(first), &blocks[i..i + n].concat())?;
             i += n;
         }
-        self.device.flush()?;
+        // The data device flushes on the flusher thread while this one flushes the log: both
+        // must be done before any writer of the group hears its commit succeeded.
+        let data = self.barrier.as_ref().map(Flusher::begin);
+        let log = self.device.flush().map_err(Error::from);
+        let data = data.map_or(Ok(()), finish);
+        log.and(data)?;
         Ok((tail_position, tail))
     }
 
     /// Log blocks the ring holds for recovery (from the older checkpoint's position), and the
     /// ring's size. A commit that would need more than the ring fails: the journal is full.
     pub fn usage_blocks(&self) -> (u64, u64) {
-        let c = self.committer.lock();
+        let c = self.shared.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         (c.next_position.after(partly).blocks_since(c.retain_from), self.geometry.log_blocks)
     }
@@ -308,7 +422,7 @@ impl Journal {
     /// two thirds held since the older one. Checkpoints then come every third of the ring, so
     /// the blocks both checkpoints need stay within about two thirds of it.
     pub fn wants_checkpoint(&self) -> bool {
-        let c = self.committer.lock();
+        let c = self.shared.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         let end = c.next_position.after(partly);
         let since_newest = end.blocks_since(c.checkpoint_position);
@@ -327,14 +441,14 @@ impl Journal {
         let image = encode_checkpoint(records, position, self.geometry.checkpoint_blocks)?;
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
-        let epoch = self.committer.lock().epoch;
+        let epoch = self.shared.committer.lock().epoch;
         let mut next = *checkpoints;
         let previous = next.positions[next.current.index()];
         next.current = slot;
         next.positions[slot.index()] = position;
         self.write_superblock(&mut next, epoch)?;
         *checkpoints = next;
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
         c.checkpoint_position = position;
         c.retain_from = previous.min(position);
         Ok(())
@@ -344,7 +458,11 @@ impl Journal {
     /// record before it.
     /// The caller must hold off commits while it takes a checkpoint at this position.
     pub fn position(&self) -> LogPosition {
-        let mut c = self.committer.lock();
+        let mut c = self.shared.committer.lock();
+        // A group's GroupDone write may still be on the flusher thread.
+        while c.committing && c.pending.is_empty() {
+            self.shared.committed.wait(&mut c);
+        }
         assert!(!c.committing && c.pending.is_empty(), "a checkpoint position taken while commits are in flight");
         // The checkpoint will reflect the records of the partly filled block too, so later
         // commits start a fresh block at the checkpoint's position.

@@ -73,10 +73,13 @@ impl Store {
         }
         let runs = self.allocate_many(chunk, &counts)?;
         let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
-        if let Err(error) = self.write_runs(&runs, &images) {
-            self.abandon_runs(chunk, &runs)?;
-            return Err(error);
-        }
+        let crc = match self.write_runs(&runs, &images) {
+            Ok(crc) => crc,
+            Err(error) => {
+                self.abandon_runs(chunk, &runs)?;
+                return Err(error);
+            }
+        };
         let named: std::collections::BTreeSet<PageNo> = pages.iter().map(|put| put.page).collect();
         let mut entries: Vec<(PageNo, Option<PageEntry>)> = self
             .chunk_entries(chunk)
@@ -85,7 +88,7 @@ impl Store {
             .map(|(page, _)| (page, None))
             .collect();
         entries.extend(pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))));
-        self.commit_and_install(chunk, &entries, &runs, Some(mark))
+        self.commit_and_install(chunk, &entries, &runs, Some(crc), Some(mark))
     }
 
     /// Every page entry of one chunk, in page order.
@@ -145,13 +148,16 @@ impl Store {
         }
         let runs = self.allocate_many(chunk, &counts)?;
         let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
-        if let Err(error) = self.write_runs(&runs, &images) {
-            self.abandon_runs(chunk, &runs)?;
-            return Err(error);
-        }
+        let crc = match self.write_runs(&runs, &images) {
+            Ok(crc) => crc,
+            Err(error) => {
+                self.abandon_runs(chunk, &runs)?;
+                return Err(error);
+            }
+        };
         let entries: Vec<(PageNo, Option<PageEntry>)> =
             pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))).collect();
-        self.commit_and_install(chunk, &entries, &runs, mark)
+        self.commit_and_install(chunk, &entries, &runs, Some(crc), mark)
     }
 
     /// Removes pages of one chunk with one journal commit; pages that do not exist are skipped.
@@ -167,7 +173,7 @@ impl Store {
         if entries.is_empty() {
             return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
         }
-        self.commit_and_install(chunk, &entries, &[], mark)
+        self.commit_and_install(chunk, &entries, &[], None, mark)
     }
 
     /// Records a volume's redo watermarks; they only move forward.
@@ -204,7 +210,7 @@ impl Store {
                 segment.len()
             )));
         }
-        let run = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
+        let (run, crc) = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
             .iter()
             .enumerate()
@@ -212,7 +218,7 @@ impl Store {
                 (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
             })
             .collect();
-        self.commit_and_install(chunk, &entries, &[run], mark)
+        self.commit_and_install(chunk, &entries, &[run], Some(crc), mark)
     }
 
     /// Creates a volume. Its name must be new, and its id never given before (at least
@@ -267,7 +273,15 @@ impl Store {
 
     /// Writes each image to its run, zero-padded, with one device write for every group of
     /// runs that follow each other on the device. Not flushed (see [`Store::write_run`]).
-    pub(super) fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
+    /// Returns the crc32c of the runs' blocks in the order given, for the commit's
+    /// [`Record::DataCheck`].
+    pub(super) fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<u32> {
+        let mut crc = 0u32;
+        for (run, image) in runs.iter().zip(images) {
+            crc = crc32c::crc32c_append(crc, image);
+            let padding = usize::from(run.count) * BLOCK_SIZE - image.len();
+            crc = crc32c::crc32c_append(crc, &ZEROS[..padding]);
+        }
         let mut order: Vec<usize> = (0..runs.len()).collect();
         order.sort_unstable_by_key(|&i| runs[i].first_lba().0);
         let mut i = 0;
@@ -294,18 +308,20 @@ impl Store {
             })?;
             i = end;
         }
-        Ok(())
+        Ok(crc)
     }
 
     /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
     /// the journal flushes the data device before it writes the record that points here.
-    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
+    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<(BlockRun, u32)> {
         let run = self.allocate_many(chunk, &[blocks])?[0];
-        if let Err(error) = self.write_runs(&[run], &[bytes]) {
-            self.state.lock().unallocate(chunk, &[run]);
-            return Err(error);
+        match self.write_runs(&[run], &[bytes]) {
+            Ok(crc) => Ok((run, crc)),
+            Err(error) => {
+                self.state.lock().unallocate(chunk, &[run]);
+                Err(error)
+            }
         }
-        Ok(run)
     }
 
     /// Takes a run of blocks for each page of a group (see [`StoreCore::allocate`]).
@@ -314,22 +330,22 @@ impl Store {
     }
 
     /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
-    /// and lets go of the blocks they replace. On a journal error `new_runs`, the blocks the
+    /// and lets go of the blocks they replace. `data_crc` is what [`Store::write_runs`] returned
+    /// for the entries' runs, in their order. On a journal error `new_runs`, the blocks the
     /// entries point at, is freed and the store stops.
     fn commit_and_install(
         &self,
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
+        data_crc: Option<u32>,
         mark: Option<&[u8]>,
     ) -> Result<()> {
-        let mut records: Vec<Record> = entries
-            .iter()
-            .map(|&(page, entry)| match entry {
-                Some(entry) => Record::PageSet { chunk, page, entry },
-                None => Record::PageClear { chunk, page },
-            })
-            .collect();
+        let mut records: Vec<Record> = data_crc.map(|crc| Record::DataCheck { crc }).into_iter().collect();
+        records.extend(entries.iter().map(|&(page, entry)| match entry {
+            Some(entry) => Record::PageSet { chunk, page, entry },
+            None => Record::PageClear { chunk, page },
+        }));
         if let Some(mark) = mark {
             records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
         }
@@ -370,6 +386,9 @@ impl Store {
         Ok(())
     }
 }
+
+/// Zeros to pad an image to its run's blocks, for the data check.
+static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
 
 /// The index entry of a page put into `run`.
 pub(super) fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {
