@@ -81,6 +81,7 @@ impl ClusterNode {
             return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
         }
         self.block_on(self.settle_all());
+        self.block_on(self.manager_command(&Command::DrainNode { node: NodeId(node) }))?;
         let mut state = self.manager_state()?;
         state.apply(&Command::DrainNode { node: NodeId(node) }).map_err(|e| Refusal::Invalid(e.message().into()))?;
         let held: Vec<ChunkId> =
@@ -180,12 +181,18 @@ impl ClusterNode {
         let old: Vec<u64> = def.replicas_of(index).to_vec();
         let moving = ChunkMove { chunk: index, from, to };
         let begun = self.tell_all(def.id, index, old.clone(), Some(moving)).await;
+        // The cluster manager's state takes the move once the catalogs hold it (manager.rs).
+        let begun = match begun {
+            Ok(()) => self.manager_begin(def.id, moving).await,
+            Err(why) => Err(why),
+        };
         let caught_up = match begun {
             Ok(()) => self.begin_on_target(def.id, chunk, to).await,
             Err(why) => Err(why),
         };
         if let Err(why) = caught_up {
             self.roll_back(def.id, chunk, moving, old).await;
+            self.manager_end(def.id, moving, false).await;
             return Err(why);
         }
         let voters: Vec<u64> = old.iter().copied().filter(|&n| n != from).chain([to]).collect();
@@ -195,14 +202,22 @@ impl ClusterNode {
                 Forward::Membership { volume: def.id, chunk: index, change: MembershipChange::Voters(voters) },
             )
             .await;
-        match changed {
-            Ok(_) => self.finish(def.id, chunk, moving).await,
+        // The group's membership changed (the move finished, whether or not every catalog
+        // learned it yet) or was rolled back: the manager is told which; an unknown outcome
+        // stays in flight there until its leader settles it.
+        let (finished, done) = match changed {
+            Ok(_) => (Some(true), self.finish(def.id, chunk, moving).await),
             // The change may have committed unseen: the group's membership says.
             Err(why) => match self.settle(def.id, moving).await {
-                Ok(true) => Ok(()),
-                _ => Err(why),
+                Ok(true) => (Some(true), Ok(())),
+                Ok(false) => (Some(false), Err(why)),
+                Err(_) => (None, Err(why)),
             },
+        };
+        if let Some(finished) = finished {
+            self.manager_end(def.id, moving, finished).await;
         }
+        done
     }
 
     /// Steps 3 and 4: an empty replica on `to`, added as a learner and caught up.

@@ -14,6 +14,8 @@ pub struct Membership {
     /// Every node (this one included), by id.
     pub nodes: Vec<(u64, String)>,
     pub key: Option<ClusterKey>,
+    /// The members of the cluster manager's group, lowest first.
+    pub managers: Vec<u64>,
 }
 
 /// Parses one `"ID@HOST:PORT"`.
@@ -72,7 +74,22 @@ impl Membership {
                  key there; set key_file to a file of at least 32 secret bytes, the same on every node"
             ));
         }
-        Ok(Membership { me: config.node_id, nodes, key })
+        let managers = match &config.managers {
+            None => nodes.iter().take(3).map(|(id, _)| *id).collect(),
+            Some(ids) => {
+                let mut ids = ids.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                if ids.is_empty() || ids.len() != config.managers.as_ref().map_or(0, Vec::len) {
+                    return Err("[cluster] managers must name at least one node, each once".into());
+                }
+                if let Some(stray) = ids.iter().find(|id| !nodes.iter().any(|(n, _)| n == *id)) {
+                    return Err(format!("[cluster] managers names node {stray}, which is not among the peers"));
+                }
+                ids
+            }
+        };
+        Ok(Membership { me: config.node_id, nodes, key, managers })
     }
 
     pub fn ids(&self) -> Vec<u64> {
