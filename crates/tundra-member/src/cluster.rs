@@ -54,8 +54,6 @@ pub struct ClusterNode {
     pub(crate) next_request: AtomicU64,
     /// One manager call at a time on the manager's leader (manager.rs).
     pub(crate) manager_turn: tokio::sync::Mutex<()>,
-    /// The manager term whose leader (this node) settled the moves in flight it found.
-    pub(crate) manager_settled_term: AtomicU64,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -115,7 +113,6 @@ impl ClusterNode {
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
             manager_turn: tokio::sync::Mutex::new(()),
-            manager_settled_term: AtomicU64::new(0),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();

@@ -14,9 +14,10 @@
 //! - a drain (`DrainNode`) and each move's `BeginMove` and `FinishMove` or `AbortMove`
 //!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
 //!   manager holds in flight is in the catalogs too);
-//! - on a new leader, moves its state holds in flight: ended as the catalog says, or settled
-//!   from the chunk group's membership by migrate.rs's `settle` when the catalog still lists
-//!   them.
+//! - moves its state holds in flight that the catalogs ended while no leader heard (its
+//!   leader died mid-move): ended as the catalogs say. A move the catalogs still list is
+//!   settled by migrate.rs's `settle` (at a node's start, before a drain or a move), which
+//!   tells the manager how it ended.
 //!
 //! The catalog on each node stays what the data path reads; the manager's state is the
 //! decisions' view. Without a quorum of its members the manager answers nothing, and
@@ -24,7 +25,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -171,7 +171,7 @@ impl ClusterNode {
     }
 
     /// One round of the reporter: this node's usage if it changed, and on the leader the moves
-    /// a former leader left in flight.
+    /// its state holds in flight that the catalogs ended already.
     async fn report_once(&self, last: &mut Option<NodeUsage>) {
         let usage = self.usage();
         if *last != Some(usage) {
@@ -180,16 +180,8 @@ impl ClusterNode {
                 *last = Some(usage);
             }
         }
-        let raft = self.host.raft(manager_group()).ok();
-        let term = raft.as_ref().and_then(|r| {
-            let m = r.metrics().borrow().clone();
-            (m.current_leader == Some(self.me)).then_some(m.current_term)
-        });
-        if let Some(term) = term
-            && self.manager_settled_term.load(Ordering::Relaxed) != term
-            && self.settle_manager_moves().await.is_ok()
-        {
-            self.manager_settled_term.store(term, Ordering::Relaxed);
+        if self.local_leader(manager_group()) == Some(self.me) {
+            let _ = self.end_settled_moves().await;
         }
     }
 
@@ -379,19 +371,21 @@ impl ClusterNode {
         let _ = self.manager_command(&command).await;
     }
 
-    /// On a new leader: the moves its state holds in flight, ended as the catalog says, or
-    /// settled from the chunk's group when the catalog still lists them.
-    async fn settle_manager_moves(&self) -> Result<(), Refusal> {
+    /// On the leader: the moves its state holds in flight whose catalog entry is gone (their
+    /// coordinator, or migrate.rs's `settle` at a node's start or a drain, ended them, and the
+    /// manager's leader died before it heard), ended as the catalog says. A move the catalog
+    /// still lists is left to whoever settles it there: settling it here could race its
+    /// coordinator, still at work.
+    async fn end_settled_moves(&self) -> Result<(), Refusal> {
         let Some(view) = self.host.manager_view() else { return Ok(()) };
         let moves: Vec<Move> = view.lock().state.moves_in_flight().copied().collect();
         for m in moves {
             let (volume, index) = (m.chunk.volume().0, m.chunk.index());
-            let moving = ChunkMove { chunk: index, from: m.from.0, to: m.to.0 };
             let def = self.catalog.lock().get(volume).cloned();
             let finished = match def {
                 None => false,
-                Some(def) if def.move_of(index).is_some() => self.settle(volume, moving).await?,
-                Some(def) => def.holds(moving.to, index),
+                Some(def) if def.move_of(index).is_some() => continue,
+                Some(def) => def.holds(m.to.0, index),
             };
             let chunk = m.chunk;
             let command = if finished { Command::FinishMove { chunk } } else { Command::AbortMove { chunk } };

@@ -274,10 +274,13 @@ impl ClusterNode {
                 let change = MembershipChange::Voters(target);
                 self.to_leader(chunk, Forward::Membership { volume, chunk: moving.chunk, change }).await?;
             }
-            self.finish(volume, chunk, moving).await?;
+            let finished = self.finish(volume, chunk, moving).await;
+            self.manager_end(volume, moving, true).await;
+            finished?;
             return Ok(true);
         }
         self.roll_back(volume, chunk, moving, voters).await;
+        self.manager_end(volume, moving, false).await;
         Ok(false)
     }
 
