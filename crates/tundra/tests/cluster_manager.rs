@@ -5,7 +5,8 @@
 //! written before reads back through every node, and every node's catalog (the chunks' replica
 //! sets), the groups each node runs and the manager's state agree. Without a quorum of its
 //! members the manager refuses a drain with an error naming them; a restart of every node
-//! keeps the manager's state (its Raft log and snapshot).
+//! keeps the manager's state (its Raft log and snapshot). The agreement oracle's twin feeds it
+//! the live status altered as a diverged manager would show it.
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -202,4 +203,29 @@ fn the_manager_survives_its_leaders_death_and_a_restart_of_every_node() {
     assert_eq!(after["chunks"], before["chunks"]);
     assert!(after["applied_index"].as_u64() >= before["applied_index"].as_u64(), "{before:#} then {after:#}");
     verify(&cluster, volume, &pages);
+    agreement_catches_a_diverged_manager(&cluster.status(3));
+}
+
+/// The twin of the agreement oracle: the same live status, altered as a manager whose state
+/// diverged from the catalogs would show it, must fail it.
+fn agreement_catches_a_diverged_manager(status: &serde_json::Value) {
+    agreement(status).expect("the live status agrees");
+    let chunks = status["manager"]["chunks"].as_u64().expect("chunks");
+    let mut lost_chunk = status.clone();
+    lost_chunk["manager"]["chunks"] = (chunks - 1).into();
+    let mut miscounted = status.clone();
+    let held = miscounted["manager"]["nodes"][0]["chunks"].as_u64().expect("a node's chunks");
+    miscounted["manager"]["nodes"][0]["chunks"] = (held + 1).into();
+    let mut stuck_move = status.clone();
+    stuck_move["manager"]["moves_in_flight"] = serde_json::json!([{ "volume_id": 1, "chunk": 0, "from": 1, "to": 4 }]);
+    let mut leaderless = status.clone();
+    leaderless["manager"]["leader"] = serde_json::Value::Null;
+    for (what, altered) in [
+        ("a lost chunk", lost_chunk),
+        ("a miscounted node", miscounted),
+        ("a move left in flight", stuck_move),
+        ("no leader", leaderless),
+    ] {
+        assert!(agreement(&altered).is_err(), "the oracle missed {what}");
+    }
 }
