@@ -458,3 +458,19 @@ fn spaces(u: &NodeUsage) -> (Space, Space) {
         Space::new(u.logical_used_bytes, u.physical_used_bytes),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_file_is_replaced_whole_and_absent_means_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileSnapshots { path: dir.path().join(SNAPSHOT_FILE) };
+        assert_eq!(store.load().unwrap(), None);
+        store.save(b"first").unwrap();
+        store.save(b"second, longer").unwrap();
+        assert_eq!(store.load().unwrap().as_deref(), Some(&b"second, longer"[..]));
+        assert!(!dir.path().join("manager.next").exists());
+    }
+}

@@ -132,6 +132,20 @@ mod tests {
     }
 
     #[test]
+    fn the_managers_default_to_the_three_lowest_ids_and_must_be_peers() {
+        let peers = ["4@127.0.0.1:4", "2@127.0.0.1:2", "1@127.0.0.1:1", "3@127.0.0.1:3"];
+        assert_eq!(Membership::from_config(&config(&peers, None)).unwrap().managers, vec![1, 2, 3]);
+        assert!(Membership::from_config(&config(&peers[..2], None)).unwrap_err().contains("node_id = 1"));
+        let two = ["2@127.0.0.1:2", "1@127.0.0.1:1"];
+        assert_eq!(Membership::from_config(&config(&two, None)).unwrap().managers, vec![1, 2]);
+        let chosen = |managers: Vec<u64>| ClusterConfig { managers: Some(managers), ..config(&peers, None) };
+        assert_eq!(Membership::from_config(&chosen(vec![4, 2, 3])).unwrap().managers, vec![2, 3, 4]);
+        for bad in [vec![], vec![2, 2], vec![1, 9]] {
+            assert!(Membership::from_config(&chosen(bad.clone())).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn a_non_loopback_peer_needs_a_key() {
         let error = Membership::from_config(&config(&["1@10.0.0.1:7811", "2@10.0.0.2:7811"], None)).unwrap_err();
         assert!(error.contains("key_file"), "{error}");
