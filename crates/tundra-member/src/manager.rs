@@ -11,7 +11,8 @@
 //! - on a leader whose state is empty, the catalog: every node (`AddNode`), every chunk of
 //!   every replicated volume on its replicas (`AdoptChunk`), every node's usage (`Heartbeat`);
 //! - a new volume's chunks (`PlaceChunk`): the replicas are those the committed state chose;
-//! - a drain (`DrainNode`) and each move's `BeginMove` and `FinishMove` or `AbortMove`
+//! - a drain (`DrainNode`, then the next move off the node as the leader's plan of its own
+//!   state chooses) and each move's `BeginMove` and `FinishMove` or `AbortMove`
 //!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
 //!   manager holds in flight is in the catalogs too);
 //! - moves its state holds in flight that the catalogs ended while no leader heard (its
@@ -93,6 +94,11 @@ pub enum ManagerCall {
     },
     /// Propose one command (its versioned encoding).
     Propose(Vec<u8>),
+    /// Mark the node draining and plan the next move off it; answers the chunks it holds and
+    /// the move (none when no node can take them).
+    PlanDrain {
+        node: u64,
+    },
     Status,
 }
 
@@ -102,6 +108,7 @@ pub enum ManagerReply {
     Done,
     Replicas(Vec<u64>),
     Status(ManagerStatus),
+    DrainPlan { held: Vec<u64>, next: Option<Move> },
 }
 
 /// The manager as `tundra cluster status --json` shows it (`manager`).
@@ -284,6 +291,16 @@ impl ClusterNode {
                 let placed = state.chunk(chunk).ok_or_else(|| Refusal::Unavailable("the placement vanished".into()))?;
                 ManagerReply::Replicas(placed.replicas.iter().map(|n| n.0).collect())
             }
+            ManagerCall::PlanDrain { node } => {
+                self.propose(Command::DrainNode { node: NodeId(node) }).await?;
+                // The plan is a query of the leader's applied state (seed 000 §4.2): the node's
+                // chunks go, one move at a time, where the drain rule sends them.
+                let state = view.lock().state.clone();
+                let held: Vec<u64> =
+                    state.node(NodeId(node)).map(|n| n.chunks.iter().map(|c| c.0).collect()).unwrap_or_default();
+                let next = state.plan().moves.into_iter().find(|m| m.from == NodeId(node));
+                ManagerReply::DrainPlan { held, next }
+            }
             ManagerCall::Propose(bytes) => {
                 let command = Command::decode(&bytes).map_err(invalid)?;
                 self.propose(command).await?;
@@ -354,6 +371,15 @@ impl ClusterNode {
             }
         }
         Ok(sets)
+    }
+
+    /// The chunks `node` holds and the next move off it, as the manager's leader plans them
+    /// once it marked the node draining.
+    pub(crate) async fn manager_drain_plan(&self, node: u64) -> Result<(Vec<ChunkId>, Option<Move>), Refusal> {
+        match self.to_manager(ManagerCall::PlanDrain { node }).await? {
+            ManagerReply::DrainPlan { held, next } => Ok((held.into_iter().map(ChunkId).collect(), next)),
+            other => Err(Refusal::Unavailable(format!("a drain plan answered {other:?}"))),
+        }
     }
 
     /// A move the catalogs entered, begun in the manager's state.

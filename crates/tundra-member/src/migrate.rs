@@ -81,31 +81,23 @@ impl ClusterNode {
             return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
         }
         self.block_on(self.settle_all());
-        self.block_on(self.manager_command(&Command::DrainNode { node: NodeId(node) }))?;
-        let mut state = self.manager_state()?;
-        state.apply(&Command::DrainNode { node: NodeId(node) }).map_err(|e| Refusal::Invalid(e.message().into()))?;
-        let held: Vec<ChunkId> =
-            state.node(NodeId(node)).map(|n| n.chunks.iter().copied().collect()).unwrap_or_default();
-        if held.is_empty() {
+        // The manager's leader marks the node draining and plans the move (manager.rs).
+        let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
+        let Some(&first) = held.first() else {
             return Ok(DrainProgress { chunks_left: 0, moved: None });
-        }
-        let planned = state.plan().moves.into_iter().find(|m| m.from == NodeId(node)).ok_or_else(|| {
+        };
+        let planned = planned.ok_or_else(|| {
             Refusal::Invalid(format!(
                 "the remaining nodes cannot take chunk {} of volume id {} from node {node}: every other active node \
                  holds a replica of it or would pass 75% of its logical or physical capacity; add nodes",
-                held[0].index(),
-                held[0].volume().0
+                first.index(),
+                first.volume().0
             ))
         })?;
-        state.apply(&Command::BeginMove(planned)).map_err(|e| Refusal::Invalid(e.message().into()))?;
         let def = self.def_of(planned.chunk.volume().0)?;
-        if let Err(why) = self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0)) {
-            let _ = state.apply(&Command::AbortMove { chunk: planned.chunk });
-            return Err(why);
-        }
-        state.apply(&Command::FinishMove { chunk: planned.chunk }).map_err(|e| Refusal::Invalid(e.message().into()))?;
-        let left = state.node(NodeId(node)).map_or(0, |n| n.chunks.len());
-        Ok(DrainProgress { chunks_left: left, moved: Some((def.name.clone(), planned.chunk.index(), planned.to.0)) })
+        self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0))?;
+        let moved = Some((def.name.clone(), planned.chunk.index(), planned.to.0));
+        Ok(DrainProgress { chunks_left: held.len() - 1, moved })
     }
 
     /// Moves chunk `chunk` of volume `volume` from node `from` to node `to`.
