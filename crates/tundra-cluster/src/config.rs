@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 
 /// Which moves the manager plans besides repairs, drains and joins.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Policy {
     /// Seed 000 §4.2.1, the original strategy: chunks move off a node whose logical usage is
     /// more than the margin above the average, to the nodes with the lowest logical usage,
@@ -34,7 +34,7 @@ impl Policy {
 }
 
 /// The band [c_l, c_h] of compression ratios a node should stay in (seed 000 §4.2.2).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Band {
     /// Around the cluster's average ratio c_avg: [c_avg (1 - below), c_avg (1 + above)]. The
     /// paper's two clusters used ±10% (2.2 to 2.7 around about 2.45; 3.15 to 3.85 around 3.5).
@@ -56,7 +56,7 @@ impl Band {
 /// How much migration may be under way at once. Each move costs a copy of the chunk over the
 /// network and a membership change, so plans are cut to these bounds; moves already in flight
 /// count against them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Throttle {
     /// Moves in flight in the whole cluster.
     pub max_moves: usize,
@@ -64,7 +64,7 @@ pub struct Throttle {
     pub max_moves_per_node: usize,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ManagerConfig {
     /// Replicas of every chunk, each on a different node.
     pub replicas: usize,
@@ -85,6 +85,8 @@ pub struct ManagerConfig {
 impl ManagerConfig {
     pub const PAPER_FULLNESS_LIMIT: f64 = 0.75;
     pub const PAPER_LOGICAL_MARGIN: f64 = 0.10;
+    /// More replicas than any deployment uses, and a bound a decoded configuration keeps.
+    pub const MAX_REPLICAS: usize = 16;
 
     /// The paper's numbers with the given policy: three replicas, 75%, 10%, a ±10% band.
     pub fn paper(policy: Policy) -> ManagerConfig {
@@ -101,8 +103,8 @@ impl ManagerConfig {
 
     /// Refuses a configuration the decisions cannot work with.
     pub fn validate(&self) -> Result<()> {
-        if self.replicas == 0 {
-            return Err(Error::invalid("replicas must be at least 1"));
+        if self.replicas == 0 || self.replicas > Self::MAX_REPLICAS {
+            return Err(Error::invalid(format!("replicas must be 1 to {}, not {}", Self::MAX_REPLICAS, self.replicas)));
         }
         if !(self.fullness_limit > 0.0 && self.fullness_limit <= 1.0) {
             return Err(Error::invalid(format!("fullness limit {} is not in (0, 1]", self.fullness_limit)));

@@ -9,6 +9,7 @@
 //! a thousand nodes' growth in memory for `tundra sim schedule`. [`summary`] measures the
 //! result: zones, the fraction of nodes inside the band, stranded space.
 
+pub mod codec;
 pub mod config;
 mod error;
 mod place;
@@ -21,7 +22,7 @@ pub mod usage;
 pub use config::{Band, ManagerConfig, Policy, Throttle};
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{Move, MoveReason, Plan, Thresholds};
-pub use state::{Applied, ChunkState, ClusterState, Command, NodeState, NodeStatus};
+pub use state::{Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, NodeState, NodeStatus};
 pub use summary::ClusterSummary;
 pub use tundra_store::ids::ChunkId;
 pub use usage::{NodeId, Space, Zone};

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::plan::Move;
 use crate::usage::{NodeId, Space};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum NodeStatus {
     /// Takes new replicas and moves.
     Active,
@@ -79,8 +79,9 @@ pub struct ChunkState {
     pub moving: Option<Move>,
 }
 
-/// What the manager is told and asked to do. Every member applies the same sequence.
-#[derive(Clone, Debug, PartialEq)]
+/// What the manager is told and asked to do. Every member applies the same sequence. Its bytes
+/// (a version byte, then postcard) are `crate::codec`'s.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Command {
     Configure(ManagerConfig),
     /// A node joins, empty.
@@ -96,6 +97,7 @@ pub enum Command {
     },
     /// A chunk's leader reports the chunk's logical and physical bytes.
     ChunkStats {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
         size: Space,
     },
@@ -103,10 +105,12 @@ pub enum Command {
     /// against the chosen nodes until the chunk's stats arrive (a new chunk is empty, and
     /// counting it as nothing would send a burst of new chunks to the same few nodes).
     PlaceChunk {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
         expected_logical_bytes: u64,
     },
     DeleteChunk {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
     },
     /// An existing chunk whose replicas are known (a manager rebuilt from the nodes' catalogs):
@@ -114,6 +118,7 @@ pub enum Command {
     /// stats arrive. Apply before the nodes' heartbeats, so that their usage beyond the
     /// chunks is counted once.
     AdoptChunk {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
         replicas: BTreeSet<NodeId>,
         expected_logical_bytes: u64,
@@ -134,12 +139,45 @@ pub enum Command {
     BeginMove(Move),
     /// The migration finished: `to` is a voter, `from` is removed.
     FinishMove {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
     },
     /// The migration was rolled back: `to` is removed, `from` stays.
     AbortMove {
+        #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
     },
+}
+
+/// The largest byte figure a command or a snapshot may carry (1 PiB, far past any drive or
+/// chunk): a command past it is refused, so no figure the state adds can overflow.
+pub const MAX_FIGURE_BYTES: u64 = 1 << 50;
+
+impl Command {
+    /// Refuses a command whose byte figures pass [`MAX_FIGURE_BYTES`].
+    pub fn check_figures(&self) -> Result<()> {
+        let spaces: Vec<Space> = match self {
+            Command::AddNode { capacity, .. } => vec![*capacity],
+            Command::Heartbeat { capacity, used, .. } => vec![*capacity, *used],
+            Command::ChunkStats { size, .. } => vec![*size],
+            Command::PlaceChunk { expected_logical_bytes, .. } | Command::AdoptChunk { expected_logical_bytes, .. } => {
+                vec![Space::new(*expected_logical_bytes, 0)]
+            }
+            _ => Vec::new(),
+        };
+        check_spaces(&spaces)
+    }
+}
+
+/// Refuses figures past [`MAX_FIGURE_BYTES`].
+pub(crate) fn check_spaces(spaces: &[Space]) -> Result<()> {
+    match spaces.iter().find(|s| s.logical_bytes > MAX_FIGURE_BYTES || s.physical_bytes > MAX_FIGURE_BYTES) {
+        Some(s) => Err(Error::invalid(format!(
+            "{} logical and {} physical bytes: past the largest figure the manager counts ({MAX_FIGURE_BYTES})",
+            s.logical_bytes, s.physical_bytes
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// What an applied command answers.
@@ -151,13 +189,13 @@ pub enum Applied {
 }
 
 /// The size a chunk counts at (see `ChunkState::size`).
-fn counted_size(expected: Space, reported: Space) -> Space {
+pub(crate) fn counted_size(expected: Space, reported: Space) -> Space {
     if reported.logical_bytes >= expected.logical_bytes {
         reported
-    } else if reported.physical_bytes > 0 {
+    } else if reported.physical_bytes > 0 && reported.logical_bytes > 0 {
         let physical =
             expected.logical_bytes as u128 * reported.physical_bytes as u128 / reported.logical_bytes as u128;
-        Space::new(expected.logical_bytes, physical as u64)
+        Space::new(expected.logical_bytes, u64::try_from(physical).unwrap_or(MAX_FIGURE_BYTES).min(MAX_FIGURE_BYTES))
     } else {
         expected
     }
@@ -208,6 +246,7 @@ impl ClusterState {
 
     /// Applies one command. A refused command changes nothing.
     pub fn apply(&mut self, command: &Command) -> Result<Applied> {
+        command.check_figures()?;
         match command {
             Command::Configure(config) => {
                 config.validate()?;

@@ -5,7 +5,7 @@
 use std::fmt;
 
 /// A storage node, by the same number the Raft groups use for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct NodeId(pub u64);
 
 impl fmt::Display for NodeId {
@@ -15,7 +15,7 @@ impl fmt::Display for NodeId {
 }
 
 /// Bytes on both axes: a node's capacity, its usage, or a chunk's size.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Space {
     pub logical_bytes: u64,
     pub physical_bytes: u64,

@@ -52,6 +52,8 @@ pub struct ClusterNode {
     /// The id of this node's next client request: from a random start, so ids of different
     /// nodes and of one node's runs do not meet.
     pub(crate) next_request: AtomicU64,
+    /// One manager call at a time on the manager's leader (manager.rs).
+    pub(crate) manager_turn: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -110,6 +112,7 @@ impl ClusterNode {
             redo_turns: Default::default(),
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
+            manager_turn: tokio::sync::Mutex::new(()),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -120,6 +123,7 @@ impl ClusterNode {
         cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak.clone())) });
         let scrub = config.scrub_pages_per_sec.unwrap_or(tundra_node::config::DEFAULT_SCRUB_PAGES_PER_SEC);
         cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });
+        cluster.start_manager()?;
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
         if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {
@@ -131,6 +135,11 @@ impl ClusterNode {
             });
         }
         Ok(cluster)
+    }
+
+    /// Runs `future` on the cluster's runtime in the background.
+    pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(future);
     }
 
     /// Runs `future` on the cluster's runtime from a thread outside it (a protocol's
@@ -196,6 +205,8 @@ impl ClusterNode {
             Forward::StartReplica { volume, chunk } => self.start_replica(volume, chunk).await,
             Forward::DropReplica { volume, chunk } => self.drop_replica(volume, chunk).await,
             Forward::Membership { volume, chunk, change } => self.change_membership(volume, chunk, change).await,
+            // Boxed: the manager's leader asks nodes (itself among them) in turn.
+            Forward::Manager(call) => Box::pin(self.lead_manager(call)).await,
         }
     }
 
@@ -286,8 +297,14 @@ impl ClusterNode {
                 }
             }
             let spans = chunk_spans(size_bytes);
-            let sets = crate::placement::place_volume(id, &usage, &spans, usize::from(replicas))
-                .map_err(|why| Refusal::Invalid(format!("the cluster cannot hold volume {name:?}: {why}")))?;
+            // The cluster manager places the chunks (seed 000 §4.2.1): its committed state
+            // chose the replicas, whichever node asked.
+            let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
+            let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
+            let sets = self.manager_place(id, &expected, usize::from(replicas)).await.map_err(|why| match why {
+                Refusal::Invalid(why) => Refusal::Invalid(format!("the cluster cannot hold volume {name:?}: {why}")),
+                other => other,
+            })?;
             let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
             all.sort_unstable();
             all.dedup();

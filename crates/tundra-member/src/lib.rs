@@ -11,6 +11,8 @@
 //! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
 //!   creation.
 //! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
+//! - [`manager`]: the cluster manager's Raft group on its members, the nodes' reports to its
+//!   leader, placement and moves through it.
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
@@ -20,6 +22,7 @@
 pub mod catalog;
 pub mod cluster;
 mod io;
+pub mod manager;
 pub mod messages;
 pub mod migrate;
 pub mod peers;

@@ -122,6 +122,8 @@ pub enum Forward {
     DropReplica { volume: u32, chunk: u32 },
     /// At the chunk's leader: a membership change of its group.
     Membership { volume: u32, chunk: u32, change: MembershipChange },
+    /// A call on the cluster manager, done by its group's leader (manager.rs).
+    Manager(crate::manager::ManagerCall),
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -146,6 +148,7 @@ pub enum Answer {
     Redo(crate::redo::RedoReply),
     Usage(NodeUsage),
     Members { voters: Vec<u64>, learners: Vec<u64> },
+    Manager(crate::manager::ManagerReply),
 }
 
 /// Why a [`Forward`] was not done.

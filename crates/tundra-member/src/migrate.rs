@@ -81,30 +81,23 @@ impl ClusterNode {
             return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
         }
         self.block_on(self.settle_all());
-        let mut state = self.manager_state()?;
-        state.apply(&Command::DrainNode { node: NodeId(node) }).map_err(|e| Refusal::Invalid(e.message().into()))?;
-        let held: Vec<ChunkId> =
-            state.node(NodeId(node)).map(|n| n.chunks.iter().copied().collect()).unwrap_or_default();
-        if held.is_empty() {
+        // The manager's leader marks the node draining and plans the move (manager.rs).
+        let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
+        let Some(&first) = held.first() else {
             return Ok(DrainProgress { chunks_left: 0, moved: None });
-        }
-        let planned = state.plan().moves.into_iter().find(|m| m.from == NodeId(node)).ok_or_else(|| {
+        };
+        let planned = planned.ok_or_else(|| {
             Refusal::Invalid(format!(
                 "the remaining nodes cannot take chunk {} of volume id {} from node {node}: every other active node \
                  holds a replica of it or would pass 75% of its logical or physical capacity; add nodes",
-                held[0].index(),
-                held[0].volume().0
+                first.index(),
+                first.volume().0
             ))
         })?;
-        state.apply(&Command::BeginMove(planned)).map_err(|e| Refusal::Invalid(e.message().into()))?;
         let def = self.def_of(planned.chunk.volume().0)?;
-        if let Err(why) = self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0)) {
-            let _ = state.apply(&Command::AbortMove { chunk: planned.chunk });
-            return Err(why);
-        }
-        state.apply(&Command::FinishMove { chunk: planned.chunk }).map_err(|e| Refusal::Invalid(e.message().into()))?;
-        let left = state.node(NodeId(node)).map_or(0, |n| n.chunks.len());
-        Ok(DrainProgress { chunks_left: left, moved: Some((def.name.clone(), planned.chunk.index(), planned.to.0)) })
+        self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0))?;
+        let moved = Some((def.name.clone(), planned.chunk.index(), planned.to.0));
+        Ok(DrainProgress { chunks_left: held.len() - 1, moved })
     }
 
     /// Moves chunk `chunk` of volume `volume` from node `from` to node `to`.
@@ -180,12 +173,18 @@ impl ClusterNode {
         let old: Vec<u64> = def.replicas_of(index).to_vec();
         let moving = ChunkMove { chunk: index, from, to };
         let begun = self.tell_all(def.id, index, old.clone(), Some(moving)).await;
+        // The cluster manager's state takes the move once the catalogs hold it (manager.rs).
+        let begun = match begun {
+            Ok(()) => self.manager_begin(def.id, moving).await,
+            Err(why) => Err(why),
+        };
         let caught_up = match begun {
             Ok(()) => self.begin_on_target(def.id, chunk, to).await,
             Err(why) => Err(why),
         };
         if let Err(why) = caught_up {
             self.roll_back(def.id, chunk, moving, old).await;
+            self.manager_end(def.id, moving, false).await;
             return Err(why);
         }
         let voters: Vec<u64> = old.iter().copied().filter(|&n| n != from).chain([to]).collect();
@@ -195,14 +194,22 @@ impl ClusterNode {
                 Forward::Membership { volume: def.id, chunk: index, change: MembershipChange::Voters(voters) },
             )
             .await;
-        match changed {
-            Ok(_) => self.finish(def.id, chunk, moving).await,
+        // The group's membership changed (the move finished, whether or not every catalog
+        // learned it yet) or was rolled back: the manager is told which; an unknown outcome
+        // stays in flight there until its leader settles it.
+        let (finished, done) = match changed {
+            Ok(_) => (Some(true), self.finish(def.id, chunk, moving).await),
             // The change may have committed unseen: the group's membership says.
             Err(why) => match self.settle(def.id, moving).await {
-                Ok(true) => Ok(()),
-                _ => Err(why),
+                Ok(true) => (Some(true), Ok(())),
+                Ok(false) => (Some(false), Err(why)),
+                Err(_) => (None, Err(why)),
             },
+        };
+        if let Some(finished) = finished {
+            self.manager_end(def.id, moving, finished).await;
         }
+        done
     }
 
     /// Steps 3 and 4: an empty replica on `to`, added as a learner and caught up.
@@ -259,10 +266,13 @@ impl ClusterNode {
                 let change = MembershipChange::Voters(target);
                 self.to_leader(chunk, Forward::Membership { volume, chunk: moving.chunk, change }).await?;
             }
-            self.finish(volume, chunk, moving).await?;
+            let finished = self.finish(volume, chunk, moving).await;
+            self.manager_end(volume, moving, true).await;
+            finished?;
             return Ok(true);
         }
         self.roll_back(volume, chunk, moving, voters).await;
+        self.manager_end(volume, moving, false).await;
         Ok(false)
     }
 

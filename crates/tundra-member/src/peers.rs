@@ -14,6 +14,8 @@ pub struct Membership {
     /// Every node (this one included), by id.
     pub nodes: Vec<(u64, String)>,
     pub key: Option<ClusterKey>,
+    /// The members of the cluster manager's group, lowest first.
+    pub managers: Vec<u64>,
 }
 
 /// Parses one `"ID@HOST:PORT"`.
@@ -72,7 +74,22 @@ impl Membership {
                  key there; set key_file to a file of at least 32 secret bytes, the same on every node"
             ));
         }
-        Ok(Membership { me: config.node_id, nodes, key })
+        let managers = match &config.managers {
+            None => nodes.iter().take(3).map(|(id, _)| *id).collect(),
+            Some(ids) => {
+                let mut ids = ids.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                if ids.is_empty() || ids.len() != config.managers.as_ref().map_or(0, Vec::len) {
+                    return Err("[cluster] managers must name at least one node, each once".into());
+                }
+                if let Some(stray) = ids.iter().find(|id| !nodes.iter().any(|(n, _)| n == *id)) {
+                    return Err(format!("[cluster] managers names node {stray}, which is not among the peers"));
+                }
+                ids
+            }
+        };
+        Ok(Membership { me: config.node_id, nodes, key, managers })
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -112,6 +129,20 @@ mod tests {
         let ok = Membership::from_config(&config(&["2@127.0.0.1:2", "1@127.0.0.1:1"], None)).unwrap();
         assert_eq!(ok.ids(), vec![1, 2]);
         assert_eq!(ok.my_addr(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn the_managers_default_to_the_three_lowest_ids_and_must_be_peers() {
+        let peers = ["4@127.0.0.1:4", "2@127.0.0.1:2", "1@127.0.0.1:1", "3@127.0.0.1:3"];
+        assert_eq!(Membership::from_config(&config(&peers, None)).unwrap().managers, vec![1, 2, 3]);
+        assert!(Membership::from_config(&config(&peers[..2], None)).unwrap_err().contains("node_id = 1"));
+        let two = ["2@127.0.0.1:2", "1@127.0.0.1:1"];
+        assert_eq!(Membership::from_config(&config(&two, None)).unwrap().managers, vec![1, 2]);
+        let chosen = |managers: Vec<u64>| ClusterConfig { managers: Some(managers), ..config(&peers, None) };
+        assert_eq!(Membership::from_config(&chosen(vec![4, 2, 3])).unwrap().managers, vec![2, 3, 4]);
+        for bad in [vec![], vec![2, 2], vec![1, 9]] {
+            assert!(Membership::from_config(&chosen(bad.clone())).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

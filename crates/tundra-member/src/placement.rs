@@ -57,7 +57,7 @@ pub fn place_volume(
 /// The fraction of its size each chunk counts at: 1, unless every node is overcommitted and the
 /// volume's replicas at full size pass the room under the fullness limit on either axis; then
 /// the fraction that fits them in nine tenths of that room.
-fn overcommitted_share(nodes: &[(u64, NodeUsage)], chunk_bytes: &[u64], replicas: usize) -> f64 {
+pub(crate) fn overcommitted_share(nodes: &[(u64, NodeUsage)], chunk_bytes: &[u64], replicas: usize) -> f64 {
     if nodes.is_empty() || !nodes.iter().all(|(_, usage)| usage.overcommit) {
         return 1.0;
     }

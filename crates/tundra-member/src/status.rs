@@ -5,7 +5,10 @@
 //! applied index), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
 //! replica furthest behind has not applied (null while a replica does not answer). `traffic`
 //! counts the bytes the answering node sent its peers: Raft messages and everything else;
-//! `repair` what repair of bad pages and the scrub did there.
+//! `repair` what repair of bad pages and the scrub did there; `manager` the cluster manager's
+//! group (`members`, `leader`, `term`, `applied_index`) and its state's summary (`nodes` with
+//! each one's `status` and `chunks`, `chunks`, `moves_in_flight`), or `error` when it has no
+//! leader.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -66,6 +69,8 @@ pub struct ClusterStatus {
     /// What repair of bad pages and the background scrub did on the answering node since it
     /// started.
     pub repair: tundra_raft::RepairStats,
+    /// The cluster manager's group and the summary of its state, as its leader has them.
+    pub manager: crate::manager::ManagerStatus,
 }
 
 impl ClusterNode {
@@ -129,10 +134,12 @@ impl ClusterNode {
                         .map(|v| {
                             v.groups
                                 .iter()
-                                // A volume's redo group is reported in `redo[]`, not as a chunk.
+                                // A volume's redo group is reported in `redo[]`, the manager's
+                                // group in `manager`, not as chunks.
                                 .filter(|g| {
-                                    tundra_raft::redo_machine::redo_volume(tundra_store::ids::ChunkId(g.chunk))
-                                        .is_none()
+                                    let group = tundra_store::ids::ChunkId(g.chunk);
+                                    tundra_raft::redo_machine::redo_volume(group).is_none()
+                                        && group != tundra_raft::manager_machine::manager_group()
                                 })
                                 .map(|g| HeldChunk {
                                     volume_id: g.volume,
@@ -155,7 +162,8 @@ impl ClusterNode {
             redo.push(group_status(def, &def.replicas, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
         let repair = self.host.repair_stats();
-        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic(), repair }
+        let manager = self.block_on(self.manager_status());
+        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic(), repair, manager }
     }
 }
 

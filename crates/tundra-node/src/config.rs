@@ -82,6 +82,10 @@ pub struct ClusterConfig {
     /// Pages per second the background scrub reads and verifies on this node, repairing bad
     /// ones from a peer ([`DEFAULT_SCRUB_PAGES_PER_SEC`] when absent; 0 turns it off).
     pub scrub_pages_per_sec: Option<u64>,
+    /// The node ids of the cluster manager's Raft group (tundra-member's `manager.rs`); absent,
+    /// the three lowest ids of `peers` (all of them when there are fewer). Fixed for the
+    /// cluster's life: changing it is not supported.
+    pub managers: Option<Vec<u64>>,
 }
 
 /// The scrub's default pace: a 1 GiB chunk of 8 KiB pages is read once in about 22 minutes.

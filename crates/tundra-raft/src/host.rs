@@ -90,6 +90,8 @@ pub struct Host {
     pending: Mutex<std::collections::HashSet<u64>>,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
     pub(crate) repair: crate::repair::Repair,
+    /// The state of this node's member of the manager group, if it runs one.
+    manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
 }
 
 impl Host {
@@ -118,6 +120,7 @@ impl Host {
             requests: Arc::default(),
             pending: Mutex::default(),
             repair: crate::repair::Repair::default(),
+            manager: Mutex::new(None),
         })
     }
 
@@ -357,6 +360,43 @@ impl Host {
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
+    }
+
+    /// Starts this node's member of the cluster manager's group
+    /// ([`crate::manager_machine::manager_group`]) from the snapshot `snapshots` holds, taking
+    /// a snapshot (and purging the log behind it) every `logs_per_snapshot` entries. Answers
+    /// the member's state, shared; a node that runs the member already answers its state.
+    pub async fn add_manager_group(
+        &self,
+        snapshots: Arc<dyn crate::manager_machine::SnapshotStore>,
+        hook: Option<crate::manager_machine::ManagerHook>,
+        bug: crate::manager_machine::ManagerBug,
+        logs_per_snapshot: u64,
+    ) -> Result<Arc<Mutex<crate::manager_machine::ManagerView>>, String> {
+        let group = crate::manager_machine::manager_group();
+        if let Some(view) = self.manager.lock().clone() {
+            return Ok(view);
+        }
+        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let log = GroupLogStore::new(self.log.clone(), group);
+        let config = Config {
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(logs_per_snapshot),
+            max_in_snapshot_log_to_keep: logs_per_snapshot / 4,
+            purge_batch_size: 1,
+            ..(*self.config).clone()
+        };
+        let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
+        let machine = crate::manager_machine::ManagerStateMachine::open(snapshots, hook, bug)?;
+        let view = machine.view();
+        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        self.groups.lock().insert(group, raft);
+        *self.manager.lock() = Some(view.clone());
+        Ok(view)
+    }
+
+    /// The manager member's state, if this node runs one.
+    pub fn manager_view(&self) -> Option<Arc<Mutex<crate::manager_machine::ManagerView>>> {
+        self.manager.lock().clone()
     }
 
     /// Waits until this node leads `group` and has applied every entry of its log (so its

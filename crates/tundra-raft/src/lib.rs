@@ -12,6 +12,7 @@
 //! - [`state_machine`]: a chunk replica as openraft's state machine.
 //! - [`network`]: messages tagged with their group, over one transport per node.
 //! - [`redo_machine`]: a replicated volume's redo stream as a group of its own.
+//! - [`manager_machine`]: the cluster manager's own group, applying `tundra_cluster::Command`s.
 //! - [`host`]: a node's groups, its message entry point, the leader's write and read paths.
 //! - [`repair`]: bad pages rewritten from a peer's copy, on read and by the background scrub.
 //! - `sim` (tests): the deterministic simulation of a cluster and its checkers.
@@ -23,6 +24,7 @@
 pub mod codec;
 pub mod host;
 pub mod log;
+pub mod manager_machine;
 pub mod mark;
 pub mod network;
 pub mod redo_machine;

@@ -39,9 +39,10 @@ pub fn redo_group(volume: u32) -> GroupId {
     ChunkId(REDO_GROUP_BIT | u64::from(volume))
 }
 
-/// The volume whose redo stream `group` is, if it is a redo group.
+/// The volume whose redo stream `group` is, if it is a redo group: the high 32 bits are the
+/// top bit alone (the manager's group sets another, `manager_machine.rs`).
 pub fn redo_volume(group: GroupId) -> Option<u32> {
-    (group.0 & REDO_GROUP_BIT != 0).then_some(group.0 as u32)
+    (group.0 >> 32 == REDO_GROUP_BIT >> 32).then_some(group.0 as u32)
 }
 
 /// What a node does with a committed redo entry: apply the batch the entry carries to its own

@@ -134,5 +134,19 @@ fn status(json: bool, connect: &Connect) -> Result<()> {
             text(&group["lag"]),
         );
     }
+    let manager = &status["manager"];
+    match manager["error"].as_str() {
+        Some(error) => println!("manager	members {}	{error}", manager["members"]),
+        None => println!(
+            "manager	members {}	leader {}	term {}	applied {}	nodes {}	chunks {}	moves in flight {}",
+            manager["members"],
+            text(&manager["leader"]),
+            manager["term"],
+            text(&manager["applied_index"]),
+            manager["nodes"].as_array().map_or(0, Vec::len),
+            manager["chunks"],
+            manager["moves_in_flight"].as_array().map_or(0, Vec::len),
+        ),
+    }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::state::{ClusterState, NodeStatus};
 use crate::usage::{NodeId, Space};
 
 /// Why a move was planned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum MoveReason {
     /// The source is dead: the chunk is copied again from its other replicas.
     Repair,
@@ -54,8 +54,9 @@ impl MoveReason {
 
 /// One chunk replica moving from one node to another: one membership change of the chunk's
 /// group (learner added on `to`, caught up, made a voter, `from` removed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Move {
+    #[serde(with = "crate::codec::chunk_id")]
     pub chunk: ChunkId,
     pub from: NodeId,
     pub to: NodeId,

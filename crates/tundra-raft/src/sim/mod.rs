@@ -15,6 +15,7 @@
 
 mod check;
 mod cluster;
+mod manager;
 mod net;
 mod redo;
 #[cfg(test)]

@@ -1,0 +1,502 @@
+//! The cluster manager (seed 000 §4.2) as a Raft group of its own (tundra-raft's
+//! `manager_machine`): its members are `[cluster] managers` (by default the three lowest node
+//! ids), each applying the committed `tundra_cluster::Command`s to its copy of the
+//! `ClusterState`, with its snapshot in `manager.snapshot` in the data directory. Any node
+//! asks the group's leader ([`ClusterNode::to_manager`], asked again through failovers), which
+//! alone proposes:
+//!
+//! - every node's drive usage, reported every second when it changed (`Report`): the leader
+//!   adds a node it does not know (`AddNode`) and proposes a `Heartbeat` only when a figure the
+//!   state keeps moved;
+//! - on a leader whose state is empty, the catalog: every node (`AddNode`), every chunk of
+//!   every replicated volume on its replicas (`AdoptChunk`), every node's usage (`Heartbeat`);
+//! - a new volume's chunks (`PlaceChunk`): the replicas are those the committed state chose;
+//! - a drain (`DrainNode`, then the next move off the node as the leader's plan of its own
+//!   state chooses) and each move's `BeginMove` and `FinishMove` or `AbortMove`
+//!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
+//!   manager holds in flight is in the catalogs too);
+//! - moves its state holds in flight that the catalogs ended while no leader heard (its
+//!   leader died mid-move): ended as the catalogs say. A move the catalogs still list is
+//!   settled by migrate.rs's `settle` (at a node's start, before a drain or a move), which
+//!   tells the manager how it ended.
+//!
+//! The catalog on each node stays what the data path reads; the manager's state is the
+//! decisions' view. Without a quorum of its members the manager answers nothing, and
+//! placement and drains are refused with an error that names the members and how many are up.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tundra_cluster::{Command, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, Space};
+use tundra_raft::manager_machine::{ManagerBug, SnapshotStore, manager_group};
+use tundra_store::ids::{ChunkId, VolumeId};
+
+use crate::cluster::{ClusterNode, chunk_spans};
+use crate::messages::{Answer, ChunkMove, Forward, NodeUsage, Refusal};
+
+/// The manager member's snapshot, in the data directory.
+pub const SNAPSHOT_FILE: &str = "manager.snapshot";
+/// How often a node reports its usage (when it changed).
+pub const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// How long a call waits for the manager's leader before it is refused.
+const MANAGER_WAIT: Duration = Duration::from_secs(10);
+/// How long the leader waits to have applied its whole log.
+const SETTLE_LIMIT: Duration = Duration::from_secs(5);
+/// Entries between two snapshots of the manager's state.
+const LOGS_PER_SNAPSHOT: u64 = 1024;
+/// How long a status waits for the manager.
+const STATUS_WAIT: Duration = Duration::from_secs(2);
+
+/// The snapshot file: replaced whole (written beside, synced, renamed, the directory synced).
+pub struct FileSnapshots {
+    pub path: PathBuf,
+}
+
+impl SnapshotStore for FileSnapshots {
+    fn load(&self) -> Result<Option<Vec<u8>>, String> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", self.path.display())),
+        }
+    }
+
+    fn save(&self, bytes: &[u8]) -> Result<(), String> {
+        use std::io::Write;
+        let fail = |e: std::io::Error| format!("{}: {e}", self.path.display());
+        let next = self.path.with_extension("next");
+        let mut file = std::fs::File::create(&next).map_err(fail)?;
+        file.write_all(bytes).map_err(fail)?;
+        file.sync_all().map_err(fail)?;
+        std::fs::rename(&next, &self.path).map_err(fail)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(fail)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a node asks of the manager's leader.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ManagerCall {
+    /// A node's drive usage.
+    Report {
+        node: u64,
+        usage: NodeUsage,
+    },
+    /// Place a new chunk; answers its replicas (those already chosen, asked again).
+    Place {
+        chunk: u64,
+        expected_logical_bytes: u64,
+        replicas: usize,
+    },
+    /// Propose one command (its versioned encoding).
+    Propose(Vec<u8>),
+    /// Mark the node draining and plan the next move off it; answers the chunks it holds and
+    /// the move (none when no node can take them).
+    PlanDrain {
+        node: u64,
+    },
+    Status,
+}
+
+/// The manager leader's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ManagerReply {
+    Done,
+    Replicas(Vec<u64>),
+    Status(ManagerStatus),
+    DrainPlan { held: Vec<u64>, next: Option<Move> },
+}
+
+/// The manager as `tundra cluster status --json` shows it (`manager`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ManagerStatus {
+    pub members: Vec<u64>,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub applied_index: Option<u64>,
+    /// The state's nodes: id, status, chunk replicas.
+    pub nodes: Vec<ManagedNode>,
+    pub chunks: usize,
+    pub moves_in_flight: Vec<ChunkMoveView>,
+    /// Why the manager did not answer (then every other figure is empty).
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ManagedNode {
+    pub id: u64,
+    pub status: String,
+    pub chunks: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChunkMoveView {
+    pub volume_id: u32,
+    pub chunk: u32,
+    pub from: u64,
+    pub to: u64,
+}
+
+fn refusal(error: tundra_raft::Error) -> Refusal {
+    crate::io::refusal(error)
+}
+
+fn invalid(error: tundra_cluster::Error) -> Refusal {
+    Refusal::Invalid(error.to_string())
+}
+
+impl ClusterNode {
+    /// Starts this node's member of the manager group if it is one, and the usage reports;
+    /// the lowest member makes the members the group's first membership if its log is empty.
+    pub(crate) fn start_manager(self: &Arc<ClusterNode>) -> Result<(), String> {
+        let members = self.membership.managers.clone();
+        if members.contains(&self.me) {
+            let store = Arc::new(FileSnapshots { path: self.node.data_dir().join(SNAPSHOT_FILE) });
+            self.block_on(self.host.add_manager_group(store, None, ManagerBug::None, LOGS_PER_SNAPSHOT))?;
+            let raft = self.host.raft(manager_group()).map_err(|e| e.to_string())?;
+            let empty = raft.metrics().borrow().last_log_index.is_none()
+                && self.host.manager_view().is_some_and(|v| v.lock().applied.is_none());
+            if empty && members.first() == Some(&self.me) {
+                // Refused when the group has a membership already.
+                let _ = self.block_on(self.host.initialize(manager_group(), members.iter().copied().collect()));
+            }
+        }
+        let weak = Arc::downgrade(self);
+        self.spawn(async move {
+            let mut last: Option<NodeUsage> = None;
+            loop {
+                tokio::time::sleep(REPORT_EVERY).await;
+                let Some(node) = weak.upgrade() else { return };
+                node.report_once(&mut last).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// One round of the reporter: this node's usage if it changed, and on the leader the moves
+    /// its state holds in flight that the catalogs ended already.
+    async fn report_once(&self, last: &mut Option<NodeUsage>) {
+        let usage = self.usage();
+        if *last != Some(usage) {
+            let call = ManagerCall::Report { node: self.me, usage };
+            if self.to_manager_within(call, REPORT_EVERY * 3).await.is_ok() {
+                *last = Some(usage);
+            }
+        }
+        if self.local_leader(manager_group()) == Some(self.me) {
+            let _ = self.end_settled_moves().await;
+        }
+    }
+
+    /// Sends `call` to the manager's leader, asked again through failovers for up to
+    /// [`MANAGER_WAIT`]; then refused with who is up.
+    pub async fn to_manager(&self, call: ManagerCall) -> Result<ManagerReply, Refusal> {
+        self.to_manager_within(call, MANAGER_WAIT).await
+    }
+
+    async fn to_manager_within(&self, call: ManagerCall, wait: Duration) -> Result<ManagerReply, Refusal> {
+        let members = self.membership.managers.clone();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut hint: Option<u64> = None;
+        let mut attempt = 0usize;
+        let last = loop {
+            attempt += 1;
+            let local = self.local_leader(manager_group());
+            let guess = hint.take().or(local).unwrap_or(members[attempt % members.len()]);
+            let asked = tokio::time::timeout(SETTLE_LIMIT * 2, self.ask(guess, Forward::Manager(call.clone()))).await;
+            let last = match asked {
+                Ok(Ok(Answer::Manager(reply))) => return Ok(reply),
+                Ok(Ok(other)) => return Err(Refusal::Unavailable(format!("the manager answered {other:?}"))),
+                Ok(Err(Refusal::Invalid(why))) => return Err(Refusal::Invalid(why)),
+                Ok(Err(Refusal::NotLeader { leader })) => {
+                    hint = leader.filter(|l| members.contains(l));
+                    format!("node {guess} does not lead the manager")
+                }
+                Ok(Err(Refusal::Unavailable(why))) => why,
+                Err(_) => format!("node {guess} did not answer"),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                break last;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut up = Vec::new();
+        for &member in &members {
+            let alive = tokio::time::timeout(Duration::from_secs(1), self.ask(member, Forward::Usage)).await;
+            if matches!(alive, Ok(Ok(_))) {
+                up.push(member.to_string());
+            }
+        }
+        let list: Vec<String> = members.iter().map(u64::to_string).collect();
+        Err(Refusal::Unavailable(format!(
+            "the cluster manager has no quorum: members {}, up: {} ({last})",
+            list.join(","),
+            if up.is_empty() { "none".to_string() } else { up.join(",") }
+        )))
+    }
+
+    /// The leader's side of a manager call.
+    pub(crate) async fn lead_manager(&self, call: ManagerCall) -> Result<Answer, Refusal> {
+        let group = manager_group();
+        let Some(view) = self.host.manager_view() else {
+            return Err(Refusal::NotLeader { leader: None });
+        };
+        if let ManagerCall::Status = call {
+            // A member that knows another leader sends the caller there.
+            return match self.local_leader(group) {
+                Some(leader) if leader != self.me => Err(Refusal::NotLeader { leader: Some(leader) }),
+                _ => Ok(Answer::Manager(ManagerReply::Status(self.manager_status_here()))),
+            };
+        }
+        let _turn = self.manager_turn.lock().await;
+        self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
+        if view.lock().state.nodes().is_empty() {
+            self.reconcile().await?;
+        }
+        let reply = match call {
+            ManagerCall::Status => unreachable!("answered above"),
+            ManagerCall::Report { node, usage } => {
+                let (capacity, used) = spaces(&usage);
+                let state = view.lock().state.clone();
+                match state.node(NodeId(node)) {
+                    None => {
+                        self.propose(Command::AddNode { node: NodeId(node), capacity }).await?;
+                        self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
+                    }
+                    Some(n) => {
+                        let overhead = used.saturating_minus(n.actual_chunk_space());
+                        if n.capacity != capacity || n.overhead != overhead {
+                            self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
+                        }
+                    }
+                }
+                ManagerReply::Done
+            }
+            ManagerCall::Place { chunk, expected_logical_bytes, replicas } => {
+                let configured = view.lock().state.config().replicas;
+                if replicas != configured {
+                    return Err(Refusal::Invalid(format!(
+                        "{replicas} replicas asked, and the cluster manager places {configured} of each chunk"
+                    )));
+                }
+                let chunk = ChunkId(chunk);
+                if view.lock().state.chunk(chunk).is_none() {
+                    self.propose(Command::PlaceChunk { chunk, expected_logical_bytes }).await?;
+                }
+                let state = &view.lock().state;
+                let placed = state.chunk(chunk).ok_or_else(|| Refusal::Unavailable("the placement vanished".into()))?;
+                ManagerReply::Replicas(placed.replicas.iter().map(|n| n.0).collect())
+            }
+            ManagerCall::PlanDrain { node } => {
+                self.propose(Command::DrainNode { node: NodeId(node) }).await?;
+                // The plan is a query of the leader's applied state (seed 000 §4.2): the node's
+                // chunks go, one move at a time, where the drain rule sends them.
+                let state = view.lock().state.clone();
+                let held: Vec<u64> =
+                    state.node(NodeId(node)).map(|n| n.chunks.iter().map(|c| c.0).collect()).unwrap_or_default();
+                let next = state.plan().moves.into_iter().find(|m| m.from == NodeId(node));
+                ManagerReply::DrainPlan { held, next }
+            }
+            ManagerCall::Propose(bytes) => {
+                let command = Command::decode(&bytes).map_err(invalid)?;
+                self.propose(command).await?;
+                ManagerReply::Done
+            }
+        };
+        Ok(Answer::Manager(reply))
+    }
+
+    /// Proposes one command here, as the leader; a refusal is the state's.
+    async fn propose(&self, command: Command) -> Result<(), Refusal> {
+        self.host.propose_bytes(manager_group(), command.encode()).await.map_err(refusal)
+    }
+
+    /// An empty state rebuilt from this leader's catalog and every node's usage: all nodes
+    /// must answer.
+    async fn reconcile(&self) -> Result<(), Refusal> {
+        let mut usage = Vec::new();
+        for node in self.membership.ids() {
+            match self.ask(node, Forward::Usage).await {
+                Ok(Answer::Usage(u)) => usage.push((node, u)),
+                _ => {
+                    return Err(Refusal::Unavailable(format!(
+                        "the manager's state is empty and node {node} does not answer to rebuild it"
+                    )));
+                }
+            }
+        }
+        for (node, u) in &usage {
+            self.propose(Command::AddNode { node: NodeId(*node), capacity: spaces(u).0 }).await?;
+        }
+        let defs = self.catalog.lock().volumes().to_vec();
+        for def in defs {
+            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
+                let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();
+                let chunk = ChunkId::new(VolumeId(def.id), index as u32);
+                self.propose(Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes }).await?;
+            }
+        }
+        for (node, u) in &usage {
+            let (capacity, used) = spaces(u);
+            self.propose(Command::Heartbeat { node: NodeId(*node), capacity, used }).await?;
+        }
+        Ok(())
+    }
+
+    /// Proposes `command` through the manager's leader, from any node.
+    pub(crate) async fn manager_command(&self, command: &Command) -> Result<(), Refusal> {
+        self.to_manager(ManagerCall::Propose(command.encode())).await.map(|_| ())
+    }
+
+    /// The manager's replicas for each chunk of a new volume, placed in order.
+    pub(crate) async fn manager_place(
+        &self,
+        volume: u32,
+        expected: &[u64],
+        replicas: usize,
+    ) -> Result<Vec<Vec<u64>>, Refusal> {
+        let mut sets = Vec::with_capacity(expected.len());
+        for (index, &bytes) in expected.iter().enumerate() {
+            let chunk = ChunkId::new(VolumeId(volume), index as u32).0;
+            match self.to_manager(ManagerCall::Place { chunk, expected_logical_bytes: bytes, replicas }).await? {
+                ManagerReply::Replicas(mut set) => {
+                    set.sort_unstable();
+                    sets.push(set);
+                }
+                other => return Err(Refusal::Unavailable(format!("a placement answered {other:?}"))),
+            }
+        }
+        Ok(sets)
+    }
+
+    /// The chunks `node` holds and the next move off it, as the manager's leader plans them
+    /// once it marked the node draining.
+    pub(crate) async fn manager_drain_plan(&self, node: u64) -> Result<(Vec<ChunkId>, Option<Move>), Refusal> {
+        match self.to_manager(ManagerCall::PlanDrain { node }).await? {
+            ManagerReply::DrainPlan { held, next } => Ok((held.into_iter().map(ChunkId).collect(), next)),
+            other => Err(Refusal::Unavailable(format!("a drain plan answered {other:?}"))),
+        }
+    }
+
+    /// A move the catalogs entered, begun in the manager's state.
+    pub(crate) async fn manager_begin(&self, volume: u32, moving: ChunkMove) -> Result<(), Refusal> {
+        let chunk = ChunkId::new(VolumeId(volume), moving.chunk);
+        let planned = Move { chunk, from: NodeId(moving.from), to: NodeId(moving.to), reason: MoveReason::Drain };
+        self.manager_command(&Command::BeginMove(planned)).await
+    }
+
+    /// A move the catalogs ended, ended in the manager's state; a move the manager no longer
+    /// holds in flight (a new leader ended it already) is left alone.
+    pub(crate) async fn manager_end(&self, volume: u32, moving: ChunkMove, finished: bool) {
+        let chunk = ChunkId::new(VolumeId(volume), moving.chunk);
+        let command = if finished { Command::FinishMove { chunk } } else { Command::AbortMove { chunk } };
+        let _ = self.manager_command(&command).await;
+    }
+
+    /// On the leader: the moves its state holds in flight whose catalog entry is gone (their
+    /// coordinator, or migrate.rs's `settle` at a node's start or a drain, ended them, and the
+    /// manager's leader died before it heard), ended as the catalog says. A move the catalog
+    /// still lists is left to whoever settles it there: settling it here could race its
+    /// coordinator, still at work.
+    async fn end_settled_moves(&self) -> Result<(), Refusal> {
+        let Some(view) = self.host.manager_view() else { return Ok(()) };
+        let moves: Vec<Move> = view.lock().state.moves_in_flight().copied().collect();
+        for m in moves {
+            let (volume, index) = (m.chunk.volume().0, m.chunk.index());
+            let def = self.catalog.lock().get(volume).cloned();
+            let finished = match def {
+                None => false,
+                Some(def) if def.move_of(index).is_some() => continue,
+                Some(def) => def.holds(m.to.0, index),
+            };
+            let chunk = m.chunk;
+            let command = if finished { Command::FinishMove { chunk } } else { Command::AbortMove { chunk } };
+            self.manager_command(&command).await?;
+        }
+        Ok(())
+    }
+
+    /// This member's view of the manager.
+    fn manager_status_here(&self) -> ManagerStatus {
+        let mut status = ManagerStatus { members: self.membership.managers.clone(), ..Default::default() };
+        let (Ok(raft), Some(view)) = (self.host.raft(manager_group()), self.host.manager_view()) else {
+            status.error = Some(format!("node {} is not a member of the manager", self.me));
+            return status;
+        };
+        let metrics = raft.metrics().borrow().clone();
+        status.leader = metrics.current_leader;
+        status.term = metrics.current_term;
+        let view = view.lock();
+        status.applied_index = view.applied.map(|id| id.index);
+        let state = &view.state;
+        status.nodes = state
+            .nodes()
+            .iter()
+            .map(|(id, n)| ManagedNode {
+                id: id.0,
+                status: match n.status {
+                    ManagedStatus::Active => "active",
+                    ManagedStatus::Draining => "draining",
+                    ManagedStatus::Dead => "dead",
+                }
+                .into(),
+                chunks: n.chunks.len(),
+            })
+            .collect();
+        status.chunks = state.chunks().len();
+        status.moves_in_flight = state
+            .moves_in_flight()
+            .map(|m| ChunkMoveView {
+                volume_id: m.chunk.volume().0,
+                chunk: m.chunk.index(),
+                from: m.from.0,
+                to: m.to.0,
+            })
+            .collect();
+        status
+    }
+
+    /// The manager as its leader sees it (or why it does not answer), for the status.
+    pub(crate) async fn manager_status(&self) -> ManagerStatus {
+        match self.to_manager_within(ManagerCall::Status, STATUS_WAIT).await {
+            Ok(ManagerReply::Status(status)) if status.leader.is_some() => status,
+            Ok(ManagerReply::Status(mut status)) => {
+                status.error.get_or_insert_with(|| "the manager has no leader".into());
+                status
+            }
+            Ok(other) => ManagerStatus { error: Some(format!("answered {other:?}")), ..Default::default() },
+            Err(why) => ManagerStatus {
+                members: self.membership.managers.clone(),
+                error: Some(format!("{why:?}")),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+fn spaces(u: &NodeUsage) -> (Space, Space) {
+    (
+        Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
+        Space::new(u.logical_used_bytes, u.physical_used_bytes),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_file_is_replaced_whole_and_absent_means_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileSnapshots { path: dir.path().join(SNAPSHOT_FILE) };
+        assert_eq!(store.load().unwrap(), None);
+        store.save(b"first").unwrap();
+        store.save(b"second, longer").unwrap();
+        assert_eq!(store.load().unwrap().as_deref(), Some(&b"second, longer"[..]));
+        assert!(!dir.path().join("manager.next").exists());
+    }
+}
