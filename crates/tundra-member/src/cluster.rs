@@ -19,7 +19,7 @@ use tundra_store::volume::VolumeMode;
 
 use crate::catalog::Catalog;
 use crate::io::PageLocks;
-use crate::messages::{Answer, Forward, NodeUsage, PeerRequest, PeerResponse, Refusal, VolumeDef};
+use crate::messages::{Answer, ChunkSize, Forward, NodeUsage, PeerRequest, PeerResponse, Refusal, VolumeDef};
 use crate::peers::Membership;
 use crate::transport::{Handler, PeerTransport};
 
@@ -196,7 +196,29 @@ impl ClusterNode {
             Forward::StartReplica { volume, chunk } => self.start_replica(volume, chunk).await,
             Forward::DropReplica { volume, chunk } => self.drop_replica(volume, chunk).await,
             Forward::Membership { volume, chunk, change } => self.change_membership(volume, chunk, change).await,
+            Forward::ChunkSizes => Ok(Answer::ChunkSizes(self.chunk_sizes())),
         }
+    }
+
+    /// The space of every chunk replica this node runs (not the volumes' redo groups).
+    pub(crate) fn chunk_sizes(&self) -> Vec<ChunkSize> {
+        let groups = self.host.groups();
+        tokio::task::block_in_place(|| {
+            groups
+                .into_iter()
+                .filter(|&group| tundra_raft::redo_machine::redo_volume(group).is_none())
+                .map(|chunk| {
+                    let space = self.node.chunk_space(chunk);
+                    ChunkSize {
+                        volume: chunk.volume().0,
+                        chunk: chunk.index(),
+                        pages: space.pages,
+                        logical_bytes: space.logical_bytes,
+                        physical_bytes: space.physical_bytes,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// This node's drive space: the drive's logical and physical capacity, the logical bytes

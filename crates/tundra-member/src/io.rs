@@ -305,6 +305,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Redo(_) => "a redo answer",
         Answer::Usage(_) => "a usage",
         Answer::Members { .. } => "a membership",
+        Answer::ChunkSizes(_) => "chunk sizes",
     }
 }
 
