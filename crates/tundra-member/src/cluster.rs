@@ -52,6 +52,8 @@ pub struct ClusterNode {
     /// The id of this node's next client request: from a random start, so ids of different
     /// nodes and of one node's runs do not meet.
     pub(crate) next_request: AtomicU64,
+    /// `[cluster]`'s rebalancing keys (rebalance.rs).
+    pub(crate) rebalance: crate::rebalance::RebalanceSettings,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -62,6 +64,7 @@ impl ClusterNode {
     /// writes leaves), and dials the peers.
     pub fn start(config: &ClusterConfig, node: Arc<Node>) -> Result<Arc<ClusterNode>, String> {
         let membership = Membership::from_config(config)?;
+        let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tundra-member")
@@ -110,6 +113,7 @@ impl ClusterNode {
             redo_turns: Default::default(),
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
+            rebalance,
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();

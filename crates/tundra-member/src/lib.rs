@@ -24,6 +24,7 @@ pub mod messages;
 pub mod migrate;
 pub mod peers;
 pub mod placement;
+pub mod rebalance;
 pub mod redo;
 pub mod service;
 pub mod status;

@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{ClusterState, Command, ManagerConfig, Move, MoveReason, NodeId, Policy, Space};
+use tundra_cluster::{ClusterState, Command, ManagerConfig, Move, MoveReason, NodeId, Policy};
 use tundra_store::ids::{ChunkId, VolumeId};
 
 use crate::cluster::{ClusterNode, chunk_spans};
@@ -48,6 +48,15 @@ pub enum AdminRequest {
         from: u64,
         to: u64,
     },
+    /// Plan under `policy` (`logical` or `compression-aware`) and, unless `dry_run`, make the
+    /// plan's first move not in `skip` (rebalance.rs); answers a `RebalanceProgress`.
+    RebalanceStep {
+        policy: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        skip: Vec<crate::rebalance::SkippedMove>,
+    },
 }
 
 /// What a drain step did.
@@ -69,6 +78,9 @@ impl ClusterNode {
             AdminRequest::Move { volume, chunk, from, to } => {
                 self.move_replica(&volume, chunk, from, to)?;
                 Ok(serde_json::json!({ "moved": true }))
+            }
+            AdminRequest::RebalanceStep { policy, dry_run, skip } => {
+                serde_json::to_value(self.rebalance_step(&policy, dry_run, &skip)?)
             }
         };
         answer.map(|v| v.to_string()).map_err(|e| Refusal::Invalid(e.to_string()))
@@ -131,51 +143,16 @@ impl ClusterNode {
         self.catalog.lock().get(volume).cloned().ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is gone")))
     }
 
-    /// The decision core's view: every member with its drive's capacity, every catalogued
-    /// chunk on its replicas (at the size placement expects), then the members' usage.
+    /// The decision state for a drain or a single move: the logical policy, one move at a time
+    /// (rebalance.rs's `decision_state` is the one source of decisions).
     fn manager_state(&self) -> Result<ClusterState, Refusal> {
-        let nodes = self.membership.ids();
-        let usage = self.block_on(async {
-            let mut usage = Vec::new();
-            for &node in &nodes {
-                match self.ask(node, Forward::Usage).await? {
-                    Answer::Usage(space) => usage.push((node, space)),
-                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
-                }
-            }
-            Ok(usage)
-        })?;
-        let invalid = |e: tundra_cluster::Error| Refusal::Invalid(e.message().to_string());
         let mut config = ManagerConfig::paper(Policy::Logical);
         config.throttle.max_moves = 1;
-        let mut state = ClusterState::new(config).map_err(invalid)?;
-        let space = |u: &crate::messages::NodeUsage| {
-            (
-                Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
-                Space::new(u.logical_used_bytes, u.physical_used_bytes),
-            )
-        };
-        for (node, u) in &usage {
-            state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
-        }
-        for def in self.catalog.lock().volumes() {
-            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
-                let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();
-                let chunk = ChunkId::new(VolumeId(def.id), index as u32);
-                state
-                    .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
-                    .map_err(invalid)?;
-            }
-        }
-        for (node, u) in &usage {
-            let (capacity, used) = space(u);
-            state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
-        }
-        Ok(state)
+        self.decision_state(config)
     }
 
     /// Carries out a move the decision core accepted: finished, or rolled back and refused.
-    async fn execute(&self, def: &VolumeDef, index: u32, from: u64, to: u64) -> Result<(), Refusal> {
+    pub(crate) async fn execute(&self, def: &VolumeDef, index: u32, from: u64, to: u64) -> Result<(), Refusal> {
         let chunk = ChunkId::new(VolumeId(def.id), index);
         let old: Vec<u64> = def.replicas_of(index).to_vec();
         let moving = ChunkMove { chunk: index, from, to };
