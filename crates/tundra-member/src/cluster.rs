@@ -79,6 +79,7 @@ impl ClusterNode {
             FileLog::open(OsLogFile::new(&node.data_dir().join(RAFT_LOG_FILE)), COMPACT_BYTES, FileLogBug::None)
                 .map_err(|e| format!("{}: {e}", node.data_dir().join(RAFT_LOG_FILE).display()))?;
         let transport = PeerTransport::new(membership.me, &membership.others(), membership.key.clone());
+        transport.pace().set_rate(rebalance.move_bytes_per_sec);
         let default_pages = node.drive_pages(8192).ok_or("the node has no page path for 8 KiB pages")?;
         // The timing of a node with no group: each volume's groups take the timing of the
         // groups the node runs once they are added (`Host::add_groups_on`). Volumes open in

@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod cluster;
 mod io;
 pub mod messages;
+pub mod pace;
 pub mod migrate;
 pub mod peers;
 pub mod placement;

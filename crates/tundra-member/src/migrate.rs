@@ -323,7 +323,11 @@ impl ClusterNode {
         }
         let done = match change {
             MembershipChange::Query => Ok(()),
-            MembershipChange::AddLearner(node) => self.host.add_learner(id, node).await,
+            MembershipChange::AddLearner(node) => {
+                let _pacing = self.transport.pace().catching_up(id.0, node);
+                test_catch_up_delay().await;
+                self.host.add_learner(id, node).await
+            }
             MembershipChange::Voters(voters) => self.host.change_voters(id, voters.into_iter().collect()).await,
             MembershipChange::RemoveLearner(node) => match self.host.members(id) {
                 Ok((_, learners)) if !learners.contains(&node) => Ok(()),
@@ -333,6 +337,16 @@ impl ClusterNode {
         done.map_err(crate::io::refusal)?;
         let (voters, learners) = self.host.members(id).map_err(crate::io::refusal)?;
         Ok(Answer::Members { voters: voters.into_iter().collect(), learners: learners.into_iter().collect() })
+    }
+}
+
+/// A test-only hook: `TUNDRA_TEST_CATCH_UP_DELAY_MS` holds a learner's catch-up at its leader
+/// for that long, so that a test can kill a move's source or target before the voters change
+/// and the rollback path runs. Unset in production.
+async fn test_catch_up_delay() {
+    let delay = std::env::var("TUNDRA_TEST_CATCH_UP_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = delay {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     }
 }
 

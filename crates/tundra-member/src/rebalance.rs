@@ -214,10 +214,12 @@ impl ClusterNode {
             .get(first.chunk.volume().0)
             .cloned()
             .ok_or_else(|| Refusal::Invalid(format!("volume id {} is gone", first.chunk.volume().0)))?;
+        let started = std::time::Instant::now();
         let done = self.block_on(self.execute(&def, first.chunk.index(), first.from.0, first.to.0));
         let (moved, failed) = match done {
             Ok(()) => {
                 state.apply(&Command::FinishMove { chunk: first.chunk }).map_err(invalid)?;
+                self.pace_after(started, planned.physical_bytes);
                 (Some(planned), None)
             }
             Err(why) => {
@@ -226,6 +228,20 @@ impl ClusterNode {
             }
         };
         Ok(RebalanceProgress { plan, moved, failed, before, after: zones(&state), simulated: None })
+    }
+
+    /// Pacing in the executor (pace.rs): a move that took less than its chunk's physical bytes
+    /// at `[cluster] move_bytes_per_sec` is followed by a pause until it did, so that moves
+    /// one after the other keep to the rate whichever way their learners caught up.
+    fn pace_after(&self, started: std::time::Instant, physical_bytes: u64) {
+        let rate = self.rebalance.move_bytes_per_sec;
+        if rate == 0 {
+            return;
+        }
+        let due = std::time::Duration::from_secs_f64(physical_bytes as f64 / rate as f64);
+        if let Some(left) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
     }
 
     /// The steps a rebalance would take from `state` if no size changed: each plan's first move

@@ -43,6 +43,10 @@ const COMPRESSIBLE: [usize; 4] = [0, 2, 5, 7];
 /// ratio 4 or more cannot bring every node within ±10%.
 const BAND: f64 = 0.15;
 const LOGICAL_MARGIN: f64 = 0.25;
+/// `[cluster] move_bytes_per_sec`: slow enough that the writer's rate during the moves is
+/// measured over seconds, not the fraction of a second unthrottled moves of these small chunks
+/// take.
+const MOVE_BYTES_PER_SEC: u64 = 1 << 20;
 
 /// The two kinds of real data, as whole pages.
 struct Data {
@@ -226,7 +230,8 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
         // Small devices: five nodes share the machine's disk.
         let mut config = std::fs::read_to_string(&member.config).expect("config").replace("volumes = \"64MiB\"", "volumes = \"16MiB\"");
         config.push_str(&format!(
-            "rebalance_band_below = {BAND}\nrebalance_band_above = {BAND}\nrebalance_logical_margin = {LOGICAL_MARGIN}\n"
+            "rebalance_band_below = {BAND}\nrebalance_band_above = {BAND}\nrebalance_logical_margin = {LOGICAL_MARGIN}\n\
+             move_bytes_per_sec = {MOVE_BYTES_PER_SEC}\n"
         ));
         std::fs::write(&member.config, config).expect("config");
     }
