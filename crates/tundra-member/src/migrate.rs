@@ -188,11 +188,12 @@ impl ClusterNode {
             return Err(why);
         }
         let add = Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::AddLearner(to) };
-        match tokio::time::timeout(CATCH_UP_LIMIT, self.to_leader(chunk, add)).await {
+        let limit = catch_up_limit();
+        match tokio::time::timeout(limit, self.to_leader(chunk, add)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(why)) => Err(why),
             Err(_) => Err(Refusal::Unavailable(format!(
-                "node {to} did not catch up with chunk {} within {CATCH_UP_LIMIT:?}",
+                "node {to} did not catch up with chunk {} within {limit:?}",
                 chunk.index()
             ))),
         }
@@ -338,6 +339,13 @@ impl ClusterNode {
         let (voters, learners) = self.host.members(id).map_err(crate::io::refusal)?;
         Ok(Answer::Members { voters: voters.into_iter().collect(), learners: learners.into_iter().collect() })
     }
+}
+
+/// [`CATCH_UP_LIMIT`], or `TUNDRA_TEST_CATCH_UP_LIMIT_MS` (a test-only hook, so that a kill
+/// test's rollback does not wait 30 seconds).
+fn catch_up_limit() -> std::time::Duration {
+    let limit = std::env::var("TUNDRA_TEST_CATCH_UP_LIMIT_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    limit.map_or(CATCH_UP_LIMIT, std::time::Duration::from_millis)
 }
 
 /// A test-only hook: `TUNDRA_TEST_CATCH_UP_DELAY_MS` holds a learner's catch-up at its leader

@@ -367,8 +367,9 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("raw file");
         writeln!(
             file,
-            "real_data={} moves={moves} predicted_moves={simulated} physical_bytes_moved={} logical_bytes_moved={} \
+            "loadavg={} real_data={} moves={moves} predicted_moves={simulated} physical_bytes_moved={} logical_bytes_moved={} \
              seconds={:.2} writes_per_sec_before={:.1} writes_per_sec_during={:.1}\n{table}",
+            std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
             data.real,
             report["physical_bytes_moved"],
             report["logical_bytes_moved"],
