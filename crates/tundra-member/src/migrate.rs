@@ -310,6 +310,27 @@ impl ClusterNode {
         Ok(Answer::Done)
     }
 
+    /// At the leader, after `node` was added as a learner of `chunk`: waits until its log
+    /// matches the leader's last entry as it was when the learner was added, for at most the
+    /// catch-up limit (the coordinator gives up then too).
+    async fn wait_caught_up(&self, chunk: ChunkId, node: u64) -> Result<(), Refusal> {
+        let (_, goal) = self.host.replication_of(chunk, node).map_err(crate::io::refusal)?;
+        let deadline = tokio::time::Instant::now() + catch_up_limit();
+        loop {
+            let (matched, _) = self.host.replication_of(chunk, node).map_err(crate::io::refusal)?;
+            if matched >= goal {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Refusal::Unavailable(format!(
+                    "node {node} did not catch up with chunk {} (matched {matched:?} of {goal:?})",
+                    chunk.index()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// A membership change of a chunk's group, here as its leader.
     pub(crate) async fn change_membership(
         &self,
@@ -327,7 +348,9 @@ impl ClusterNode {
             MembershipChange::AddLearner(node) => {
                 let _pacing = self.transport.pace().catching_up(id.0, node);
                 test_catch_up_delay().await;
-                self.host.add_learner(id, node).await
+                self.host.add_learner(id, node).await.map_err(crate::io::refusal)?;
+                self.wait_caught_up(id, node).await?;
+                Ok(())
             }
             MembershipChange::Voters(voters) => self.host.change_voters(id, voters.into_iter().collect()).await,
             MembershipChange::RemoveLearner(node) => match self.host.members(id) {
