@@ -44,10 +44,9 @@ impl RebalanceSettings {
             logical_margin: config.rebalance_logical_margin.unwrap_or(ManagerConfig::PAPER_LOGICAL_MARGIN),
             move_bytes_per_sec: config.move_bytes_per_sec.unwrap_or(tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC),
         };
-        settings
-            .manager_config(Policy::CompressionAware)
-            .validate()
-            .map_err(|e| format!("[cluster] rebalance_band_below/above or rebalance_logical_margin: {}", e.message()))?;
+        settings.manager_config(Policy::CompressionAware).validate().map_err(|e| {
+            format!("[cluster] rebalance_band_below/above or rebalance_logical_margin: {}", e.message())
+        })?;
         Ok(settings)
     }
 
@@ -191,7 +190,12 @@ impl ClusterNode {
 
     /// One step of `tundra cluster rebalance`: plan under `policy` and, unless `dry_run`, carry
     /// out the plan's first move not in `skip`.
-    pub fn rebalance_step(&self, policy: &str, dry_run: bool, skip: &[SkippedMove]) -> Result<RebalanceProgress, Refusal> {
+    pub fn rebalance_step(
+        &self,
+        policy: &str,
+        dry_run: bool,
+        skip: &[SkippedMove],
+    ) -> Result<RebalanceProgress, Refusal> {
         let policy = Policy::parse(policy).map_err(invalid)?;
         self.block_on(self.settle_all());
         let mut state = self.decision_state(self.rebalance.manager_config(policy))?;

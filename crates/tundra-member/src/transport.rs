@@ -150,7 +150,9 @@ impl Transport for PeerTransport {
         Box::pin(async move {
             let to = envelope.to;
             // A move's snapshot to its learner waits for its budget (pace.rs).
-            if matches!(envelope.rpc, tundra_raft::network::Rpc::Snapshot { .. }) && inner.pace.paces(envelope.group.0, to) {
+            if matches!(envelope.rpc, tundra_raft::network::Rpc::Snapshot { .. })
+                && inner.pace.paces(envelope.group.0, to)
+            {
                 let bytes = tundra_raft::codec::encode(&envelope).len() as u64;
                 tokio::time::sleep(inner.pace.reserve(bytes)).await;
             }

@@ -64,11 +64,18 @@ impl Data {
                 let len = deflate.deflate_compress(&heap, &mut packed).expect("deflate the heap");
                 packed.truncate(len - len % PAGE);
                 println!("data: pages of {} and of its deflate ({} bytes)", path.display(), packed.len());
-                Data { compressible: heap[..heap.len() - heap.len() % PAGE].to_vec(), incompressible: packed, real: true }
+                Data {
+                    compressible: heap[..heap.len() - heap.len() % PAGE].to_vec(),
+                    incompressible: packed,
+                    real: true,
+                }
             }
             None => {
-                println!("data: no target/realdata/flights.heap (scripts/pg-real-table makes it); text and noise instead");
-                let text: Vec<u8> = (0..4096u64).flat_map(|i| format!("row {i} flight AA{} ", i % 97).into_bytes()).collect();
+                println!(
+                    "data: no target/realdata/flights.heap (scripts/pg-real-table makes it); text and noise instead"
+                );
+                let text: Vec<u8> =
+                    (0..4096u64).flat_map(|i| format!("row {i} flight AA{} ", i % 97).into_bytes()).collect();
                 let mut x = 0x9e37_79b9_7f4a_7c15u64;
                 let noise: Vec<u8> = (0..(2 << 20))
                     .map(|_| {
@@ -182,7 +189,10 @@ fn usage(status: &Value) -> BTreeMap<u64, (u64, u64)> {
         .iter()
         .map(|n| {
             let u = &n["usage"];
-            let used = (u["logical_used_bytes"].as_u64().expect("logical"), u["physical_used_bytes"].as_u64().expect("physical"));
+            let used = (
+                u["logical_used_bytes"].as_u64().expect("logical"),
+                u["physical_used_bytes"].as_u64().expect("physical"),
+            );
             (n["id"].as_u64().expect("id"), used)
         })
         .collect()
@@ -228,7 +238,9 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
     let mut cluster = Cluster::of_size(5, |_| None, DRIVE);
     for member in &cluster.members {
         // Small devices: five nodes share the machine's disk.
-        let mut config = std::fs::read_to_string(&member.config).expect("config").replace("volumes = \"64MiB\"", "volumes = \"16MiB\"");
+        let mut config = std::fs::read_to_string(&member.config)
+            .expect("config")
+            .replace("volumes = \"64MiB\"", "volumes = \"16MiB\"");
         config.push_str(&format!(
             "rebalance_band_below = {BAND}\nrebalance_band_above = {BAND}\nrebalance_logical_margin = {LOGICAL_MARGIN}\n\
              move_bytes_per_sec = {MOVE_BYTES_PER_SEC}\n"
@@ -245,7 +257,11 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
         let name = format!("v{v}");
         let size = format!("{}KiB", VOLUME_PAGES * PAGE as u64 / 1024);
         succeeds(&["volume", "create", &name, "--size", &size, "--replicas", "3", "--addr", &addr]);
-        let id = tundra_client::Client::connect(cluster.member(1).native).expect("connect").volume_lookup(&name).expect("v").id;
+        let id = tundra_client::Client::connect(cluster.member(1).native)
+            .expect("connect")
+            .volume_lookup(&name)
+            .expect("v")
+            .id;
         ids.push(id);
         // Written before the next volume is placed, so placement counts it.
         log.extend(write_all(cluster.member(1).native, v, id, &data));
@@ -262,7 +278,8 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
     assert!(outside > 0, "the data left every node inside the band already: {before:#}");
 
     // The prediction: the same plans carried out on the decision state, nothing moved.
-    let out = succeeds(&["cluster", "rebalance", "--policy", "compression-aware", "--dry-run", "--json", "--addr", &addr]);
+    let out =
+        succeeds(&["cluster", "rebalance", "--policy", "compression-aware", "--dry-run", "--json", "--addr", &addr]);
     let predicted: Value = serde_json::from_slice(&out.stdout).expect("dry run JSON");
     let simulated = predicted["simulated_moves"].as_array().expect("simulated moves").len();
     assert!(simulated > 0, "{predicted:#}");
@@ -271,7 +288,8 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let writing = {
-        let (addr, ids, data, stop, done) = (cluster.member(3).native, ids.clone(), data.clone(), stop.clone(), done.clone());
+        let (addr, ids, data, stop, done) =
+            (cluster.member(3).native, ids.clone(), data.clone(), stop.clone(), done.clone());
         std::thread::spawn(move || writer(addr, ids, data, stop, done))
     };
     std::thread::sleep(Duration::from_secs(2));
@@ -356,8 +374,12 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
         assert!((drive - plan).abs() <= loose, "node {line}\n{report:#}");
     }
     let moved = report["physical_bytes_moved"].as_i64().expect("bytes moved");
-    let simulated_moved: i64 =
-        predicted["simulated_moves"].as_array().expect("moves").iter().map(|m| m["physical_bytes"].as_i64().expect("bytes")).sum();
+    let simulated_moved: i64 = predicted["simulated_moves"]
+        .as_array()
+        .expect("moves")
+        .iter()
+        .map(|m| m["physical_bytes"].as_i64().expect("bytes"))
+        .sum();
     // One chunk's logical size bounds any chunk's physical bytes.
     let largest = VOLUME_PAGES as i64 * PAGE as i64;
     println!("physical bytes moved: {moved} (simulated {simulated_moved})");
