@@ -415,3 +415,12 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
         .expect("write raw file");
     }
 }
+
+#[test]
+fn an_unknown_policy_is_refused_before_anything_moves() {
+    // Port 1 on loopback: nothing is asked of any node.
+    common::fails(
+        &["cluster", "rebalance", "--policy", "size", "--addr", "127.0.0.1:1"],
+        "write logical or compression-aware",
+    );
+}
