@@ -101,6 +101,14 @@ pub trait BlockDevice: Send + Sync {
     fn mapped_bytes_in(&self, _lba: Lba, _count: u64) -> Option<u64> {
         None
     }
+
+    /// Media bytes the data in the `count` blocks at `lba` occupies, counted as
+    /// [`Usage::physical_used_bytes`] counts them (after the drive's own compression), when
+    /// the device can tell a range's share apart; None otherwise. A device that does not
+    /// compress stores a mapped block as itself, so its mapped bytes are its physical bytes.
+    fn physical_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        self.mapped_bytes_in(lba, count)
+    }
 }
 
 /// Checks that a buffer of `len` bytes at `lba` is whole blocks inside a device of `block_count`

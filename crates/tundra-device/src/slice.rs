@@ -66,6 +66,11 @@ impl BlockDevice for SliceDevice {
         check_range(self.count, lba, count).ok()?;
         self.inner.mapped_bytes_in(Lba(self.first + lba.0), count)
     }
+
+    fn physical_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        check_range(self.count, lba, count).ok()?;
+        self.inner.physical_bytes_in(Lba(self.first + lba.0), count)
+    }
 }
 
 #[cfg(test)]

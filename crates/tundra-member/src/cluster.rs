@@ -19,7 +19,7 @@ use tundra_store::volume::VolumeMode;
 
 use crate::catalog::Catalog;
 use crate::io::PageLocks;
-use crate::messages::{Answer, Forward, NodeUsage, PeerRequest, PeerResponse, Refusal, VolumeDef};
+use crate::messages::{Answer, ChunkSize, Forward, NodeUsage, PeerRequest, PeerResponse, Refusal, VolumeDef};
 use crate::peers::Membership;
 use crate::transport::{Handler, PeerTransport};
 
@@ -54,6 +54,8 @@ pub struct ClusterNode {
     pub(crate) next_request: AtomicU64,
     /// One manager call at a time on the manager's leader (manager.rs).
     pub(crate) manager_turn: tokio::sync::Mutex<()>,
+    /// `[cluster]`'s rebalancing keys (rebalance.rs).
+    pub(crate) rebalance: crate::rebalance::RebalanceSettings,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -64,6 +66,7 @@ impl ClusterNode {
     /// writes leaves), and dials the peers.
     pub fn start(config: &ClusterConfig, node: Arc<Node>) -> Result<Arc<ClusterNode>, String> {
         let membership = Membership::from_config(config)?;
+        let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tundra-member")
@@ -78,6 +81,7 @@ impl ClusterNode {
             FileLog::open(OsLogFile::new(&node.data_dir().join(RAFT_LOG_FILE)), COMPACT_BYTES, FileLogBug::None)
                 .map_err(|e| format!("{}: {e}", node.data_dir().join(RAFT_LOG_FILE).display()))?;
         let transport = PeerTransport::new(membership.me, &membership.others(), membership.key.clone());
+        transport.pace().set_rate(rebalance.move_bytes_per_sec);
         let default_pages = node.drive_pages(8192).ok_or("the node has no page path for 8 KiB pages")?;
         // The timing of a node with no group: each volume's groups take the timing of the
         // groups the node runs once they are added (`Host::add_groups_on`). Volumes open in
@@ -113,6 +117,7 @@ impl ClusterNode {
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
             manager_turn: tokio::sync::Mutex::new(()),
+            rebalance,
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -207,7 +212,29 @@ impl ClusterNode {
             Forward::Membership { volume, chunk, change } => self.change_membership(volume, chunk, change).await,
             // Boxed: the manager's leader asks nodes (itself among them) in turn.
             Forward::Manager(call) => Box::pin(self.lead_manager(call)).await,
+            Forward::ChunkSizes => Ok(Answer::ChunkSizes(self.chunk_sizes())),
         }
+    }
+
+    /// The space of every chunk replica this node runs (not the volumes' redo groups).
+    pub(crate) fn chunk_sizes(&self) -> Vec<ChunkSize> {
+        let groups = self.host.groups();
+        tokio::task::block_in_place(|| {
+            groups
+                .into_iter()
+                .filter(|&group| tundra_raft::redo_machine::redo_volume(group).is_none())
+                .map(|chunk| {
+                    let space = self.node.chunk_space(chunk);
+                    ChunkSize {
+                        volume: chunk.volume().0,
+                        chunk: chunk.index(),
+                        pages: space.pages,
+                        logical_bytes: space.logical_bytes,
+                        physical_bytes: space.physical_bytes,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// This node's drive space: the drive's logical and physical capacity, the logical bytes

@@ -306,6 +306,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Usage(_) => "a usage",
         Answer::Members { .. } => "a membership",
         Answer::Manager(_) => "a manager answer",
+        Answer::ChunkSizes(_) => "chunk sizes",
     }
 }
 

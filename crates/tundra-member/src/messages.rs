@@ -124,6 +124,10 @@ pub enum Forward {
     Membership { volume: u32, chunk: u32, change: MembershipChange },
     /// A call on the cluster manager, done by its group's leader (manager.rs).
     Manager(crate::manager::ManagerCall),
+    /// The logical and physical bytes of every chunk replica this node runs (seed 000 §4.2.2:
+    /// the scheduler's per-chunk ratios). Added after the other variants, so that their
+    /// encodings are unchanged.
+    ChunkSizes,
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -149,6 +153,20 @@ pub enum Answer {
     Usage(NodeUsage),
     Members { voters: Vec<u64>, learners: Vec<u64> },
     Manager(crate::manager::ManagerReply),
+    ChunkSizes(Vec<ChunkSize>),
+}
+
+/// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes
+/// are live pages times the page size, physical bytes the drive's media bytes under the
+/// chunk's blocks (after software and drive compression).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkSize {
+    pub volume: u32,
+    /// The chunk's index in its volume.
+    pub chunk: u32,
+    pub pages: u64,
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
 }
 
 /// Why a [`Forward`] was not done.

@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{ClusterState, Command, ManagerConfig, Move, MoveReason, NodeId, Policy, Space};
+use tundra_cluster::{ClusterState, Command, ManagerConfig, Move, MoveReason, NodeId, Policy};
 use tundra_store::ids::{ChunkId, VolumeId};
 
 use crate::cluster::{ClusterNode, chunk_spans};
@@ -48,6 +48,15 @@ pub enum AdminRequest {
         from: u64,
         to: u64,
     },
+    /// Plan under `policy` (`logical` or `compression-aware`) and, unless `dry_run`, make the
+    /// plan's first move not in `skip` (rebalance.rs); answers a `RebalanceProgress`.
+    RebalanceStep {
+        policy: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        skip: Vec<crate::rebalance::SkippedMove>,
+    },
 }
 
 /// What a drain step did.
@@ -69,6 +78,9 @@ impl ClusterNode {
             AdminRequest::Move { volume, chunk, from, to } => {
                 self.move_replica(&volume, chunk, from, to)?;
                 Ok(serde_json::json!({ "moved": true }))
+            }
+            AdminRequest::RebalanceStep { policy, dry_run, skip } => {
+                serde_json::to_value(self.rebalance_step(&policy, dry_run, &skip)?)
             }
         };
         answer.map(|v| v.to_string()).map_err(|e| Refusal::Invalid(e.to_string()))
@@ -124,51 +136,16 @@ impl ClusterNode {
         self.catalog.lock().get(volume).cloned().ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is gone")))
     }
 
-    /// The decision core's view: every member with its drive's capacity, every catalogued
-    /// chunk on its replicas (at the size placement expects), then the members' usage.
+    /// The decision state for a drain or a single move: the logical policy, one move at a time
+    /// (rebalance.rs's `decision_state` is the one source of decisions).
     fn manager_state(&self) -> Result<ClusterState, Refusal> {
-        let nodes = self.membership.ids();
-        let usage = self.block_on(async {
-            let mut usage = Vec::new();
-            for &node in &nodes {
-                match self.ask(node, Forward::Usage).await? {
-                    Answer::Usage(space) => usage.push((node, space)),
-                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
-                }
-            }
-            Ok(usage)
-        })?;
-        let invalid = |e: tundra_cluster::Error| Refusal::Invalid(e.message().to_string());
         let mut config = ManagerConfig::paper(Policy::Logical);
         config.throttle.max_moves = 1;
-        let mut state = ClusterState::new(config).map_err(invalid)?;
-        let space = |u: &crate::messages::NodeUsage| {
-            (
-                Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
-                Space::new(u.logical_used_bytes, u.physical_used_bytes),
-            )
-        };
-        for (node, u) in &usage {
-            state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
-        }
-        for def in self.catalog.lock().volumes() {
-            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
-                let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();
-                let chunk = ChunkId::new(VolumeId(def.id), index as u32);
-                state
-                    .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
-                    .map_err(invalid)?;
-            }
-        }
-        for (node, u) in &usage {
-            let (capacity, used) = space(u);
-            state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
-        }
-        Ok(state)
+        self.decision_state(config)
     }
 
     /// Carries out a move the decision core accepted: finished, or rolled back and refused.
-    async fn execute(&self, def: &VolumeDef, index: u32, from: u64, to: u64) -> Result<(), Refusal> {
+    pub(crate) async fn execute(&self, def: &VolumeDef, index: u32, from: u64, to: u64) -> Result<(), Refusal> {
         let chunk = ChunkId::new(VolumeId(def.id), index);
         let old: Vec<u64> = def.replicas_of(index).to_vec();
         let moving = ChunkMove { chunk: index, from, to };
@@ -218,11 +195,12 @@ impl ClusterNode {
             return Err(why);
         }
         let add = Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::AddLearner(to) };
-        match tokio::time::timeout(CATCH_UP_LIMIT, self.to_leader(chunk, add)).await {
+        let limit = catch_up_limit();
+        match tokio::time::timeout(limit, self.to_leader(chunk, add)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(why)) => Err(why),
             Err(_) => Err(Refusal::Unavailable(format!(
-                "node {to} did not catch up with chunk {} within {CATCH_UP_LIMIT:?}",
+                "node {to} did not catch up with chunk {} within {limit:?}",
                 chunk.index()
             ))),
         }
@@ -342,6 +320,27 @@ impl ClusterNode {
         Ok(Answer::Done)
     }
 
+    /// At the leader, after `node` was added as a learner of `chunk`: waits until its log
+    /// matches the leader's last entry as it was when the learner was added, for at most the
+    /// catch-up limit (the coordinator gives up then too).
+    async fn wait_caught_up(&self, chunk: ChunkId, node: u64) -> Result<(), Refusal> {
+        let (_, goal) = self.host.replication_of(chunk, node).map_err(crate::io::refusal)?;
+        let deadline = tokio::time::Instant::now() + catch_up_limit();
+        loop {
+            let (matched, _) = self.host.replication_of(chunk, node).map_err(crate::io::refusal)?;
+            if matched >= goal {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Refusal::Unavailable(format!(
+                    "node {node} did not catch up with chunk {} (matched {matched:?} of {goal:?})",
+                    chunk.index()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// A membership change of a chunk's group, here as its leader.
     pub(crate) async fn change_membership(
         &self,
@@ -356,7 +355,13 @@ impl ClusterNode {
         }
         let done = match change {
             MembershipChange::Query => Ok(()),
-            MembershipChange::AddLearner(node) => self.host.add_learner(id, node).await,
+            MembershipChange::AddLearner(node) => {
+                let _pacing = self.transport.pace().catching_up(id.0, node);
+                test_catch_up_delay().await;
+                self.host.add_learner(id, node).await.map_err(crate::io::refusal)?;
+                self.wait_caught_up(id, node).await?;
+                Ok(())
+            }
             MembershipChange::Voters(voters) => self.host.change_voters(id, voters.into_iter().collect()).await,
             MembershipChange::RemoveLearner(node) => match self.host.members(id) {
                 Ok((_, learners)) if !learners.contains(&node) => Ok(()),
@@ -366,6 +371,23 @@ impl ClusterNode {
         done.map_err(crate::io::refusal)?;
         let (voters, learners) = self.host.members(id).map_err(crate::io::refusal)?;
         Ok(Answer::Members { voters: voters.into_iter().collect(), learners: learners.into_iter().collect() })
+    }
+}
+
+/// [`CATCH_UP_LIMIT`], or `TUNDRA_TEST_CATCH_UP_LIMIT_MS` (a test-only hook, so that a kill
+/// test's rollback does not wait 30 seconds).
+fn catch_up_limit() -> std::time::Duration {
+    let limit = std::env::var("TUNDRA_TEST_CATCH_UP_LIMIT_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    limit.map_or(CATCH_UP_LIMIT, std::time::Duration::from_millis)
+}
+
+/// A test-only hook: `TUNDRA_TEST_CATCH_UP_DELAY_MS` holds a learner's catch-up at its leader
+/// for that long, so that a test can kill a move's source or target before the voters change
+/// and the rollback path runs. Unset in production.
+async fn test_catch_up_delay() {
+    let delay = std::env::var("TUNDRA_TEST_CATCH_UP_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = delay {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     }
 }
 

@@ -8,7 +8,8 @@
 //! `repair` what repair of bad pages and the scrub did there; `manager` the cluster manager's
 //! group (`members`, `leader`, `term`, `applied_index`) and its state's summary (`nodes` with
 //! each one's `status` and `chunks`, `chunks`, `moves_in_flight`), or `error` when it has no
-//! leader.
+//! leader. Each chunk (and each node's `chunks[]` entry) carries its `logical_bytes` and
+//! `physical_bytes`, counted as the node's usage is.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cluster::ClusterNode;
-use crate::messages::{Answer, Forward, GroupView, LocalStatus, NodeUsage, PeerRequest, PeerResponse};
+use crate::messages::{Answer, ChunkSize, Forward, GroupView, LocalStatus, NodeUsage, PeerRequest, PeerResponse};
 
 /// How long a status waits for each peer.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -34,11 +35,13 @@ pub struct NodeStatus {
     pub chunks: Vec<HeldChunk>,
 }
 
-/// A chunk replica a node runs.
+/// A chunk replica a node runs, with its space there (null while the node does not say).
 #[derive(Clone, Debug, Serialize)]
 pub struct HeldChunk {
     pub volume_id: u32,
     pub chunk: u32,
+    pub logical_bytes: Option<u64>,
+    pub physical_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -54,6 +57,11 @@ pub struct ChunkStatus {
     pub lag: Option<u64>,
     /// Each replica's applied index, by node id (null for a node that did not answer).
     pub replica_applied: BTreeMap<u64, Option<u64>>,
+    /// The chunk's logical and physical bytes as its leader's replica holds them (another
+    /// replica's when the leader does not answer; null when none does): what the scheduler
+    /// counts (seed 000 §4.2.2).
+    pub logical_bytes: Option<u64>,
+    pub physical_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -98,6 +106,27 @@ impl ClusterNode {
         LocalStatus { node: self.me, groups, usage: self.usage() }
     }
 
+    /// Every answering node's chunk sizes (crate::messages::ChunkSize), by node id.
+    pub(crate) fn all_chunk_sizes(&self) -> BTreeMap<u64, Vec<ChunkSize>> {
+        self.block_on(async {
+            let mut sizes = BTreeMap::new();
+            for id in self.membership.ids() {
+                let answer = if id == self.me {
+                    Ok(Answer::ChunkSizes(self.chunk_sizes()))
+                } else {
+                    match self.transport.call(id, &PeerRequest::Forward(Forward::ChunkSizes), STATUS_TIMEOUT).await {
+                        Ok(PeerResponse::Forward(answer)) => answer,
+                        _ => Err(crate::messages::Refusal::Unavailable(format!("node {id} did not answer"))),
+                    }
+                };
+                if let Ok(Answer::ChunkSizes(list)) = answer {
+                    sizes.insert(id, list);
+                }
+            }
+            sizes
+        })
+    }
+
     /// Every node's view, merged.
     pub fn status(&self) -> ClusterStatus {
         let views: BTreeMap<u64, Option<LocalStatus>> = self.block_on(async {
@@ -115,6 +144,10 @@ impl ClusterNode {
             }
             views
         });
+        let sizes = self.all_chunk_sizes();
+        let size_of = |node: u64, volume: u32, chunk: u32| {
+            sizes.get(&node).and_then(|s| s.iter().find(|c| c.volume == volume && c.chunk == chunk))
+        };
         let nodes = self
             .membership
             .nodes
@@ -141,9 +174,15 @@ impl ClusterNode {
                                     tundra_raft::redo_machine::redo_volume(group).is_none()
                                         && group != tundra_raft::manager_machine::manager_group()
                                 })
-                                .map(|g| HeldChunk {
-                                    volume_id: g.volume,
-                                    chunk: tundra_store::ids::ChunkId(g.chunk).index(),
+                                .map(|g| {
+                                    let chunk = tundra_store::ids::ChunkId(g.chunk).index();
+                                    let size = size_of(*id, g.volume, chunk);
+                                    HeldChunk {
+                                        volume_id: g.volume,
+                                        chunk,
+                                        logical_bytes: size.map(|s| s.logical_bytes),
+                                        physical_bytes: size.map(|s| s.physical_bytes),
+                                    }
                                 })
                                 .collect()
                         })
@@ -157,7 +196,13 @@ impl ClusterNode {
         for def in &catalog {
             let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
             for chunk in crate::cluster::chunks(&volume.volume) {
-                chunks.push(group_status(def, def.replicas_of(chunk.index()), &views, chunk, chunk.index()));
+                let mut status = group_status(def, def.replicas_of(chunk.index()), &views, chunk, chunk.index());
+                let first = status.leader.into_iter().chain(status.replicas.iter().copied());
+                if let Some(size) = first.filter_map(|n| size_of(n, def.id, chunk.index())).next() {
+                    status.logical_bytes = Some(size.logical_bytes);
+                    status.physical_bytes = Some(size.physical_bytes);
+                }
+                chunks.push(status);
             }
             redo.push(group_status(def, &def.replicas, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
@@ -200,5 +245,7 @@ fn group_status(
         applied_index: led.and_then(|g| g.applied_index),
         lag,
         replica_applied,
+        logical_bytes: None,
+        physical_bytes: None,
     }
 }

@@ -56,6 +56,8 @@ struct Inner {
     handler: OnceLock<Handler>,
     raft_bytes: AtomicU64,
     other_bytes: AtomicU64,
+    /// The budget of moves' catch-up traffic (pace.rs).
+    pace: Arc<crate::pace::CatchUpPace>,
 }
 
 /// A node's connections to its peers.
@@ -79,6 +81,7 @@ impl PeerTransport {
             handler: OnceLock::new(),
             raft_bytes: AtomicU64::new(0),
             other_bytes: AtomicU64::new(0),
+            pace: Arc::new(crate::pace::CatchUpPace::default()),
         };
         PeerTransport { inner: Arc::new(inner) }
     }
@@ -98,6 +101,11 @@ impl PeerTransport {
     /// Whether a connection to `peer` is established now.
     pub fn is_connected(&self, peer: u64) -> bool {
         self.inner.links.get(&peer).is_some_and(|link| link.conn.lock().is_some())
+    }
+
+    /// The budget of moves' catch-up traffic.
+    pub fn pace(&self) -> &Arc<crate::pace::CatchUpPace> {
+        &self.inner.pace
     }
 
     pub fn traffic(&self) -> TrafficStats {
@@ -141,6 +149,13 @@ impl Transport for PeerTransport {
         let inner = self.inner.clone();
         Box::pin(async move {
             let to = envelope.to;
+            // A move's snapshot to its learner waits for its budget (pace.rs).
+            if matches!(envelope.rpc, tundra_raft::network::Rpc::Snapshot { .. })
+                && inner.pace.paces(envelope.group.0, to)
+            {
+                let bytes = tundra_raft::codec::encode(&envelope).len() as u64;
+                tokio::time::sleep(inner.pace.reserve(bytes)).await;
+            }
             match call(&inner, to, &PeerRequest::Raft(envelope), RAFT_TIMEOUT).await? {
                 PeerResponse::Raft(reply) => reply,
                 PeerResponse::Forward(_) => Err(format!("node {to} answered a Raft message with another kind")),

@@ -86,7 +86,23 @@ pub struct ClusterConfig {
     /// the three lowest ids of `peers` (all of them when there are fewer). Fixed for the
     /// cluster's life: changing it is not supported.
     pub managers: Option<Vec<u64>>,
+    /// `tundra cluster rebalance`'s band [c_l, c_h] around the cluster's average compression
+    /// ratio (seed 000 §4.2.2), as fractions below and above it (0.10 each when absent: the
+    /// paper's clusters used about ±10%).
+    pub rebalance_band_below: Option<f64>,
+    pub rebalance_band_above: Option<f64>,
+    /// The logical rule's margin (seed 000 §4.2.1): a node more than this fraction above the
+    /// average logical usage sheds chunks (0.10 when absent).
+    pub rebalance_logical_margin: Option<f64>,
+    /// Bytes per second a chunk move's catch-up traffic (the snapshot sent to the new replica)
+    /// may take on the sending node ([`DEFAULT_MOVE_BYTES_PER_SEC`] when absent; 0 is
+    /// unlimited).
+    pub move_bytes_per_sec: Option<u64>,
 }
+
+/// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under
+/// 20 seconds, a fraction of a disk's or a 10 Gb/s link's bandwidth.
+pub const DEFAULT_MOVE_BYTES_PER_SEC: u64 = 64 << 20;
 
 /// The scrub's default pace: a 1 GiB chunk of 8 KiB pages is read once in about 22 minutes.
 pub const DEFAULT_SCRUB_PAGES_PER_SEC: u64 = 100;

@@ -111,6 +111,32 @@ impl Node {
     }
 }
 
+/// One chunk's space, counted as [`Node::stats`] counts the node's: logical bytes are live
+/// pages times the page size (as `compressed.logical_bytes`), physical bytes are the drive's
+/// media bytes under the chunk's blocks (as `drive.physical_used_bytes`). A node's usage less
+/// the sum of its chunks is what no chunk accounts for (metadata, redo log slots).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ChunkSpace {
+    pub pages: u64,
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
+}
+
+impl Node {
+    /// The space of chunk `chunk` here (zero for a chunk of an unknown volume or with no page).
+    pub fn chunk_space(&self, chunk: tundra_store::ids::ChunkId) -> ChunkSpace {
+        let Ok(v) = self.volume(chunk.volume()) else {
+            return ChunkSpace::default();
+        };
+        let usage = self.store(v.device).chunk_usage(chunk);
+        let physical_bytes = match v.device {
+            Device::Drive => usage.physical_bytes.unwrap_or(usage.stored_bytes),
+            Device::Fast => usage.stored_bytes,
+        };
+        ChunkSpace { pages: usage.pages, logical_bytes: usage.pages * u64::from(v.volume.page_size), physical_bytes }
+    }
+}
+
 fn mode_name(mode: VolumeMode) -> &'static str {
     match mode {
         VolumeMode::Normal => "normal",

@@ -485,6 +485,17 @@ impl Host {
         raft.add_learner(node, EmptyNode {}, true).await.map(|_| ()).map_err(|e| self.membership_error(group, e))
     }
 
+    /// On the leader: how far `node`'s copy of the group's log matches the leader's (the index
+    /// of the last matched entry, None before anything matched), and the leader's last log
+    /// index. openraft's blocking `add_learner` gives up waiting for a learner after its
+    /// default wait and answers success all the same, so a move checks this itself.
+    pub fn replication_of(&self, group: GroupId, node: NodeId) -> Result<(Option<u64>, Option<u64>), Error> {
+        let raft = self.leader_raft(group)?;
+        let metrics = raft.metrics().borrow().clone();
+        let matched = metrics.replication.as_ref().and_then(|r| r.get(&node).cloned().flatten()).map(|id| id.index);
+        Ok((matched, metrics.last_log_index))
+    }
+
     /// On the leader: makes `voters` the group's voters; learners not among them are removed
     /// too. One change at a time: openraft refuses a change while another is in progress.
     pub async fn change_voters(&self, group: GroupId, voters: BTreeSet<NodeId>) -> Result<(), Error> {

@@ -123,6 +123,16 @@ pub struct Recovery {
     pub lost: Option<LogDamage>,
 }
 
+/// One chunk's space (see [`Store::chunk_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkUsage {
+    pub pages: u64,
+    /// Bytes of the 4 KiB blocks the chunk's pages take on the data device.
+    pub stored_bytes: u64,
+    /// The device's media bytes under those blocks, if it can tell.
+    pub physical_bytes: Option<u64>,
+}
+
 /// One node's page store.
 pub struct Store {
     data: Arc<dyn BlockDevice>,
@@ -327,6 +337,30 @@ impl Store {
     /// Space figures of volume `id` (zero for an unknown volume).
     pub fn volume_usage(&self, id: VolumeId) -> VolumeUsage {
         self.state.lock().volume_usage(id)
+    }
+
+    /// Space figures of one chunk: its pages, the blocks they take after software compression,
+    /// and the data device's media bytes under those blocks (after the drive's compression,
+    /// counted as the device counts its physical usage; None when the device cannot tell a
+    /// range's share). Seed 000 §4.2.2 schedules by these per-chunk ratios. Pages sharing a
+    /// run (heavy segments) count the run once.
+    pub fn chunk_usage(&self, chunk: ChunkId) -> ChunkUsage {
+        let entries = self.chunk_entries(chunk);
+        let mut runs = std::collections::BTreeSet::new();
+        for (_, entry) in &entries {
+            runs.insert((entry.run.extent.0, entry.run.offset, entry.run.count));
+        }
+        let mut physical = Some(0u64);
+        let mut stored_bytes = 0u64;
+        for &(extent, offset, count) in &runs {
+            let run = crate::ids::BlockRun::new(crate::ids::ExtentId(extent), offset, count);
+            stored_bytes += u64::from(count) * BLOCK_SIZE as u64;
+            physical = match (physical, self.data.physical_bytes_in(run.first_lba(), u64::from(count))) {
+                (Some(sum), Some(bytes)) => Some(sum + bytes),
+                _ => None,
+            };
+        }
+        ChunkUsage { pages: entries.len() as u64, stored_bytes, physical_bytes: physical }
     }
 
     /// Every page's entry, in (chunk, page) order, for checks.

@@ -26,6 +26,26 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connect: Connect,
     },
+    /// Moves chunks as the cluster manager's plans say (seed 000 §4.2: the logical rule, and the
+    /// compression-aware zones and band), one at a time, planning again after each move, until
+    /// the plan is empty or --max-moves were made. A move that fails is rolled back and not
+    /// planned again in this run.
+    Rebalance {
+        /// logical or compression-aware.
+        #[arg(long, default_value = "compression-aware")]
+        policy: String,
+        /// Print the plan and the moves a run would make from this state, and move nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after this many moves.
+        #[arg(long)]
+        max_moves: Option<u64>,
+        /// Print one JSON object (docs/cli.md lists its keys).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: Connect,
+    },
     /// Moves chunk CHUNK of volume VOLUME from node FROM to node TO.
     Move {
         #[arg(long)]
@@ -45,6 +65,9 @@ pub fn run(command: ClusterCommand) -> Result<()> {
     match command {
         ClusterCommand::Status { json, connect } => status(json, &connect),
         ClusterCommand::Drain { node, connect } => drain(node, &connect),
+        ClusterCommand::Rebalance { policy, dry_run, max_moves, json, connect } => {
+            crate::rebalance::run(&policy, dry_run, max_moves, json, &connect)
+        }
         ClusterCommand::Move { volume, chunk, from, to, connect } => {
             let request = serde_json::json!({ "move": { "volume": volume, "chunk": chunk, "from": from, "to": to } });
             connect.client()?.cluster_admin(&request.to_string())?;

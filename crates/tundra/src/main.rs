@@ -9,6 +9,7 @@ mod bench;
 mod cluster;
 mod drive;
 mod kv;
+mod rebalance;
 mod repair;
 mod schedule;
 mod serve;

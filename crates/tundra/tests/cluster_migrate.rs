@@ -5,7 +5,11 @@
 //! usage and the chunks it holds, and a volume the cluster cannot hold refused. Chunk
 //! migration: `tundra cluster drain` empties a node while a writer writes (every page then
 //! reads back as the writer's log says, through every node), and a move whose target is
-//! killed with kill -9 half way is rolled back or finished, nothing lost.
+//! killed with kill -9 half way is rolled back or finished, nothing lost. With test-only hooks
+//! that hold a learner's catch-up at its leader (`TUNDRA_TEST_CATCH_UP_DELAY_MS`,
+//! `TUNDRA_TEST_CATCH_UP_LIMIT_MS`): a target killed before the voter change makes the move
+//! roll back, and a source killed mid-move leaves a move that finishes when the source settles
+//! it at its start; either way every catalog and group agree and every page reads back.
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -261,4 +265,131 @@ fn a_drain_the_other_nodes_cannot_take_is_refused() {
     );
     let status = cluster.status(2);
     assert_eq!(chunk_replicas(&status, "r"), vec![BTreeSet::from([1, 2, 3])], "{status:#}");
+}
+
+/// The settled state in every node's status: each catalog holds the same three replicas of
+/// chunk 0 of `volume`, and exactly those nodes run its group (no move half done); the set.
+fn settled_in(statuses: &[serde_json::Value], volume: &str) -> Option<BTreeSet<u64>> {
+    let sets = chunk_replicas(&statuses[0], volume);
+    let runs: BTreeSet<u64> = statuses[0]["nodes"]
+        .as_array()?
+        .iter()
+        .filter(|n| n["chunks"].as_array().is_some_and(|c| !c.is_empty()))
+        .map(|n| n["id"].as_u64().expect("id"))
+        .collect();
+    let agreed = statuses.iter().all(|status| chunk_replicas(status, volume) == sets);
+    (sets.len() == 1 && sets[0].len() == 3 && runs == sets[0] && agreed).then(|| sets[0].clone())
+}
+
+/// Waits until [`settled_in`] holds; returns the set, and the statuses it held in.
+fn settled(cluster: &Cluster, nodes: u64, volume: &str) -> (BTreeSet<u64>, Vec<serde_json::Value>) {
+    let started = std::time::Instant::now();
+    loop {
+        let statuses: Vec<serde_json::Value> = (1..=nodes).map(|id| cluster.status(id)).collect();
+        if let Some(set) = settled_in(&statuses, volume) {
+            return (set, statuses);
+        }
+        let waited = started.elapsed();
+        assert!(waited < std::time::Duration::from_secs(40), "not settled: {:#}\n{}", statuses[0], cluster.logs());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A cluster of four whose leaders hold each learner's catch-up for `delay_ms` and give up on
+/// it after `limit_ms` (test-only hooks), with volume `k` of 300 pages written; answers the
+/// volume id, the writer's log and chunk 0's replicas.
+fn held_catch_up_cluster(delay_ms: u64, limit_ms: u64) -> (Cluster, u32, WriterLog, BTreeSet<u64>) {
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    cluster.env = vec![
+        ("TUNDRA_TEST_CATCH_UP_DELAY_MS".into(), delay_ms.to_string()),
+        ("TUNDRA_TEST_CATCH_UP_LIMIT_MS".into(), limit_ms.to_string()),
+    ];
+    cluster.start_all();
+    succeeds(&["volume", "create", "k", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("k").expect("k").id;
+    let mut log = WriterLog::new();
+    for page in 0..300 {
+        client.write_page(volume, page, WriteMode::Auto, &content(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    let set = chunk_replicas(&cluster.status(1), "k").remove(0);
+    (cluster, volume, log, set)
+}
+
+/// Starts `tundra cluster move` of chunk 0 of `k` and waits until `target` runs its replica
+/// (the learner is being added; the leader holds its catch-up).
+fn start_move(cluster: &Cluster, source: u64, target: u64, asked: u64) -> std::process::Child {
+    let mover = std::process::Command::new(env!("CARGO_BIN_EXE_tundra"))
+        .args(["cluster", "move", "--volume", "k", "--chunk", "0", "--from", &source.to_string()])
+        .args(["--to", &target.to_string(), "--addr", &cluster.member(asked).addr()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tundra cluster move");
+    let started = std::time::Instant::now();
+    while cluster.status(asked)["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .all(|n| n["id"] != target || n["chunks"].as_array().is_none_or(|c| c.is_empty()))
+    {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "the target never ran its replica");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    mover
+}
+
+#[test]
+fn a_move_whose_target_dies_before_the_voter_change_is_rolled_back() {
+    // The leader holds the catch-up for 3 s; the target is killed in that time, so the learner
+    // never catches up, the move gives up after 4 s and rolls back.
+    let (mut cluster, volume, log, set) = held_catch_up_cluster(3000, 4000);
+    let target = (1..=4).find(|id| !set.contains(id)).expect("a node outside the set");
+    let source = *set.iter().next().expect("a replica");
+    let asked = *set.iter().find(|&&id| id != source).expect("another replica");
+    let mover = start_move(&cluster, source, target, asked);
+    cluster.kill9(target);
+    let out = mover.wait_with_output().expect("the move ends");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the move cannot finish without its target");
+    assert!(stderr.contains("did not catch up"), "the rollback path ran: {stderr}");
+    cluster.start(target);
+    let (final_set, statuses) = settled(&cluster, 4, "k");
+    assert_eq!(final_set, set, "rolled back to the old replicas");
+    for id in 1..=4 {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+    // Twins: the settled-state oracle fails on a target still running the rolled-back replica,
+    // and on one node's catalog that kept the target.
+    let mut running = statuses.clone();
+    let node = running[0]["nodes"].as_array_mut().expect("nodes").iter_mut().find(|n| n["id"] == target);
+    node.expect("the target")["chunks"] = serde_json::json!([{ "volume_id": volume, "chunk": 0 }]);
+    assert!(settled_in(&running, "k").is_none(), "a replica left on the target passed as settled");
+    let mut kept = statuses.clone();
+    let chunk = kept[2]["chunks"].as_array_mut().expect("chunks").iter_mut().find(|c| c["volume"] == "k");
+    chunk.expect("chunk 0")["replicas"].as_array_mut().expect("replicas").push(serde_json::json!(target));
+    assert!(settled_in(&kept, "k").is_none(), "catalogs that disagree passed as settled");
+    let mut bad = log.clone();
+    *bad.values_mut().next().expect("a page") += 1;
+    assert!(verify(&cluster, target, volume, &bad).is_err(), "the read-back check missed a wrong page");
+}
+
+#[test]
+fn a_move_whose_source_dies_mid_move_finishes_and_converges() {
+    let (mut cluster, volume, log, set) = held_catch_up_cluster(2000, 30_000);
+    let target = (1..=4).find(|id| !set.contains(id)).expect("a node outside the set");
+    let source = *set.iter().next().expect("a replica");
+    let asked = *set.iter().find(|&&id| id != source).expect("another replica");
+    let mover = start_move(&cluster, source, target, asked);
+    cluster.kill9(source);
+    let out = mover.wait_with_output().expect("the move ends");
+    println!("the move answered: {} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    cluster.start(source);
+    // The source settles the move when it starts: the target is a voter, so it finished.
+    let (final_set, _) = settled(&cluster, 4, "k");
+    assert!(final_set.contains(&target) && !final_set.contains(&source), "{final_set:?} (was {set:?})");
+    for id in 1..=4 {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
 }

@@ -200,6 +200,12 @@ impl BlockDevice for CsdDevice {
         self.range_usage(lba, count).ok().map(|usage| usage.mapped_bytes)
     }
 
+    /// Seed 000 §4.2.2 needs each chunk's physical bytes: the payloads of the range's map
+    /// entries, as the drive's `physical_used_bytes` counts them.
+    fn physical_bytes_in(&self, lba: Lba, count: u64) -> Option<u64> {
+        self.range_usage(lba, count).ok().map(|usage| usage.physical_bytes)
+    }
+
     fn usage(&self) -> Usage {
         let stats = self.stats();
         Usage {

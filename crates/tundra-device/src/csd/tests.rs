@@ -208,6 +208,8 @@ fn a_range_reports_its_own_blocks_only() {
     assert_eq!(whole.mapped_bytes, drive.stats().mapped_bytes);
     assert_eq!(whole.physical_bytes, drive.stats().physical_used_bytes);
     assert_eq!(drive.mapped_bytes_in(Lba(100), 100), Some(0));
+    assert_eq!(drive.physical_bytes_in(Lba(0), 100), Some(range.physical_bytes));
+    assert_eq!(drive.physical_bytes_in(Lba(0), 256), Some(drive.stats().physical_used_bytes));
     assert!(drive.range_usage(Lba(200), 57).is_err(), "a range past the end is refused");
 }
 

@@ -52,6 +52,8 @@ pub struct Cluster {
     pub start_timeout: Duration,
     /// The proxies on the peer links, when the cluster was made with them.
     pub links: Option<Links>,
+    /// Environment variables every node is started with (test-only hooks).
+    pub env: Vec<(String, String)>,
 }
 
 fn free_addrs(count: usize) -> Vec<SocketAddr> {
@@ -131,7 +133,7 @@ impl Cluster {
                 child: None,
             });
         }
-        Cluster { dir, members, start_timeout: START_TIMEOUT, links }
+        Cluster { dir, members, start_timeout: START_TIMEOUT, links, env: Vec::new() }
     }
 
     /// Starts every node and waits until each answers a ping.
@@ -152,6 +154,7 @@ impl Cluster {
     }
 
     fn spawn(&mut self, id: u64) {
+        let env = self.env.clone();
         let member = &mut self.members[id as usize - 1];
         assert!(member.child.is_none(), "node {id} runs already");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&member.log).expect("open log");
@@ -159,6 +162,7 @@ impl Cluster {
             .arg("serve")
             .arg("--config")
             .arg(&member.config)
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

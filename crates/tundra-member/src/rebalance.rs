@@ -1,0 +1,318 @@
+//! `tundra cluster rebalance`: tundra-cluster's plans (seed 000 §4.2.1 logical rule, §4.2.2
+//! zones A–D and the band [c_l, c_h]) carried out on a running cluster, one move at a time.
+//!
+//! Every decision reads one [`ClusterState`], built by [`ClusterNode::decision_state`] from the
+//! catalog (`AdoptChunk`), each chunk's measured size (`ChunkStats`, from the replicas'
+//! [`ChunkSize`] reports) and each node's drive usage (`Heartbeat`). That function is the only
+//! source of decisions, so a replicated manager's state can take its place without changing the
+//! rest. A step settles moves left half done, plans, and carries out the plan's first move with
+//! migrate.rs's `execute` (rolled back on failure); the command line repeats steps, so every
+//! move is planned from the cluster as the previous ones left it. A dry run also simulates the
+//! whole sequence on the decision state (each plan's first move begun and finished, then
+//! planned again), which is what the steps would do if no size changed meanwhile: the
+//! prediction a real run is compared against.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tundra_cluster::{Band, ClusterState, Command, ManagerConfig, Move, NodeId, Policy, Space, Zone};
+use tundra_node::ClusterConfig;
+use tundra_store::ids::{ChunkId, VolumeId};
+
+use crate::cluster::{ClusterNode, chunk_spans};
+use crate::messages::{Answer, ChunkSize, Forward, Refusal};
+
+/// How many moves a dry run simulates at most.
+const SIMULATED_MOVES_MAX: usize = 10_000;
+
+/// The `[cluster]` keys that shape rebalancing, checked when the node starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RebalanceSettings {
+    pub band_below: f64,
+    pub band_above: f64,
+    pub logical_margin: f64,
+    /// 0: unlimited.
+    pub move_bytes_per_sec: u64,
+}
+
+impl RebalanceSettings {
+    /// From `[cluster]`, with the defaults; refuses numbers the decisions cannot work with.
+    pub fn from_config(config: &ClusterConfig) -> Result<RebalanceSettings, String> {
+        let settings = RebalanceSettings {
+            band_below: config.rebalance_band_below.unwrap_or(0.10),
+            band_above: config.rebalance_band_above.unwrap_or(0.10),
+            logical_margin: config.rebalance_logical_margin.unwrap_or(ManagerConfig::PAPER_LOGICAL_MARGIN),
+            move_bytes_per_sec: config.move_bytes_per_sec.unwrap_or(tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC),
+        };
+        settings.manager_config(Policy::CompressionAware).validate().map_err(|e| {
+            format!("[cluster] rebalance_band_below/above or rebalance_logical_margin: {}", e.message())
+        })?;
+        Ok(settings)
+    }
+
+    /// The decision core's configuration under `policy`: the paper's, with this band and margin.
+    pub fn manager_config(&self, policy: Policy) -> ManagerConfig {
+        let mut config = ManagerConfig::paper(policy);
+        config.band = Band::Relative { below: self.band_below, above: self.band_above };
+        config.logical_margin = self.logical_margin;
+        config
+    }
+}
+
+impl Default for RebalanceSettings {
+    fn default() -> RebalanceSettings {
+        RebalanceSettings {
+            band_below: 0.10,
+            band_above: 0.10,
+            logical_margin: ManagerConfig::PAPER_LOGICAL_MARGIN,
+            move_bytes_per_sec: tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC,
+        }
+    }
+}
+
+/// A move a plan holds, in the terms the command line prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMove {
+    pub volume: String,
+    pub volume_id: u32,
+    pub chunk: u32,
+    pub from: u64,
+    pub to: u64,
+    pub reason: String,
+    /// The chunk's size as the decisions count it.
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
+}
+
+/// A move that failed and was rolled back, not to be planned again in this run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedMove {
+    pub volume_id: u32,
+    pub chunk: u32,
+    pub to: u64,
+}
+
+/// One node as the decisions see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeZone {
+    pub id: u64,
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
+    pub ratio: Option<f64>,
+    /// A, B, C or D; null for a node storing nothing.
+    pub zone: Option<String>,
+}
+
+/// The cluster's zones: the band and each node's place in it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Zones {
+    pub ratio_average: f64,
+    pub ratio_low: f64,
+    pub ratio_high: f64,
+    pub nodes_in_band_fraction: f64,
+    pub nodes: Vec<NodeZone>,
+}
+
+/// What a rebalance step answers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RebalanceProgress {
+    /// The plan the step found (before its move).
+    pub plan: Vec<PlannedMove>,
+    /// The move made, if any.
+    pub moved: Option<PlannedMove>,
+    /// The move tried that failed and was rolled back, with why.
+    pub failed: Option<(PlannedMove, String)>,
+    /// The zones before the step and after it (projected: as the decisions count them).
+    pub before: Zones,
+    pub after: Zones,
+    /// A dry run's simulation of the whole sequence from this state: the moves in order and
+    /// the zones they would leave.
+    pub simulated: Option<Simulation>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Simulation {
+    pub moves: Vec<PlannedMove>,
+    pub after: Zones,
+}
+
+fn invalid(e: tundra_cluster::Error) -> Refusal {
+    Refusal::Invalid(e.message().to_string())
+}
+
+impl ClusterNode {
+    /// The decision core's view, the one source of decisions: every member with its drive's
+    /// capacity, every catalogued chunk on its replicas with the size its replicas measured
+    /// (a replica with the most pages speaks for it), then the members' usage.
+    pub(crate) fn decision_state(&self, config: ManagerConfig) -> Result<ClusterState, Refusal> {
+        let nodes = self.membership.ids();
+        let usage = self.block_on(async {
+            let mut usage = Vec::new();
+            for &node in &nodes {
+                match self.ask(node, Forward::Usage).await? {
+                    Answer::Usage(space) => usage.push((node, space)),
+                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
+                }
+            }
+            Ok(usage)
+        })?;
+        let sizes = self.all_chunk_sizes();
+        let mut state = ClusterState::new(config).map_err(invalid)?;
+        let space = |u: &crate::messages::NodeUsage| {
+            (
+                Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
+                Space::new(u.logical_used_bytes, u.physical_used_bytes),
+            )
+        };
+        for (node, u) in &usage {
+            state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
+        }
+        for def in self.catalog.lock().volumes() {
+            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
+                let index = index as u32;
+                let replicas = def.replicas_of(index).iter().map(|&n| NodeId(n)).collect();
+                let chunk = ChunkId::new(VolumeId(def.id), index);
+                state
+                    .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
+                    .map_err(invalid)?;
+                if let Some(size) = measured(&sizes, def.replicas_of(index), def.id, index) {
+                    let size = Space::new(size.logical_bytes, size.physical_bytes);
+                    state.apply(&Command::ChunkStats { chunk, size }).map_err(invalid)?;
+                }
+            }
+        }
+        for (node, u) in &usage {
+            let (capacity, used) = space(u);
+            state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
+        }
+        Ok(state)
+    }
+
+    /// One step of `tundra cluster rebalance`: plan under `policy` and, unless `dry_run`, carry
+    /// out the plan's first move not in `skip`.
+    pub fn rebalance_step(
+        &self,
+        policy: &str,
+        dry_run: bool,
+        skip: &[SkippedMove],
+    ) -> Result<RebalanceProgress, Refusal> {
+        let policy = Policy::parse(policy).map_err(invalid)?;
+        self.block_on(self.settle_all());
+        let mut state = self.decision_state(self.rebalance.manager_config(policy))?;
+        let before = zones(&state);
+        let skipped = |m: &Move| {
+            skip.iter().any(|s| s.volume_id == m.chunk.volume().0 && s.chunk == m.chunk.index() && s.to == m.to.0)
+        };
+        let moves: Vec<Move> = state.plan().moves.into_iter().filter(|m| !skipped(m)).collect();
+        let plan: Vec<PlannedMove> = moves.iter().map(|m| self.planned(&state, m)).collect();
+        if dry_run || moves.is_empty() {
+            let simulated = dry_run.then(|| self.simulate(state.clone(), skip));
+            return Ok(RebalanceProgress { plan, moved: None, failed: None, after: before.clone(), before, simulated });
+        }
+        let first = moves[0];
+        let planned = plan[0].clone();
+        state.apply(&Command::BeginMove(first)).map_err(invalid)?;
+        let def = self
+            .catalog
+            .lock()
+            .get(first.chunk.volume().0)
+            .cloned()
+            .ok_or_else(|| Refusal::Invalid(format!("volume id {} is gone", first.chunk.volume().0)))?;
+        let started = std::time::Instant::now();
+        let done = self.block_on(self.execute(&def, first.chunk.index(), first.from.0, first.to.0));
+        let (moved, failed) = match done {
+            Ok(()) => {
+                state.apply(&Command::FinishMove { chunk: first.chunk }).map_err(invalid)?;
+                self.pace_after(started, planned.physical_bytes);
+                (Some(planned), None)
+            }
+            Err(why) => {
+                state.apply(&Command::AbortMove { chunk: first.chunk }).map_err(invalid)?;
+                (None, Some((planned, format!("{why:?}"))))
+            }
+        };
+        Ok(RebalanceProgress { plan, moved, failed, before, after: zones(&state), simulated: None })
+    }
+
+    /// Pacing in the executor (pace.rs): a move that took less than its chunk's physical bytes
+    /// at `[cluster] move_bytes_per_sec` is followed by a pause until it did, so that moves
+    /// one after the other keep to the rate whichever way their learners caught up.
+    fn pace_after(&self, started: std::time::Instant, physical_bytes: u64) {
+        let rate = self.rebalance.move_bytes_per_sec;
+        if rate == 0 {
+            return;
+        }
+        let due = std::time::Duration::from_secs_f64(physical_bytes as f64 / rate as f64);
+        if let Some(left) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+    }
+
+    /// The steps a rebalance would take from `state` if no size changed: each plan's first move
+    /// begun and finished, until the plan is empty.
+    fn simulate(&self, mut state: ClusterState, skip: &[SkippedMove]) -> Simulation {
+        let mut moves = Vec::new();
+        while moves.len() < SIMULATED_MOVES_MAX {
+            let next = state.plan().moves.into_iter().find(|m| {
+                !skip.iter().any(|s| s.volume_id == m.chunk.volume().0 && s.chunk == m.chunk.index() && s.to == m.to.0)
+            });
+            let Some(next) = next else { break };
+            moves.push(self.planned(&state, &next));
+            let begun = state.apply(&Command::BeginMove(next)).is_ok();
+            assert!(begun, "a planned move is accepted by the state that planned it");
+            let finished = state.apply(&Command::FinishMove { chunk: next.chunk }).is_ok();
+            assert!(finished, "a begun move finishes");
+        }
+        Simulation { moves, after: zones(&state) }
+    }
+
+    fn planned(&self, state: &ClusterState, m: &Move) -> PlannedMove {
+        let size = state.chunk(m.chunk).map_or(Space::ZERO, |c| c.size);
+        let volume = self.catalog.lock().get(m.chunk.volume().0).map(|d| d.name.clone()).unwrap_or_default();
+        PlannedMove {
+            volume,
+            volume_id: m.chunk.volume().0,
+            chunk: m.chunk.index(),
+            from: m.from.0,
+            to: m.to.0,
+            reason: m.reason.name().to_string(),
+            logical_bytes: size.logical_bytes,
+            physical_bytes: size.physical_bytes,
+        }
+    }
+}
+
+/// The size of chunk `index` of volume `volume` as the replica with the most pages reports it.
+fn measured(sizes: &BTreeMap<u64, Vec<ChunkSize>>, replicas: &[u64], volume: u32, index: u32) -> Option<ChunkSize> {
+    replicas
+        .iter()
+        .filter_map(|node| sizes.get(node)?.iter().find(|s| s.volume == volume && s.chunk == index).copied())
+        .max_by_key(|s| (s.pages, s.logical_bytes))
+}
+
+/// The state's zones, from the active nodes' projected usage.
+pub fn zones(state: &ClusterState) -> Zones {
+    let thresholds = state.thresholds();
+    let summary = state.summary();
+    let nodes = state
+        .nodes()
+        .iter()
+        .map(|(id, n)| {
+            let used = n.projected();
+            NodeZone {
+                id: id.0,
+                logical_bytes: used.logical_bytes,
+                physical_bytes: used.physical_bytes,
+                ratio: used.ratio(),
+                zone: thresholds.zone(used).map(|z: Zone| z.name().to_string()),
+            }
+        })
+        .collect();
+    Zones {
+        ratio_average: thresholds.ratio_average,
+        ratio_low: thresholds.ratio_low,
+        ratio_high: thresholds.ratio_high,
+        nodes_in_band_fraction: summary.nodes_in_band_fraction,
+        nodes,
+    }
+}
