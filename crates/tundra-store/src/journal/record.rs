@@ -31,6 +31,11 @@ pub enum Record {
     /// effect of the command it follows, so that after a crash a replica knows exactly which
     /// commands its pages reflect. Every checkpoint carries the latest of each chunk.
     ChunkMark { chunk: ChunkId, mark: Vec<u8> },
+    /// The next `records` records, all of one commit, take effect together or not at all: a
+    /// commit larger than one log block may tear at a block boundary, and replay drops a unit
+    /// the log ends inside of (a snapshot's install, seed 000 §3.2.1: the chunk as it was or as
+    /// sent). Never in a checkpoint.
+    Unit { records: u32 },
 }
 
 const TAG_PAGE_SET: u8 = 1;
@@ -40,6 +45,7 @@ const TAG_VOLUME_DELETE: u8 = 4;
 const TAG_VOLUME_ID_FLOOR: u8 = 5;
 const TAG_WATERMARKS: u8 = 6;
 const TAG_CHUNK_MARK: u8 = 7;
+const TAG_UNIT: u8 = 8;
 /// The longest chunk mark the journal keeps.
 pub const MAX_CHUNK_MARK_BYTES: usize = 80;
 /// The largest encoded record: a volume with the longest name.
@@ -93,6 +99,10 @@ impl Record {
                 out.push(mark.len() as u8);
                 out.extend_from_slice(mark);
             }
+            Record::Unit { records } => {
+                out.push(TAG_UNIT);
+                out.extend_from_slice(&records.to_le_bytes());
+            }
         }
     }
 
@@ -104,6 +114,7 @@ impl Record {
             TAG_VOLUME_SET => return Ok((Record::VolumeSet(decode_volume(&mut r)?), r.at)),
             TAG_VOLUME_DELETE => return Ok((Record::VolumeDelete(VolumeId(r.u32()?)), r.at)),
             TAG_VOLUME_ID_FLOOR => return Ok((Record::VolumeIdFloor(VolumeId(r.u32()?)), r.at)),
+            TAG_UNIT => return Ok((Record::Unit { records: r.u32()? }, r.at)),
             TAG_WATERMARKS => {
                 let volume = VolumeId(r.u32()?);
                 let marks = Watermarks { durable_lsn: Lsn(r.u64()?), min_reader_lsn: Lsn(r.u64()?) };

@@ -108,6 +108,8 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
             Record::ChunkMark { chunk, mark } => {
                 chunk_marks.insert(chunk, mark);
             }
+            // Replay keeps only whole units, without their markers.
+            Record::Unit { .. } => {}
         }
     }
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
