@@ -26,6 +26,7 @@ use tundra_store::store::Store;
 
 use crate::log::{GroupLogStore, LogMedia, NodeLog};
 use crate::network::{Envelope, GroupNetwork, Reply, Rpc, Transport};
+use crate::snapshot::SnapshotFiles;
 use crate::state_machine::{AppliedRequests, ApplyHook, ChunkStateMachine};
 use crate::types::{GroupId, NodeId, Proposal, Raft};
 
@@ -90,6 +91,8 @@ pub struct Host {
     pending: Mutex<std::collections::HashSet<u64>>,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
     pub(crate) repair: crate::repair::Repair,
+    /// Snapshots captured to send and staged as received (snapshot.rs).
+    files: Arc<SnapshotFiles>,
 }
 
 impl Host {
@@ -118,7 +121,20 @@ impl Host {
             requests: Arc::default(),
             pending: Mutex::default(),
             repair: crate::repair::Repair::default(),
+            files: Arc::new(SnapshotFiles::in_memory()),
         })
+    }
+
+    /// Keeps snapshot files (captured extents, received stages) in `dir` on the node's disk
+    /// rather than in memory; before any group starts.
+    pub fn set_snapshot_dir(&mut self, dir: std::path::PathBuf) -> Result<(), String> {
+        self.files = Arc::new(SnapshotFiles::in_dir(dir)?);
+        Ok(())
+    }
+
+    /// The node's snapshot files (for tests: their fault switch).
+    pub fn snapshot_files(&self) -> &Arc<SnapshotFiles> {
+        &self.files
     }
 
     pub fn id(&self) -> NodeId {
@@ -183,7 +199,8 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let network =
+            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
         self.paths.lock().insert(group, pages.clone());
         // The requests of the committed entries the log still holds: those a restarted node
@@ -196,7 +213,13 @@ impl Host {
                 }
             }
         });
-        let machine = ChunkStateMachine::open(group, pages, self.hook.clone(), self.requests.clone())?;
+        let machine = ChunkStateMachine::open(
+            group,
+            pages,
+            self.hook.clone(),
+            self.requests.clone(),
+            (self.id, self.files.clone()),
+        )?;
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
@@ -227,6 +250,12 @@ impl Host {
                 Reply::Snapshot(raft.install_full_snapshot(vote, snapshot).await)
             }
             Rpc::FetchPage { page } => Reply::Page(self.copy_for_peer(envelope.group, PageNo(page))),
+            Rpc::SnapshotPiece { snapshot_id, total, offset, data, crc } => {
+                let files = self.files.clone();
+                let group = envelope.group;
+                let staged = move || files.receive_piece(group, &snapshot_id, total, offset, &data, crc);
+                Reply::Piece(if self.files.on_disk() { tokio::task::block_in_place(staged) } else { staged() })
+            }
         })
     }
 
@@ -349,7 +378,8 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let network =
+            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
         let config = Config { snapshot_policy: SnapshotPolicy::Never, ..(*self.config).clone() };
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);

@@ -28,6 +28,7 @@ pub mod network;
 pub mod redo_machine;
 pub mod repair;
 pub mod runtime;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
