@@ -36,6 +36,8 @@ pub mod types;
 mod host_timing;
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod snapshot_tests;
 
 pub use host::{Error, Host, heartbeat_config};
 pub use repair::RepairStats;
