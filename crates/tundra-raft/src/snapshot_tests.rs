@@ -273,3 +273,50 @@ fn a_damaged_manifest_is_refused() {
         assert!(Manifest::decode(&manifest[..at]).is_err(), "a manifest cut at {at} decoded");
     }
 }
+
+/// Moves a chunk of about `TUNDRA_SNAPSHOT_MIB` MiB of stored images (default 4: the tiny
+/// version in the default tests) through capture, pieces and install, and prints what it sent
+/// against the chunk's stored size and how long each step took (bench/results/
+/// 2026-11-28-snapshot).
+#[test]
+fn measure_a_chunk_move() {
+    let mib: u32 = std::env::var("TUNDRA_SNAPSHOT_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    let pages = mib * 1024 * 1024 / 1700;
+    let segments = mib;
+    let dir = TempDir::new("measure");
+    let source = store();
+    fill(&source, 7, pages, segments);
+    let stored_blocks = source.stats().stored_bytes;
+    let start = std::time::Instant::now();
+    let sender = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
+    let manifest = sender.capture(&source, CHUNK, ID, b"mark".to_vec()).unwrap().encode();
+    let captured = start.elapsed();
+    let receiver = Arc::new(SnapshotFiles::in_dir(dir.0.join("receiver")).unwrap());
+    let link = TestLink::new(receiver.clone());
+    let start = std::time::Instant::now();
+    let sent = push(&link, &sender, ID).unwrap();
+    let pushed = start.elapsed();
+    let target = store();
+    let start = std::time::Instant::now();
+    receiver.install(&target, CHUNK, ID, &manifest).unwrap();
+    let installed = start.elapsed();
+    assert!(content(&target) == content(&source));
+    let images: u64 = Manifest::decode(&manifest).unwrap().images.iter().map(|l| u64::from(l.len)).sum();
+    let carried = link.bytes.load(Ordering::SeqCst);
+    let total = captured + pushed + installed;
+    println!(
+        "pages={} heavy_segments={segments} stored_image_bytes={images} stored_block_bytes={stored_blocks} \
+         extent_bytes_sent={sent} link_bytes={carried} manifest_bytes={} sent_per_stored_image={:.4} \
+         sent_per_stored_blocks={:.4} capture_ms={:.1} push_ms={:.1} install_ms={:.1} total_ms={:.1} mib_per_s={:.1}",
+        pages + 32 * segments,
+        manifest.len(),
+        (sent + manifest.len() as u64) as f64 / images as f64,
+        (sent + manifest.len() as u64) as f64 / stored_blocks as f64,
+        captured.as_secs_f64() * 1e3,
+        pushed.as_secs_f64() * 1e3,
+        installed.as_secs_f64() * 1e3,
+        total.as_secs_f64() * 1e3,
+        images as f64 / (1 << 20) as f64 / total.as_secs_f64(),
+    );
+    assert_eq!(sent, images, "the extents are the stored images, nothing more");
+}
