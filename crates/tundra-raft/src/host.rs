@@ -246,8 +246,20 @@ impl Host {
             Rpc::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
             Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
             Rpc::Snapshot { vote, meta, data } => {
+                let id = meta.snapshot_id.clone();
+                // A stage that is not whole and verified gets no answer: the sender tries again
+                // and the transfer resumes; openraft is never asked to install what would fail
+                // (an install error stops the group).
+                let (files, group) = (self.files.clone(), envelope.group);
+                let claim = || files.claim(group, &id, &data);
+                if self.files.on_disk() { tokio::task::block_in_place(claim) } else { claim() }?;
                 let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
-                Reply::Snapshot(raft.install_full_snapshot(vote, snapshot).await)
+                let reply = raft.install_full_snapshot(vote, snapshot).await;
+                // Installed, refused, or not newer than what this replica holds (a transfer
+                // sent again after a lost answer): its stage serves no more.
+                self.files.discard_stage_of(envelope.group, &id);
+                self.files.discard_claimed(envelope.group, &id);
+                Reply::Snapshot(reply)
             }
             Rpc::FetchPage { page } => Reply::Page(self.copy_for_peer(envelope.group, PageNo(page))),
             Rpc::SnapshotPiece { snapshot_id, total, offset, data, crc } => {

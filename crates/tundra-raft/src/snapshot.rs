@@ -228,13 +228,22 @@ pub struct SnapshotFiles {
     memory: Mutex<HashMap<String, Vec<u8>>>,
     /// The snapshot id each group's stage is of.
     stages: Mutex<HashMap<GroupId, String>>,
+    /// The snapshot id of each group's claimed stage: whole and verified, out of reach of
+    /// pieces, waiting for openraft to install it.
+    claimed: Mutex<HashMap<GroupId, String>>,
     bug: Mutex<SnapshotBug>,
 }
 
 impl SnapshotFiles {
     /// Files in memory.
     pub fn in_memory() -> SnapshotFiles {
-        SnapshotFiles { dir: None, memory: Mutex::default(), stages: Mutex::default(), bug: Mutex::default() }
+        SnapshotFiles {
+            dir: None,
+            memory: Mutex::default(),
+            stages: Mutex::default(),
+            claimed: Mutex::default(),
+            bug: Mutex::default(),
+        }
     }
 
     /// Files in `dir`, created if needed; files left by a previous run are removed (a sender's
@@ -277,6 +286,10 @@ impl SnapshotFiles {
 
     fn stage_name(group: GroupId, id: &str) -> String {
         format!("stage-{}-{id}", group.0)
+    }
+
+    fn claimed_name(group: GroupId, id: &str) -> String {
+        format!("install-{}-{id}", group.0)
     }
 
     fn path(&self, name: &str) -> Option<PathBuf> {
@@ -444,6 +457,65 @@ impl SnapshotFiles {
         Ok(held + data.len() as u64)
     }
 
+    /// Claims the group's stage of snapshot `id` for its install, once the manifest arrived:
+    /// the manifest must decode and name this chunk, the stage must be whole and every image
+    /// in it pass its crc32c. The stage then moves out of reach of later pieces (a piece of
+    /// another snapshot, from a new leader, would discard it), so the install that follows
+    /// cannot find it changed. An error means nothing was claimed: the sender is to try again
+    /// (the transfer resumes), and openraft is not asked to install what would fail.
+    pub fn claim(&self, group: GroupId, id: &str, manifest: &[u8]) -> Result<(), String> {
+        let manifest = Manifest::decode(manifest)?;
+        if manifest.chunk != group {
+            return Err(format!("a snapshot of chunk {} sent to chunk {}", manifest.chunk.0, group.0));
+        }
+        let mut stages = self.stages.lock();
+        let name = Self::stage_name(group, id);
+        let staged = if stages.get(&group).map(String::as_str) == Some(id) { self.len(&name)? } else { 0 };
+        if staged != manifest.extents_len {
+            return Err(format!("snapshot {id}: {staged} of {} bytes of its extents arrived", manifest.extents_len));
+        }
+        for line in &manifest.images {
+            let bytes = self.read_at(&name, line.offset, line.len as usize)?;
+            if bytes.len() != line.len as usize || crc32c::crc32c(&bytes) != line.crc {
+                stages.remove(&group);
+                self.remove(&name);
+                return Err(format!("snapshot {id}: the image at {} fails its checksum; staging again", line.offset));
+            }
+        }
+        stages.remove(&group);
+        let claimed = Self::claimed_name(group, id);
+        match (self.path(&name), self.path(&claimed)) {
+            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
+            _ => {
+                let mut memory = self.memory.lock();
+                let data = memory.remove(&name).unwrap_or_default();
+                memory.insert(claimed, data);
+            }
+        }
+        if let Some(old) = self.claimed.lock().insert(group, id.to_string()).filter(|old| old != id) {
+            self.remove(&Self::claimed_name(group, &old));
+        }
+        Ok(())
+    }
+
+    /// Removes the group's claimed stage of snapshot `id`, installed or not.
+    pub fn discard_claimed(&self, group: GroupId, id: &str) {
+        let mut claimed = self.claimed.lock();
+        if claimed.get(&group).map(String::as_str) == Some(id) {
+            claimed.remove(&group);
+            self.remove(&Self::claimed_name(group, id));
+        }
+    }
+
+    /// Discards the group's stage if it is of snapshot `id`.
+    pub fn discard_stage_of(&self, group: GroupId, id: &str) {
+        let mut stages = self.stages.lock();
+        if stages.get(&group).map(String::as_str) == Some(id) {
+            stages.remove(&group);
+            self.remove(&Self::stage_name(group, id));
+        }
+    }
+
     /// Discards the group's stage.
     pub fn discard_stage(&self, group: GroupId) {
         if let Some(id) = self.stages.lock().remove(&group) {
@@ -460,8 +532,13 @@ impl SnapshotFiles {
         if manifest.chunk != group {
             return Err(format!("a snapshot of chunk {} sent to chunk {}", manifest.chunk.0, group.0));
         }
-        let name = Self::stage_name(group, id);
-        let staged = if self.stages.lock().get(&group).map(String::as_str) == Some(id) { self.len(&name)? } else { 0 };
+        let claimed = self.claimed.lock().get(&group).map(String::as_str) == Some(id);
+        let name = if claimed { Self::claimed_name(group, id) } else { Self::stage_name(group, id) };
+        let staged = if claimed || self.stages.lock().get(&group).map(String::as_str) == Some(id) {
+            self.len(&name)?
+        } else {
+            0
+        };
         if staged != manifest.extents_len {
             return Err(format!("snapshot {id}: {staged} of {} bytes of its extents arrived", manifest.extents_len));
         }
@@ -487,7 +564,8 @@ impl SnapshotFiles {
         let result = store.replace_chunk_images(group, &mut images, &manifest.mark);
         drop(images);
         if bad || result.is_ok() {
-            self.discard_stage(group);
+            self.discard_stage_of(group, id);
+            self.discard_claimed(group, id);
         }
         result.map_err(|e| e.to_string())?;
         Ok(manifest)
