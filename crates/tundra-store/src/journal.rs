@@ -435,9 +435,9 @@ fn encode_checkpoint(records: &[Record], position: LogPosition, slot_blocks: u64
 fn drop_torn_unit(log: &mut Vec<Record>) -> Option<usize> {
     let mut kept = Vec::with_capacity(log.len());
     let mut torn = None;
-    let mut records = std::mem::take(log).into_iter();
+    let records = std::mem::take(log);
     let mut left = records.len();
-    while let Some(record) = records.next() {
+    for record in records {
         left -= 1;
         match record {
             Record::Unit { records: n } if n as usize > left => {
