@@ -25,6 +25,8 @@ use crate::transport::{Handler, PeerTransport};
 
 /// The file of the node's shared Raft log, in its data directory.
 pub const RAFT_LOG_FILE: &str = "raft.log";
+/// The directory in a node's data directory of its snapshot files (tundra-raft's snapshot.rs).
+pub const SNAPSHOT_DIR: &str = "snapshots";
 /// The log is compacted past this size (and twice its size after the last compaction).
 const COMPACT_BYTES: u64 = 64 << 20;
 /// How long a peer may take over a forwarded request before it counts as lost.
@@ -93,7 +95,7 @@ impl ClusterNode {
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(1024);
         raft_config.max_in_snapshot_log_to_keep = 256;
         raft_config.purge_batch_size = 64;
-        let host = runtime.block_on(async {
+        let mut host = runtime.block_on(async {
             Host::open(
                 membership.me,
                 default_pages,
@@ -104,6 +106,8 @@ impl ClusterNode {
                 None,
             )
         })?;
+        // Snapshots' extents, captured to send and staged as received, on the node's disk.
+        host.set_snapshot_dir(node.data_dir().join(SNAPSHOT_DIR))?;
         let start_lsn = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros());
         let cluster = Arc::new(ClusterNode {
             me: membership.me,

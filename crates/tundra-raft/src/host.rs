@@ -26,6 +26,7 @@ use tundra_store::store::Store;
 
 use crate::log::{GroupLogStore, LogMedia, NodeLog};
 use crate::network::{Envelope, GroupNetwork, Reply, Rpc, Transport};
+use crate::snapshot::SnapshotFiles;
 use crate::state_machine::{AppliedRequests, ApplyHook, ChunkStateMachine};
 use crate::types::{GroupId, NodeId, Proposal, Raft};
 
@@ -92,6 +93,8 @@ pub struct Host {
     pub(crate) repair: crate::repair::Repair,
     /// The state of this node's member of the manager group, if it runs one.
     manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
+    /// Snapshots captured to send and staged as received (snapshot.rs).
+    files: Arc<SnapshotFiles>,
 }
 
 impl Host {
@@ -121,7 +124,20 @@ impl Host {
             pending: Mutex::default(),
             repair: crate::repair::Repair::default(),
             manager: Mutex::new(None),
+            files: Arc::new(SnapshotFiles::in_memory()),
         })
+    }
+
+    /// Keeps snapshot files (captured extents, received stages) in `dir` on the node's disk
+    /// rather than in memory; before any group starts.
+    pub fn set_snapshot_dir(&mut self, dir: std::path::PathBuf) -> Result<(), String> {
+        self.files = Arc::new(SnapshotFiles::in_dir(dir)?);
+        Ok(())
+    }
+
+    /// The node's snapshot files (for tests: their fault switch).
+    pub fn snapshot_files(&self) -> &Arc<SnapshotFiles> {
+        &self.files
     }
 
     pub fn id(&self) -> NodeId {
@@ -186,7 +202,8 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let network =
+            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
         self.paths.lock().insert(group, pages.clone());
         // The requests of the committed entries the log still holds: those a restarted node
@@ -199,7 +216,13 @@ impl Host {
                 }
             }
         });
-        let machine = ChunkStateMachine::open(group, pages, self.hook.clone(), self.requests.clone())?;
+        let machine = ChunkStateMachine::open(
+            group,
+            pages,
+            self.hook.clone(),
+            self.requests.clone(),
+            (self.id, self.files.clone()),
+        )?;
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
@@ -226,10 +249,30 @@ impl Host {
             Rpc::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
             Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
             Rpc::Snapshot { vote, meta, data } => {
+                let id = meta.snapshot_id.clone();
+                // A stage that is not whole and verified gets no answer: the sender tries again
+                // and the transfer resumes; openraft is never asked to install what would fail
+                // (an install error stops the group).
+                let (files, group) = (self.files.clone(), envelope.group);
+                if crate::network::streams_extents(group) {
+                    let claim = || files.claim(group, &id, &data);
+                    if self.files.on_disk() { tokio::task::block_in_place(claim) } else { claim() }?;
+                }
                 let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
-                Reply::Snapshot(raft.install_full_snapshot(vote, snapshot).await)
+                let reply = raft.install_full_snapshot(vote, snapshot).await;
+                // Installed, refused, or not newer than what this replica holds (a transfer
+                // sent again after a lost answer): its stage serves no more.
+                self.files.discard_stage_of(envelope.group, &id);
+                self.files.discard_claimed(envelope.group, &id);
+                Reply::Snapshot(reply)
             }
             Rpc::FetchPage { page } => Reply::Page(self.copy_for_peer(envelope.group, PageNo(page))),
+            Rpc::SnapshotPiece { snapshot_id, total, offset, data, crc } => {
+                let files = self.files.clone();
+                let group = envelope.group;
+                let staged = move || files.receive_piece(group, &snapshot_id, total, offset, &data, crc);
+                Reply::Piece(if self.files.on_disk() { tokio::task::block_in_place(staged) } else { staged() })
+            }
         })
     }
 
@@ -352,7 +395,8 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let network =
+            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
         let config = Config { snapshot_policy: SnapshotPolicy::Never, ..(*self.config).clone() };
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
@@ -377,7 +421,8 @@ impl Host {
         if let Some(view) = self.manager.lock().clone() {
             return Ok(view);
         }
-        let network = GroupNetwork { transport: self.transport.clone(), from: self.id, group };
+        let network =
+            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
         let config = Config {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(logs_per_snapshot),

@@ -30,6 +30,7 @@ pub mod network;
 pub mod redo_machine;
 pub mod repair;
 pub mod runtime;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
@@ -37,6 +38,8 @@ pub mod types;
 mod host_timing;
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod snapshot_tests;
 
 pub use host::{Error, Host, heartbeat_config};
 pub use repair::RepairStats;

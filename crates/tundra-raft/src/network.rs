@@ -17,6 +17,7 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotRespon
 use openraft::storage::{Snapshot, SnapshotMeta};
 use openraft::{EmptyNode, OptionalSend, RaftNetwork, RaftNetworkFactory, Vote};
 
+use crate::snapshot::{PIECE_BYTES, SnapshotBug, SnapshotFiles};
 use crate::types::{GroupId, NodeId, TypeConfig};
 
 /// A Raft RPC of one group.
@@ -24,7 +25,7 @@ use crate::types::{GroupId, NodeId, TypeConfig};
 pub enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
-    /// A whole snapshot: its metadata and the chunk's images.
+    /// A snapshot's metadata and manifest (snapshot.rs), sent once its extents arrived.
     Snapshot {
         vote: Vote<NodeId>,
         meta: SnapshotMeta<NodeId, EmptyNode>,
@@ -34,6 +35,17 @@ pub enum Rpc {
     /// A page's stored image, asked by a replica whose own copy fails its checksum (repair.rs).
     FetchPage {
         page: u32,
+    },
+    /// A piece of a snapshot's extents, pushed by the sender (snapshot.rs): `data` is the bytes
+    /// from `offset` of the `total`, `crc` their crc32c. Empty data asks how much the receiver
+    /// holds.
+    SnapshotPiece {
+        snapshot_id: String,
+        total: u64,
+        offset: u64,
+        #[serde(with = "crate::codec::bytes")]
+        data: Vec<u8>,
+        crc: u32,
     },
 }
 
@@ -53,6 +65,9 @@ impl Rpc {
                 format!("snapshot v={vote} last={:?} bytes={}", meta.last_log_id.map(|id| id.index), data.len())
             }
             Rpc::FetchPage { page } => format!("fetch page={page}"),
+            Rpc::SnapshotPiece { snapshot_id, offset, data, .. } => {
+                format!("piece id={snapshot_id} at={offset} bytes={}", data.len())
+            }
         }
     }
 }
@@ -66,6 +81,8 @@ pub enum Reply {
     /// The page's verified stored image as an encoded `StoreCommand::PutPages` of the chunk
     /// (no page when the peer holds none), or why the peer has no good copy.
     Page(Result<Vec<u8>, String>),
+    /// How many bytes of the snapshot's extents the receiver holds, after the piece.
+    Piece(Result<u64, String>),
 }
 
 /// One message on a link between two nodes.
@@ -92,13 +109,20 @@ pub struct GroupNetwork {
     pub transport: Arc<dyn Transport>,
     pub from: NodeId,
     pub group: GroupId,
+    pub files: Arc<SnapshotFiles>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> PeerClient {
-        PeerClient { transport: self.transport.clone(), from: self.from, to: target, group: self.group }
+        PeerClient {
+            transport: self.transport.clone(),
+            from: self.from,
+            to: target,
+            group: self.group,
+            files: self.files.clone(),
+        }
     }
 }
 
@@ -108,6 +132,7 @@ pub struct PeerClient {
     from: NodeId,
     to: NodeId,
     group: GroupId,
+    files: Arc<SnapshotFiles>,
 }
 
 impl PeerClient {
@@ -154,10 +179,82 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let data = snapshot.snapshot.into_inner();
+        if streams_extents(self.group) {
+            let link = Link { transport: self.transport.as_ref(), from: self.from, to: self.to, group: self.group };
+            push_extents(&link, &self.files, &snapshot.meta.snapshot_id)
+                .await
+                .map_err(|e| NetworkError::new(&std::io::Error::other(e)))?;
+        }
         match self.call(Rpc::Snapshot { vote, meta: snapshot.meta, data }).await? {
             Reply::Snapshot(Ok(response)) => Ok(response),
             Reply::Snapshot(Err(error)) => Err(StreamingError::RemoteError(RemoteError::new(self.to, error))),
             _ => Err(mismatch().into()),
         }
     }
+}
+
+/// One group's way to one peer, for a snapshot's pieces.
+pub struct Link<'a> {
+    pub transport: &'a dyn Transport,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub group: GroupId,
+}
+
+/// How many times in a row a piece may come back unaccepted (a checksum the receiver refused,
+/// or the link lost it) before the transfer gives up; openraft sends the snapshot again later,
+/// and the transfer resumes from what the receiver holds.
+const PIECE_TRIES: u32 = 8;
+
+/// Pushes snapshot `id`'s extents to the peer in pieces, from what the peer holds already
+/// (snapshot.rs): a transfer cut short resumes where it stopped. Answers the bytes of extents
+/// sent, for the tests.
+/// Whether a group's snapshots are a manifest plus streamed extents: a chunk's. The groups with
+/// the top bit set (a volume's redo stream, the cluster manager) send their snapshot whole in
+/// [`Rpc::Snapshot`].
+pub fn streams_extents(group: GroupId) -> bool {
+    group.0 >> 63 == 0
+}
+
+pub async fn push_extents(link: &Link<'_>, files: &SnapshotFiles, id: &str) -> Result<u64, String> {
+    let total = files.extents_len(link.group, id)?;
+    let send = |offset: u64, data: Vec<u8>| {
+        let crc = crc32c::crc32c(&data);
+        let rpc = Rpc::SnapshotPiece { snapshot_id: id.to_string(), total, offset, data, crc };
+        let envelope = Envelope { from: link.from, to: link.to, group: link.group, rpc };
+        async move {
+            match link.transport.call(envelope).await? {
+                Reply::Piece(held) => held,
+                _ => Err("a reply of another kind than the request".to_string()),
+            }
+        }
+    };
+    let mut held = send(0, Vec::new()).await?;
+    if files.bug() == SnapshotBug::ResumeFromZero {
+        held = 0;
+    }
+    let mut sent = 0u64;
+    let mut refused = 0;
+    while held < total {
+        let piece = files.extents_piece(link.group, id, held, PIECE_BYTES)?;
+        if piece.is_empty() {
+            return Err(format!("snapshot {id}: its extents end at {held} of {total} bytes"));
+        }
+        sent += piece.len() as u64;
+        let now = match send(held, piece).await {
+            Ok(now) => now,
+            Err(_) if refused + 1 < PIECE_TRIES => held,
+            Err(error) => return Err(error),
+        };
+        if now > held {
+            refused = 0;
+        } else {
+            refused += 1;
+            if refused >= PIECE_TRIES {
+                return Err(format!("snapshot {id}: the peer took no piece at {held} in {PIECE_TRIES} tries"));
+            }
+        }
+        held = now;
+    }
+    Ok(sent)
 }

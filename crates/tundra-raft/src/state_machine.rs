@@ -3,9 +3,11 @@
 //! page path (so its cache forgets the pages), with the group's apply mark journalled in the
 //! same commit. Nothing here compresses: the images are the leader's.
 //!
-//! Snapshots are the chunk's stored images, read when openraft asks for a builder (between two
-//! applies, so the snapshot is exactly the state at its log id) and installed whole in one
-//! journal commit ([`Store::replace_chunk`]).
+//! Snapshots are a manifest plus extents (snapshot.rs): the chunk's stored images, heavy
+//! segments included, copied to the node's snapshot files when openraft asks for a builder
+//! (between two applies, so the snapshot is exactly the state at its log id), pushed to the
+//! receiver in pieces by [`crate::network::PeerClient`], and installed all or nothing
+//! ([`Store::replace_chunk_images`]).
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -15,13 +17,13 @@ use openraft::{
     EmptyNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError,
     StoredMembership,
 };
-use tundra_store::command::{PagePut, StoreCommand};
-use tundra_store::index::Encoding;
+use tundra_store::command::StoreCommand;
 use tundra_store::pages::Pages;
-use tundra_store::store::{PageImage, Store};
+use tundra_store::store::Store;
 use tundra_store::{Error, ErrorKind};
 
 use crate::mark::ApplyMark;
+use crate::snapshot::SnapshotFiles;
 use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
 
 /// The request ids of the entries each group applied lately, on this node: a leader asked
@@ -77,6 +79,8 @@ pub struct ChunkStateMachine {
     snapshot: Option<(SnapshotMeta<NodeId, EmptyNode>, Vec<u8>)>,
     hook: Option<ApplyHook>,
     requests: Arc<AppliedRequests>,
+    node: NodeId,
+    files: Arc<SnapshotFiles>,
 }
 
 impl ChunkStateMachine {
@@ -87,12 +91,13 @@ impl ChunkStateMachine {
         pages: Arc<Pages>,
         hook: Option<ApplyHook>,
         requests: Arc<AppliedRequests>,
+        (node, files): (NodeId, Arc<SnapshotFiles>),
     ) -> Result<ChunkStateMachine, String> {
         let mark = match pages.store().chunk_mark(group) {
             Some(bytes) => ApplyMark::decode(&bytes).map_err(|e| format!("chunk {}: {e}", group.0))?,
             None => ApplyMark::default(),
         };
-        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook, requests })
+        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook, requests, node, files })
     }
 
     fn store(&self) -> &Store {
@@ -139,18 +144,13 @@ impl ChunkStateMachine {
         Ok(Applied { refused })
     }
 
-    /// The chunk's pages as one `PutPages` of their stored images.
-    fn capture(&self) -> Result<Vec<u8>, Error> {
-        let mut pages = Vec::new();
-        for (page, entry) in self.store().chunk_entries(self.group) {
-            if entry.encoding == Encoding::Heavy {
-                return Err(Error::invalid("a snapshot of heavy segments needs the extent streaming path"));
-            }
-            let Some((entry, bytes)) = self.store().read_image(self.group, page)? else { continue };
-            let image = PageImage { encoding: entry.encoding, bytes, checksum: entry.checksum };
-            pages.push(PagePut { page, image, lsn: entry.lsn });
-        }
-        Ok(StoreCommand::PutPages { chunk: self.group, pages }.encode())
+    /// The chunk's images copied to the snapshot files, and the manifest (snapshot.rs). The id
+    /// names this node and the log id: the same node at the same log id holds the same images.
+    fn capture(&self, id: &str) -> Result<Vec<u8>, String> {
+        let store = self.store();
+        let capture = || self.files.capture(store, self.group, id, self.mark.encode());
+        let manifest = if self.files.on_disk() { tokio::task::block_in_place(capture) } else { capture() }?;
+        Ok(manifest.encode())
     }
 }
 
@@ -189,9 +189,12 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        let result = self.capture().map_err(|e| e.to_string()).map(|data| {
-            let applied = self.mark.applied;
-            let snapshot_id = applied.map_or("empty".to_string(), |id| format!("{}-{}", id.leader_id, id.index));
+        let applied = self.mark.applied;
+        let snapshot_id = match applied {
+            Some(id) => format!("n{}-t{}.{}-i{}", self.node, id.leader_id.term, id.leader_id.node_id, id.index),
+            None => format!("n{}-empty", self.node),
+        };
+        let result = self.capture(&snapshot_id).map(|data| {
             let meta =
                 SnapshotMeta { last_log_id: applied, last_membership: self.mark.membership.clone(), snapshot_id };
             self.snapshot = Some((meta.clone(), data.clone()));
@@ -204,8 +207,9 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    /// Installs a chunk sent whole. The bytes came over the network: they are decoded with
-    /// every check, and must name this chunk, before anything changes.
+    /// Installs a snapshot whose extents arrived in pieces (snapshot.rs). The manifest came
+    /// over the network: it is decoded with every check, must name this chunk and the mark the
+    /// metadata names, and every image is checked against it, before anything changes.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, EmptyNode>,
@@ -213,17 +217,19 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
     ) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
         let bad = |why: String| StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::error(why));
-        let pages = match StoreCommand::decode(&data).map_err(|e| bad(e.to_string()))? {
-            StoreCommand::PutPages { chunk, pages } if chunk == self.group => pages,
-            _ => return Err(bad(format!("a snapshot that is not of chunk {}", self.group.0)).into()),
-        };
         let mark = ApplyMark { applied: meta.last_log_id, membership: meta.last_membership.clone() };
-        self.store().replace_chunk(self.group, &pages, &mark.encode()).map_err(|e| {
-            StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::error(e.to_string()))
-        })?;
+        let sent = crate::snapshot::Manifest::decode(&data).map_err(&bad)?;
+        if sent.mark != mark.encode() {
+            return Err(bad("a snapshot manifest of another log id or membership than its metadata".into()).into());
+        }
+        let (files, store, group, id) = (&self.files, self.pages.store(), self.group, &meta.snapshot_id);
+        let install = || files.install(store, group, id, &data);
+        if files.on_disk() { tokio::task::block_in_place(install) } else { install() }.map_err(&bad)?;
         self.pages.forget_all();
         self.mark = mark;
-        self.snapshot = Some((meta.clone(), data));
+        // This node holds no extents of the snapshot it received: asked for its current one,
+        // it captures its own.
+        self.snapshot = None;
         if let (Some(hook), Some(applied)) = (&self.hook, meta.last_log_id) {
             hook(self.store(), self.group, applied.index);
         }

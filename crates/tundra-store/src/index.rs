@@ -23,7 +23,7 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    fn to_bits(self) -> u8 {
+    pub fn to_bits(self) -> u8 {
         match self {
             Encoding::Raw => 1,
             Encoding::Lz4 => 2,
@@ -32,7 +32,7 @@ impl Encoding {
         }
     }
 
-    fn from_bits(bits: u8) -> Option<Encoding> {
+    pub fn from_bits(bits: u8) -> Option<Encoding> {
         match bits {
             1 => Some(Encoding::Raw),
             2 => Some(Encoding::Lz4),

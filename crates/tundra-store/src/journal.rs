@@ -248,8 +248,12 @@ impl Journal {
         // The new epoch must be durable before any block of it is written.
         journal.write_superblock(&mut checkpoints, found.next_epoch)?;
         *journal.checkpoints.lock() = checkpoints;
-        let newest_group = found.log.iter().rposition(|record| *record == Record::GroupStart);
-        let replay = Replay { checkpoint: found.checkpoint, log: found.log, notes, lost: found.damage, newest_group };
+        let mut log = found.log;
+        if let Some(dropped) = drop_torn_unit(&mut log) {
+            notes.push(format!("{}: dropped a unit of {dropped} records the log ends inside of", place.name));
+        }
+        let newest_group = log.iter().rposition(|record| *record == Record::GroupStart);
+        let replay = Replay { checkpoint: found.checkpoint, log, notes, lost: found.damage, newest_group };
         Ok((journal, replay))
     }
 
@@ -267,6 +271,21 @@ impl Journal {
     /// Makes `records` durable, together with whatever other threads commit at the same time
     /// (group commit: one device write and one flush for the whole group).
     pub fn commit(&self, records: &[Record]) -> Result<()> {
+        self.commit_from(records, false)
+    }
+
+    /// [`Journal::commit`] of records that must start a fresh log block: a [`Record::Unit`]'s.
+    /// The group's first block otherwise rewrites the partly filled block of the previous
+    /// commit, and a crash that keeps that block's old version but lets a later block of the
+    /// group land would replay the unit's later records without its marker. A fresh block's old
+    /// content is of another position or zeros, so a torn unit is always cut at its end. The
+    /// data device is flushed before the unit's log blocks are written (a unit carries no
+    /// [`Record::DataCheck`]), so a unit in the log always has its data.
+    pub fn commit_unit(&self, records: &[Record]) -> Result<()> {
+        self.commit_from(records, true)
+    }
+
+    fn commit_from(&self, records: &[Record], fresh: bool) -> Result<()> {
         let mut c = self.shared.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
@@ -275,6 +294,23 @@ impl Journal {
         // to hold the tail: every group commit below carries at least one record.
         if records.is_empty() {
             return Ok(());
+        }
+        if fresh {
+            // Alone at the front of the next group: nothing in flight or queued before it.
+            while c.committing || !c.pending.is_empty() {
+                if let Some(reason) = &c.failed {
+                    return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
+                }
+                self.shared.committed.wait(&mut c);
+            }
+            // Nothing is in flight, the flusher thread included: its data first.
+            if let Some(flusher) = &self.barrier {
+                finish(flusher.begin())?;
+            }
+            if !c.tail.is_empty() {
+                c.tail.clear();
+                c.next_position = c.next_position.next();
+            }
         }
         for record in records {
             record.encode(&mut c.pending);
@@ -514,6 +550,30 @@ fn encode_checkpoint(records: &[Record], position: LogPosition, slot_blocks: u64
         )));
     }
     Ok(image)
+}
+
+/// Drops the records of a [`Record::Unit`] the log ends inside of, with its marker, and says
+/// how many records followed the marker. Such a unit is always at the end: the records of one
+/// commit are contiguous, a torn group ends the log, and every open takes a checkpoint past it
+/// before the next commit. The markers of whole units are dropped too (they change nothing).
+fn drop_torn_unit(log: &mut Vec<Record>) -> Option<usize> {
+    let mut kept = Vec::with_capacity(log.len());
+    let mut torn = None;
+    let records = std::mem::take(log);
+    let mut left = records.len();
+    for record in records {
+        left -= 1;
+        match record {
+            Record::Unit { records: n } if n as usize > left => {
+                torn = Some(left);
+                break;
+            }
+            Record::Unit { .. } => {}
+            other => kept.push(other),
+        }
+    }
+    *log = kept;
+    torn
 }
 
 fn decode_all(mut bytes: &[u8]) -> Result<Vec<Record>> {

@@ -34,11 +34,13 @@ mod apply;
 mod invariants;
 mod rebuild;
 mod repair;
+mod replace;
 mod state;
 use rebuild::rebuild;
 #[cfg(test)]
 pub(crate) use rebuild::set_skip_group_check;
 pub use repair::RepairOutcome;
+pub use replace::{ChunkImage, HeavySlot};
 pub use state::{StoreCore, Watermarks};
 
 /// An encoded page as the store receives it.
@@ -405,6 +407,8 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
     Ok(len.div_ceil(BLOCK_SIZE) as u8)
 }
 
+#[cfg(test)]
+mod replace_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

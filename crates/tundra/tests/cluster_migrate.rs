@@ -251,6 +251,86 @@ fn a_move_whose_target_dies_is_rolled_back_or_finished() {
     }
 }
 
+/// A page's content that does not compress: the chunk's stored images are about the pages'
+/// size, so its snapshot's extents take many pieces.
+fn noise(page: u64, write: u64) -> Vec<u8> {
+    let mut bytes = content(page, write);
+    let mut x = page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ write;
+    for byte in bytes[64..].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *byte = x as u8;
+    }
+    bytes
+}
+
+/// A chunk of thousands of incompressible pages (some 24 MiB of stored images, past the
+/// 1,024 entries after which a chunk's log is purged behind a snapshot) moves to a new node:
+/// the new replica cannot catch up from the log, so it receives the snapshot's extents in
+/// pieces of 1 MiB and installs them; every page then reads back through every node.
+#[test]
+fn a_chunk_of_thousands_of_pages_moves_by_a_streamed_snapshot() {
+    let pages: u64 = std::env::var("TUNDRA_MOVE_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    cluster.start_all();
+    succeeds(&["volume", "create", "big", "--size", "1GiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("big").expect("big").id;
+    let mut log = WriterLog::new();
+    for page in 0..pages {
+        client.write_page(volume, page, WriteMode::Auto, &noise(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    let set = chunk_replicas(&cluster.status(1), "big").remove(0);
+    let target = (1..=4).find(|id| !set.contains(id)).expect("a node outside the set");
+    let source = *set.iter().next().expect("a replica");
+    let asked = *set.iter().find(|&&id| id != source).expect("another replica");
+    let started = std::time::Instant::now();
+    succeeds(
+        &["cluster", "move", "--volume", "big", "--chunk", "0", "--from", &source.to_string()]
+            .into_iter()
+            .chain(["--to", &target.to_string(), "--addr", &cluster.member(asked).addr()])
+            .collect::<Vec<&str>>(),
+    );
+    println!("moved {pages} pages in {:.1} s", started.elapsed().as_secs_f64());
+    let sets = chunk_replicas(&cluster.status(target), "big");
+    assert!(sets[0].contains(&target) && !sets[0].contains(&source), "{sets:?}");
+    // The move went by a snapshot: a replica captured one to send, and the target's stage is
+    // gone once installed.
+    let files = |id: u64, prefix: &str| -> usize {
+        let dir = cluster.path().join(format!("node{id}")).join("snapshots");
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).count())
+            .unwrap_or(0)
+    };
+    assert!(set.iter().any(|&id| files(id, "send-") > 0), "no replica captured a snapshot to send");
+    // The target holds the pages itself (reads through it could be forwarded to the leader),
+    // and its stage is gone once installed.
+    let waited = std::time::Instant::now();
+    loop {
+        let status = cluster.status(target);
+        let held = node_of(&status, target)["usage"]["logical_used_bytes"].as_u64().expect("usage");
+        let staged = files(target, "stage-");
+        println!(
+            "{:.1} s after the move: the target holds {held} bytes, {staged} stage(s)",
+            waited.elapsed().as_secs_f64()
+        );
+        if held >= pages * PAGE as u64 && staged == 0 {
+            break;
+        }
+        assert!(waited.elapsed() < std::time::Duration::from_secs(30), "{status:#}\n{}", cluster.logs());
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    for id in 1..=4 {
+        let mut reader_of = tundra_client::Client::connect(cluster.member(id).native).expect("connect");
+        for (&page, &write) in &log {
+            let read = reader_of.read_page(volume, page).unwrap_or_else(|e| panic!("page {page} via {id}: {e}"));
+            assert!(read == noise(page, write), "page {page} through node {id} differs\n{}", cluster.logs());
+        }
+    }
+}
+
 #[test]
 fn a_drain_the_other_nodes_cannot_take_is_refused() {
     let mut cluster = Cluster::new(|_| None);

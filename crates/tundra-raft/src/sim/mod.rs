@@ -57,6 +57,7 @@ pub struct Report {
     pub messages_duplicated: u64,
     pub messages_blocked: u64,
     pub snapshots_sent: u64,
+    pub snapshot_pieces: u64,
     pub partitions: u64,
     pub crashes: u64,
     pub restarts: u64,
@@ -86,6 +87,7 @@ impl Report {
         self.messages_duplicated += other.messages_duplicated;
         self.messages_blocked += other.messages_blocked;
         self.snapshots_sent += other.snapshots_sent;
+        self.snapshot_pieces += other.snapshot_pieces;
         self.partitions += other.partitions;
         self.crashes += other.crashes;
         self.restarts += other.restarts;
@@ -195,6 +197,7 @@ async fn simulate(seed: u64, options: Options) -> Report {
     (report.messages_sent, report.messages_lost) = (counts.sent, counts.lost);
     (report.messages_duplicated, report.messages_blocked) = (counts.duplicated, counts.blocked);
     report.snapshots_sent = counts.snapshots;
+    report.snapshot_pieces = counts.snapshot_pieces;
     cluster.shutdown().await;
     report.trace = net.take_trace();
     report

@@ -38,6 +38,8 @@ pub struct NetCounts {
     pub blocked: u64,
     /// Snapshots delivered (a replica brought back with its chunk sent whole).
     pub snapshots: u64,
+    /// Pieces of snapshot extents delivered (non-empty ones).
+    pub snapshot_pieces: u64,
 }
 
 struct State {
@@ -191,6 +193,9 @@ impl Transport for NodeTransport {
                 let mut state = net.0.lock();
                 state.counts.delivered += 1;
                 state.counts.snapshots += u64::from(matches!(envelope.rpc, crate::network::Rpc::Snapshot { .. }));
+                state.counts.snapshot_pieces += u64::from(
+                    matches!(&envelope.rpc, crate::network::Rpc::SnapshotPiece { data, .. } if !data.is_empty()),
+                );
             }
             if let Some(after) = fate.duplicate_after {
                 let (copy, host, net) = (envelope.clone(), target.clone(), net.clone());

@@ -35,6 +35,7 @@ fn seeds_without_violations() {
     assert!(total.reads_checked + total.final_reads_checked > seeds);
     assert!(total.crashes > 0 && total.partitions > 0 && total.messages_lost > 0 && total.messages_duplicated > 0);
     assert!(total.snapshots_sent > 0, "no replica was brought back by a snapshot");
+    assert!(total.snapshot_pieces > 0, "no snapshot's extents were sent in pieces");
     assert!(total.pages_corrupted > 0 && total.repair.pages_repaired > 0, "no bad page was repaired");
 }
 
@@ -132,7 +133,7 @@ fn a_page_bad_on_every_replica_reads_as_an_error() {
 
 pub fn summary(r: &Report) -> String {
     format!(
-        "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} partitions={} crashes={} restarts={} \
+        "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} snapshot_pieces={} partitions={} crashes={} restarts={} \
          log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} pages_repaired={} \
          unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
@@ -144,6 +145,7 @@ pub fn summary(r: &Report) -> String {
         r.messages_duplicated,
         r.messages_blocked,
         r.snapshots_sent,
+        r.snapshot_pieces,
         r.partitions,
         r.crashes,
         r.restarts,

@@ -48,6 +48,11 @@ pub enum Record {
     /// check says (a mismatch there is damage, which reads report), one that lacks it is
     /// dropped when its data check fails. Never in a checkpoint.
     GroupDone,
+    /// The next `records` records, all of one commit, take effect together or not at all: a
+    /// commit larger than one log block may tear at a block boundary, and replay drops a unit
+    /// the log ends inside of (a snapshot's install, seed 000 §3.2.1: the chunk as it was or as
+    /// sent). Never in a checkpoint.
+    Unit { records: u32 },
 }
 
 const TAG_PAGE_SET: u8 = 1;
@@ -60,6 +65,7 @@ const TAG_CHUNK_MARK: u8 = 7;
 const TAG_GROUP_START: u8 = 9;
 const TAG_DATA_CHECK: u8 = 10;
 const TAG_GROUP_DONE: u8 = 11;
+const TAG_UNIT: u8 = 8;
 /// The longest chunk mark the journal keeps.
 pub const MAX_CHUNK_MARK_BYTES: usize = 80;
 /// The largest encoded record: a volume with the longest name.
@@ -119,6 +125,10 @@ impl Record {
                 out.extend_from_slice(&crc.to_le_bytes());
             }
             Record::GroupDone => out.push(TAG_GROUP_DONE),
+            Record::Unit { records } => {
+                out.push(TAG_UNIT);
+                out.extend_from_slice(&records.to_le_bytes());
+            }
         }
     }
 
@@ -130,6 +140,7 @@ impl Record {
             TAG_VOLUME_SET => return Ok((Record::VolumeSet(decode_volume(&mut r)?), r.at)),
             TAG_VOLUME_DELETE => return Ok((Record::VolumeDelete(VolumeId(r.u32()?)), r.at)),
             TAG_VOLUME_ID_FLOOR => return Ok((Record::VolumeIdFloor(VolumeId(r.u32()?)), r.at)),
+            TAG_UNIT => return Ok((Record::Unit { records: r.u32()? }, r.at)),
             TAG_WATERMARKS => {
                 let volume = VolumeId(r.u32()?);
                 let marks = Watermarks { durable_lsn: Lsn(r.u64()?), min_reader_lsn: Lsn(r.u64()?) };

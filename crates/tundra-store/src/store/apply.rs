@@ -62,33 +62,10 @@ impl Store {
     }
 
     /// Makes a chunk hold exactly `pages` (images a replica sent whole: a snapshot) and `mark`,
-    /// in one journal commit, so that a crash leaves the chunk as it was or as sent, never a
-    /// mix. Pages not named are removed. Bounded by what one journal commit holds: for chunks
-    /// of up to some thousands of pages; larger chunks need a streamed install.
+    /// all or nothing ([`Store::replace_chunk_images`]). Pages not named are removed.
     pub fn replace_chunk(&self, chunk: ChunkId, pages: &[PagePut], mark: &[u8]) -> Result<()> {
-        check_mark(mark)?;
-        let mut counts = Vec::with_capacity(pages.len());
-        for put in pages {
-            counts.push(check_image(&self.volume_of(chunk, put.page)?, &put.image)?);
-        }
-        let runs = self.allocate_many(chunk, &counts)?;
-        let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
-        let crc = match self.write_runs(&runs, &images) {
-            Ok(crc) => crc,
-            Err(error) => {
-                self.abandon_runs(chunk, &runs)?;
-                return Err(error);
-            }
-        };
-        let named: std::collections::BTreeSet<PageNo> = pages.iter().map(|put| put.page).collect();
-        let mut entries: Vec<(PageNo, Option<PageEntry>)> = self
-            .chunk_entries(chunk)
-            .into_iter()
-            .filter(|(page, _)| !named.contains(page))
-            .map(|(page, _)| (page, None))
-            .collect();
-        entries.extend(pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))));
-        self.commit_and_install(chunk, &entries, &runs, Some(crc), Some(mark))
+        let mut images = pages.iter().map(|put| Ok(super::ChunkImage::Page(put.clone())));
+        self.replace_chunk_images(chunk, &mut images, mark)
     }
 
     /// Every page entry of one chunk, in page order.
@@ -341,7 +318,29 @@ impl Store {
         data_crc: Option<u32>,
         mark: Option<&[u8]>,
     ) -> Result<()> {
-        let mut records: Vec<Record> = data_crc.map(|crc| Record::DataCheck { crc }).into_iter().collect();
+        self.commit_and_install_as(chunk, entries, new_runs, data_crc, mark, false)
+    }
+
+    /// [`Store::commit_and_install`], its records preceded by a [`Record::Unit`] marker when
+    /// `unit`, so that replay takes them all or none even if the commit spans log blocks (a
+    /// unit's data is flushed before its records are written: it needs no `data_crc`).
+    pub(super) fn commit_and_install_as(
+        &self,
+        chunk: ChunkId,
+        entries: &[(PageNo, Option<PageEntry>)],
+        new_runs: &[BlockRun],
+        data_crc: Option<u32>,
+        mark: Option<&[u8]>,
+        unit: bool,
+    ) -> Result<()> {
+        let mut records: Vec<Record> = Vec::with_capacity(entries.len() + 3);
+        if unit {
+            let count = entries.len() + usize::from(mark.is_some());
+            let count = u32::try_from(count).map_err(|_| Error::invalid("a unit of more than 2^32 records"))?;
+            records.push(Record::Unit { records: count });
+        } else if let Some(crc) = data_crc {
+            records.push(Record::DataCheck { crc });
+        }
         records.extend(entries.iter().map(|&(page, entry)| match entry {
             Some(entry) => Record::PageSet { chunk, page, entry },
             None => Record::PageClear { chunk, page },
@@ -356,7 +355,8 @@ impl Store {
             self.abandon_runs(chunk, new_runs)?;
             return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
         }
-        if let Err(error) = self.journal.commit(&records) {
+        let committed = if unit { self.journal.commit_unit(&records) } else { self.journal.commit(&records) };
+        if let Err(error) = committed {
             let mut state = self.state.lock();
             state.unallocate(chunk, new_runs);
             state.failed.get_or_insert_with(|| error.to_string());
@@ -401,7 +401,7 @@ pub(super) fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {
     }
 }
 
-fn check_mark(mark: &[u8]) -> Result<()> {
+pub(super) fn check_mark(mark: &[u8]) -> Result<()> {
     if mark.len() > MAX_CHUNK_MARK_BYTES {
         return Err(Error::invalid(format!("a chunk mark of {} bytes (at most {MAX_CHUNK_MARK_BYTES})", mark.len())));
     }

@@ -109,6 +109,8 @@ pub(super) fn rebuild(checkpoint: &[Record], log: &[Record], extent_count: u32) 
                 chunk_marks.insert(chunk, mark);
             }
             Record::GroupStart | Record::DataCheck { .. } | Record::GroupDone => {}
+            // Replay keeps only whole units, without their markers.
+            Record::Unit { .. } => {}
         }
     }
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
