@@ -170,7 +170,10 @@ impl ClusterNode {
     pub(crate) async fn serve(&self, forward: Forward) -> Result<Answer, Refusal> {
         match forward {
             Forward::Write { volume, chunk, pages, request, retry } => {
-                self.lead_write(volume, ChunkId(chunk), pages, request, retry).await
+                let t0 = std::time::Instant::now();
+                let r = self.lead_write(volume, ChunkId(chunk), pages, request, retry).await;
+                tundra_raft::lat::note("member.lead_write", t0);
+                r
             }
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
@@ -187,7 +190,12 @@ impl ClusterNode {
             }
             Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
-            Forward::Redo { volume, call } => self.lead_redo(volume, call).await,
+            Forward::Redo { volume, call } => {
+                let t0 = std::time::Instant::now();
+                let r = self.lead_redo(volume, call).await;
+                tundra_raft::lat::note("member.lead_redo", t0);
+                r
+            }
             Forward::Usage => Ok(Answer::Usage(self.usage())),
             Forward::SetChunk { volume, chunk, replicas, moving } => tokio::task::block_in_place(|| {
                 self.catalog.lock().set_chunk(volume, chunk, replicas, moving).map(|()| Answer::Done)

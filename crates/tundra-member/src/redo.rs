@@ -168,10 +168,12 @@ impl RedoApplier for NodeApplier {
             )
         };
         loop {
+            let t0 = std::time::Instant::now();
             let result = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
                 Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(append),
                 _ => append(),
             };
+            tundra_raft::lat::note("redo.apply(append_redo)", t0);
             return match result {
                 // Applied, or (applied again after a restart) found there already.
                 Ok(_) => Ok(None),
@@ -255,8 +257,12 @@ impl ClusterNode {
                 }
                 let turn = self.redo_turns.of(volume);
                 let _turn = turn.lock().await;
+                let t0 = std::time::Instant::now();
                 self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
+                tundra_raft::lat::note("redo.settle", t0);
+                let t0 = std::time::Instant::now();
                 let status = tokio::task::block_in_place(|| local.redo_status(volume));
+                tundra_raft::lat::note("redo.status_check", t0);
                 match status {
                     Err(error) => RedoReply::refused(error),
                     Ok(status) if entry.epoch < status.writer_epoch => {
@@ -267,7 +273,9 @@ impl ClusterNode {
                     }
                     Ok(_) => {
                         let end_lsn = entry.end_lsn;
+                        let t0 = std::time::Instant::now();
                         self.host.propose_bytes(group, entry.encode()).await.map_err(refusal)?;
+                        tundra_raft::lat::note("redo.propose(client_write->applied)", t0);
                         RedoReply::Appended { code: 0, value: end_lsn }
                     }
                 }

@@ -220,7 +220,15 @@ impl Host {
     pub async fn handle(&self, envelope: Envelope) -> Result<Reply, String> {
         let raft = self.raft(envelope.group).map_err(|e| e.to_string())?;
         Ok(match envelope.rpc {
-            Rpc::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+            Rpc::Append(rpc) => {
+                let t0 = std::time::Instant::now();
+                let some = !rpc.entries.is_empty();
+                let r = Reply::Append(raft.append_entries(rpc).await);
+                if some {
+                    crate::lat::note("follower.append_entries(with entries)", t0);
+                }
+                r
+            }
             Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
             Rpc::Snapshot { vote, meta, data } => {
                 let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
@@ -266,11 +274,16 @@ impl Host {
                 return Ok(());
             }
         }
+        let t0 = std::time::Instant::now();
         let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
             pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
         let command = self.pages_of(chunk).encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        crate::lat::note("leader.encode(algorithm1)", t0);
         let _pending = Pending::new(&self.pending, request);
-        self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await
+        let t1 = std::time::Instant::now();
+        let r = self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await;
+        crate::lat::note("leader.propose(client_write->applied)", t1);
+        r
     }
 
     /// Removes pages of one chunk through the group.

@@ -22,6 +22,7 @@
 
 pub mod codec;
 pub mod host;
+pub mod lat;
 pub mod log;
 pub mod mark;
 pub mod network;

@@ -102,6 +102,13 @@ impl ChunkStateMachine {
     /// Applies one entry; refusals every replica makes alike are answers, anything else (the
     /// device or journal failed) stops the group.
     fn apply_one(&mut self, entry: &Entry<TypeConfig>) -> Result<Applied, StorageError<NodeId>> {
+        let t0 = std::time::Instant::now();
+        let r = self.apply_one_(entry);
+        crate::lat::note("apply(store commit)", t0);
+        r
+    }
+
+    fn apply_one_(&mut self, entry: &Entry<TypeConfig>) -> Result<Applied, StorageError<NodeId>> {
         let mut mark = ApplyMark { applied: Some(entry.log_id), membership: self.mark.membership.clone() };
         if let EntryPayload::Membership(membership) = &entry.payload {
             mark.membership = StoredMembership::new(Some(entry.log_id), membership.clone());

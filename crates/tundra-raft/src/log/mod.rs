@@ -240,12 +240,16 @@ async fn write_loop(
             batch.push(write);
         }
         let records: Vec<LogRecord> = batch.iter().map(|w| w.record.clone()).collect();
+        let t0 = std::time::Instant::now();
         let mut result = media.append(&records);
+        crate::lat::note("log.append", t0);
         if !flush_latency.is_zero() {
             tokio::time::sleep(flush_latency).await;
         }
         if result.is_ok() {
+            let t1 = std::time::Instant::now();
             result = media.flush();
+            crate::lat::note("log.flush(fdatasync)", t1);
         }
         flushes.fetch_add(1, Ordering::Relaxed);
         for write in batch {
