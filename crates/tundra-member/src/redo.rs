@@ -261,15 +261,16 @@ impl ClusterNode {
                 self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
                 tundra_raft::lat::note("redo.settle", t0);
                 let t0 = std::time::Instant::now();
-                let status = tokio::task::block_in_place(|| local.redo_status(volume));
+                // The epoch and durable LSN only: the full status queries the device.
+                let position = tokio::task::block_in_place(|| local.redo_position(volume));
                 tundra_raft::lat::note("redo.status_check", t0);
-                match status {
+                match position {
                     Err(error) => RedoReply::refused(error),
-                    Ok(status) if entry.epoch < status.writer_epoch => {
-                        RedoReply::Appended { code: 2, value: status.writer_epoch }
+                    Ok((writer_epoch, _)) if entry.epoch < writer_epoch => {
+                        RedoReply::Appended { code: 2, value: writer_epoch }
                     }
-                    Ok(status) if entry.prev_lsn != status.durable_lsn => {
-                        RedoReply::Appended { code: 1, value: status.durable_lsn }
+                    Ok((_, durable_lsn)) if entry.prev_lsn != durable_lsn => {
+                        RedoReply::Appended { code: 1, value: durable_lsn }
                     }
                     Ok(_) => {
                         let end_lsn = entry.end_lsn;

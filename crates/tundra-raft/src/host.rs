@@ -90,6 +90,8 @@ pub struct Host {
     pending: Mutex<std::collections::HashSet<u64>>,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
     pub(crate) repair: crate::repair::Repair,
+    /// The injected bug of a simulation twin: purges skip the purge guard.
+    purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Host {
@@ -118,6 +120,7 @@ impl Host {
             requests: Arc::default(),
             pending: Mutex::default(),
             repair: crate::repair::Repair::default(),
+            purge_unsynced: Arc::default(),
         })
     }
 
@@ -196,10 +199,43 @@ impl Host {
                 }
             }
         });
+        self.log.set_purge_guard(group, self.purge_guard(group, pages.clone()));
         let machine = ChunkStateMachine::open(group, pages, self.hook.clone(), self.requests.clone())?;
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
+    }
+
+    /// The rule that keeps a chunk's Raft log the write-ahead log of its replica's applies
+    /// (seed 000 §3.2.1): a replica applies committed entries without syncing its store
+    /// (`Durability::Deferred`), and after a crash openraft applies again the entries past the
+    /// store's durable mark. So no entry past that mark may leave the log: before a purge, the
+    /// store's deferred records are made durable, and the purge goes only as far as the
+    /// chunk's mark read before that sync (openraft also purges up to a snapshot it is still
+    /// installing; the entries kept then go with a later purge).
+    fn purge_guard(&self, group: GroupId, pages: Arc<Pages>) -> crate::log::PurgeGuard {
+        let unsynced = self.purge_unsynced.clone();
+        Arc::new(move |upto: openraft::LogId<NodeId>| {
+            if unsynced.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(Some(upto.index));
+            }
+            let store = pages.store();
+            let applied = match store.chunk_mark(group) {
+                Some(bytes) => crate::mark::ApplyMark::decode(&bytes)
+                    .map_err(|e| format!("chunk {}: {e}", group.0))?
+                    .applied
+                    .map(|id| id.index),
+                None => None,
+            };
+            store.sync().map_err(|e| format!("chunk {}: syncing the store before a purge: {e}", group.0))?;
+            Ok(applied)
+        })
+    }
+
+    /// The injected bug of the simulation's twin: purges no longer wait for the store.
+    #[cfg(test)]
+    pub(crate) fn purge_unsynced(&self) {
+        self.purge_unsynced.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Makes `voters` the first membership of a new group (on one of them, once).

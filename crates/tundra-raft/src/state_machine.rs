@@ -18,7 +18,7 @@ use openraft::{
 use tundra_store::command::{PagePut, StoreCommand};
 use tundra_store::index::Encoding;
 use tundra_store::pages::Pages;
-use tundra_store::store::{PageImage, Store};
+use tundra_store::store::{Durability, PageImage, Store};
 use tundra_store::{Error, ErrorKind};
 
 use crate::mark::ApplyMark;
@@ -64,6 +64,14 @@ impl AppliedRequests {
         self.groups.lock().get(&group).is_some_and(|recent| recent.ids.contains(&request))
     }
 }
+
+/// A replica's applies are durable with the store's next journal commit, not before they
+/// answer: the group's Raft log, durable on a majority before an entry commits, is their
+/// write-ahead log (seed 000 §3.2.1). After a crash openraft applies again the committed
+/// entries past the chunk's journalled mark ([`RaftStateMachine::applied_state`]), and the
+/// log keeps them until the store synced ([`crate::Host`]'s purge guard). Snapshot installs
+/// stay durable at once: openraft purges the log up to the snapshot right after.
+const DEFERRED: Durability = Durability::Deferred;
 
 /// Told of every entry (or snapshot) a replica applied, with the store it applied to: the
 /// simulation's checkers listen here.
@@ -123,15 +131,17 @@ impl ChunkStateMachine {
             _ => Err(String::new()),
         };
         let result = match &command {
-            Ok(command) => {
-                self.pages.apply_command(command, |command| self.pages.store().apply_marked(command, &bytes))
-            }
-            Err(_) => self.store().set_chunk_mark(self.group, &bytes),
+            Ok(command) => self
+                .pages
+                .apply_command(command, |command| self.pages.store().apply_marked_as(command, &bytes, DEFERRED)),
+            Err(_) => self.store().set_chunk_mark_as(self.group, &bytes, DEFERRED),
         };
         let refused = match result {
             Ok(()) => command.err().filter(|why| !why.is_empty()),
             Err(error) if error.kind() == ErrorKind::Invalid => {
-                self.store().set_chunk_mark(self.group, &bytes).map_err(|e| apply_error(entry.log_id, e))?;
+                self.store()
+                    .set_chunk_mark_as(self.group, &bytes, DEFERRED)
+                    .map_err(|e| apply_error(entry.log_id, e))?;
                 Some(error.to_string())
             }
             Err(error) => return Err(apply_error(entry.log_id, error)),

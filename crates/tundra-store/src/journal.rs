@@ -43,12 +43,18 @@ pub use recovery::{Inspection, JournalPlace, LogDamage, inspect};
 
 use crate::{Error, Result};
 
+/// How many bytes of deferred records may wait before one of them commits them all.
+pub const DEFERRED_LIMIT: usize = 64 * 1024;
+
 struct Committer {
     /// Encoded records waiting for the next group commit, with the batch they belong to.
     pending: Vec<u8>,
     pending_batch: u64,
     /// Every batch up to this one is durable.
     durable_batch: u64,
+    /// The batch of the newest deferred records ([`Journal::commit_deferred`]): [`Journal::sync`]
+    /// waits for it.
+    deferred_batch: u64,
     committing: bool,
     /// The position of the block the next commit writes first: the last, partly filled block,
     /// whose records are in `tail`, or a fresh one when `tail` is empty.
@@ -164,6 +170,7 @@ impl Journal {
                 pending: Vec::new(),
                 pending_batch: 1,
                 durable_batch: 0,
+                deferred_batch: 0,
                 committing: false,
                 next_position: found.end,
                 tail: Vec::new(),
@@ -206,6 +213,50 @@ impl Journal {
             record.encode(&mut c.pending);
         }
         let my_batch = c.pending_batch;
+        self.wait_durable(c, my_batch)
+    }
+
+    /// Queues `records` for the next group commit without waiting for it: they go to the log,
+    /// in order with every other record, with whatever commit comes next, or at the latest
+    /// with [`Journal::sync`]. For records a crash may lose because they can be made again: a
+    /// replica's applies, which its Raft log holds and replays past the chunk's durable mark
+    /// (seed 000 §3.2.1: the replicated log is the write-ahead log). More than
+    /// [`DEFERRED_LIMIT`] bytes waiting are committed at once.
+    pub fn commit_deferred(&self, records: &[Record]) -> Result<()> {
+        let mut c = self.committer.lock();
+        if let Some(reason) = &c.failed {
+            return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        for record in records {
+            record.encode(&mut c.pending);
+        }
+        c.deferred_batch = c.pending_batch;
+        if c.pending.len() > DEFERRED_LIMIT {
+            let my_batch = c.pending_batch;
+            return self.wait_durable(c, my_batch);
+        }
+        Ok(())
+    }
+
+    /// Makes every deferred record durable (a no-op when none waits).
+    pub fn sync(&self) -> Result<()> {
+        let c = self.committer.lock();
+        let my_batch = c.deferred_batch;
+        self.wait_durable(c, my_batch)
+    }
+
+    /// Whether deferred records wait for a commit.
+    pub fn has_deferred(&self) -> bool {
+        let c = self.committer.lock();
+        c.deferred_batch > c.durable_batch
+    }
+
+    /// Waits until batch `my_batch` is durable, committing the pending records itself when no
+    /// other thread is.
+    fn wait_durable<'a>(&'a self, mut c: parking_lot::MutexGuard<'a, Committer>, my_batch: u64) -> Result<()> {
         loop {
             if c.durable_batch >= my_batch {
                 return Ok(());

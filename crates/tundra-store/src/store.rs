@@ -35,6 +35,7 @@ mod invariants;
 mod rebuild;
 mod repair;
 mod state;
+pub use apply::Durability;
 use rebuild::rebuild;
 pub use repair::RepairOutcome;
 pub use state::{StoreCore, Watermarks};
@@ -214,6 +215,12 @@ impl Store {
     pub fn release_freed(&self) -> Result<()> {
         let _no_readers = self.reuse_gate.write();
         let mut freed = self.state.lock().take_pending();
+        // A run freed by a deferred record is still a page's in the durable index: it is
+        // reused (or trimmed) only once that record is durable.
+        if let Err(error) = self.sync() {
+            self.state.lock().keep_pending(&freed);
+            return Err(error);
+        }
         let mut result = Ok(());
         if self.trim_policy == TrimPolicy::EveryRun {
             // The runs are trimmed while they are in neither the pending list nor the
@@ -289,6 +296,9 @@ impl Store {
     /// Writes a checkpoint of the whole index, so that recovery replays only what follows.
     pub fn checkpoint(&self) -> Result<()> {
         let _quiet = self.checkpoint_gate.write();
+        // Deferred records are installed already: the checkpoint reflects them, so they must
+        // be in the log before its position.
+        self.sync()?;
         let records = self.state.lock().checkpoint_records();
         let position = self.journal.position();
         self.journal.checkpoint(&records, position)

@@ -133,6 +133,11 @@ fn group_of(record: &LogRecord) -> GroupId {
     }
 }
 
+/// What a group's purge asks first: how far its state machine's applies are durable (made so
+/// now), since the log is their write-ahead log (a replica applies committed entries without a
+/// store sync, seed 000 §3.2.1). The purge goes no further than that index.
+pub type PurgeGuard = Arc<dyn Fn(LogId<NodeId>) -> Result<Option<u64>, String> + Send + Sync>;
+
 /// Who hears that a write is durable.
 enum Done {
     Append(LogFlushed<TypeConfig>),
@@ -157,6 +162,7 @@ pub struct LogStats {
 /// task that makes their records durable.
 pub struct NodeLog {
     groups: Mutex<BTreeMap<GroupId, GroupLog>>,
+    guards: Mutex<BTreeMap<GroupId, PurgeGuard>>,
     queue: mpsc::UnboundedSender<Write>,
     records: AtomicU64,
     flushes: Arc<AtomicU64>,
@@ -177,7 +183,14 @@ impl NodeLog {
         let flushes = Arc::new(AtomicU64::new(0));
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<NodeLog>| {
             let writer = tokio::spawn(write_loop(media, writes, flush_latency, flushes.clone(), me.clone()));
-            NodeLog { groups: Mutex::new(groups), queue, records: AtomicU64::new(0), flushes, writer }
+            NodeLog {
+                groups: Mutex::new(groups),
+                guards: Mutex::default(),
+                queue,
+                records: AtomicU64::new(0),
+                flushes,
+                writer,
+            }
         }))
     }
 
@@ -211,6 +224,23 @@ impl NodeLog {
             records.push(LogRecord::Committed { group, committed: log.committed });
         }
         records
+    }
+
+    /// Sets what a purge of `group`'s entries must ensure first.
+    pub fn set_purge_guard(&self, group: GroupId, guard: PurgeGuard) {
+        self.guards.lock().insert(group, guard);
+    }
+
+    /// How far `group`'s applies are durable, made so now by its purge guard (everything, for
+    /// a group without one).
+    fn durable_applied(&self, group: GroupId, upto: LogId<NodeId>) -> Result<Option<u64>, String> {
+        let guard = self.guards.lock().get(&group).cloned();
+        guard.map_or(Ok(Some(upto.index)), |guard| guard(upto))
+    }
+
+    /// The log id of `group`'s entry at `index`, if the log holds it.
+    fn log_id_at(&self, group: GroupId, index: u64) -> Option<LogId<NodeId>> {
+        self.with_group(group, |log| log.entries.get(&index).map(|entry| entry.log_id))
     }
 
     pub(crate) fn with_group<T>(&self, group: GroupId, f: impl FnOnce(&mut GroupLog) -> T) -> T {

@@ -37,11 +37,20 @@ impl Store {
     /// commands up to the mark [`Store::chunk_mark`] returns, never one more or one fewer. A
     /// command that changes nothing still moves the mark. A command of no chunk is refused.
     pub fn apply_marked(&self, command: &StoreCommand, mark: &[u8]) -> Result<()> {
+        self.apply_marked_as(command, mark, Durability::Now)
+    }
+
+    /// [`Store::apply_marked`] with the journal commit of `durability`: a replica applying a
+    /// committed Raft entry defers it (the entry is in its durable Raft log, which replays it
+    /// past the chunk's durable mark after a crash), and makes it durable with [`Store::sync`]
+    /// before its log may forget the entry.
+    pub fn apply_marked_as(&self, command: &StoreCommand, mark: &[u8], durability: Durability) -> Result<()> {
         check_mark(mark)?;
+        let marked = Some((mark, durability));
         match command {
-            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, Some(mark)),
-            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, Some(mark)),
-            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, Some(mark)),
+            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, marked),
+            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, marked),
+            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, marked),
             _ => Err(Error::invalid("a marked command must change one chunk's pages")),
         }
     }
@@ -49,11 +58,28 @@ impl Store {
     /// Journals a chunk's mark alone: the replication layer passed a command it refused (every
     /// replica refuses it the same way), or one that is not the store's.
     pub fn set_chunk_mark(&self, chunk: ChunkId, mark: &[u8]) -> Result<()> {
+        self.set_chunk_mark_as(chunk, mark, Durability::Now)
+    }
+
+    /// [`Store::set_chunk_mark`] with the journal commit of `durability`.
+    pub fn set_chunk_mark_as(&self, chunk: ChunkId, mark: &[u8], durability: Durability) -> Result<()> {
         check_mark(mark)?;
         let _no_checkpoint = self.checkpoint_gate.read();
-        self.commit_volume(Record::ChunkMark { chunk, mark: mark.to_vec() })?;
+        let record = Record::ChunkMark { chunk, mark: mark.to_vec() };
+        match durability {
+            Durability::Now => self.commit_volume(record)?,
+            Durability::Deferred => self.commit_deferred(std::slice::from_ref(&record))?,
+        }
         self.state.lock().chunk_marks.insert(chunk, mark.to_vec());
         Ok(())
+    }
+
+    /// Makes every deferred journal record durable, so that each chunk's mark as
+    /// [`Store::chunk_mark`] reads it now survives a crash. Cheap when nothing is deferred.
+    pub fn sync(&self) -> Result<()> {
+        self.journal.sync().inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
     }
 
     /// The chunk's latest journalled mark, if it has one.
@@ -85,7 +111,7 @@ impl Store {
             .map(|(page, _)| (page, None))
             .collect();
         entries.extend(pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))));
-        self.commit_and_install(chunk, &entries, &runs, Some(mark))
+        self.commit_and_install(chunk, &entries, &runs, Some((mark, Durability::Now)))
     }
 
     /// Every page entry of one chunk, in page order.
@@ -135,9 +161,9 @@ impl Store {
     /// consecutive blocks where they are free, and blocks that follow each other on the device
     /// are written with one I/O. Every image is checked before anything is written; on an
     /// error nothing is installed and the blocks taken are freed.
-    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut], mark: Option<&[u8]>) -> Result<()> {
+    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut], mark: Option<(&[u8], Durability)>) -> Result<()> {
         if pages.is_empty() {
-            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
+            return mark.map_or(Ok(()), |(mark, durability)| self.set_chunk_mark_as(chunk, mark, durability));
         }
         let mut counts = Vec::with_capacity(pages.len());
         for put in pages {
@@ -156,7 +182,7 @@ impl Store {
 
     /// Removes pages of one chunk with one journal commit; pages that do not exist are skipped.
     /// Every page must lie inside its volume.
-    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo], mark: Option<&[u8]>) -> Result<()> {
+    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo], mark: Option<(&[u8], Durability)>) -> Result<()> {
         for &page in pages {
             self.volume_of(chunk, page)?;
         }
@@ -165,7 +191,7 @@ impl Store {
             pages.iter().filter(|&&page| state.is_mapped(chunk, page)).map(|&page| (page, None)).collect()
         };
         if entries.is_empty() {
-            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
+            return mark.map_or(Ok(()), |(mark, durability)| self.set_chunk_mark_as(chunk, mark, durability));
         }
         self.commit_and_install(chunk, &entries, &[], mark)
     }
@@ -185,7 +211,13 @@ impl Store {
     /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
     /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
     /// and keeps the page's LSN: archiving changes no page.
-    fn put_heavy(&self, chunk: ChunkId, pages: &[HeavyPage], segment: &[u8], mark: Option<&[u8]>) -> Result<()> {
+    fn put_heavy(
+        &self,
+        chunk: ChunkId,
+        pages: &[HeavyPage],
+        segment: &[u8],
+        mark: Option<(&[u8], Durability)>,
+    ) -> Result<()> {
         for &HeavyPage { page, .. } in pages {
             let volume = self.volume_of(chunk, page)?;
             if volume.mode != VolumeMode::Normal {
@@ -259,6 +291,12 @@ impl Store {
         Ok(())
     }
 
+    fn commit_deferred(&self, records: &[Record]) -> Result<()> {
+        self.journal.commit_deferred(records).inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
+    }
+
     fn commit_volume(&self, record: Record) -> Result<()> {
         self.journal.commit(std::slice::from_ref(&record)).inspect_err(|error| {
             self.state.lock().failed.get_or_insert_with(|| error.to_string());
@@ -321,7 +359,7 @@ impl Store {
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
-        mark: Option<&[u8]>,
+        mark: Option<(&[u8], Durability)>,
     ) -> Result<()> {
         let mut records: Vec<Record> = entries
             .iter()
@@ -330,7 +368,7 @@ impl Store {
                 None => Record::PageClear { chunk, page },
             })
             .collect();
-        if let Some(mark) = mark {
+        if let Some((mark, _)) = mark {
             records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
         }
         let _no_checkpoint = self.checkpoint_gate.read();
@@ -340,7 +378,11 @@ impl Store {
             self.abandon_runs(chunk, new_runs)?;
             return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
         }
-        if let Err(error) = self.journal.commit(&records) {
+        let committed = match mark {
+            Some((_, Durability::Deferred)) => self.journal.commit_deferred(&records),
+            _ => self.journal.commit(&records),
+        };
+        if let Err(error) = committed {
             let mut state = self.state.lock();
             state.unallocate(chunk, new_runs);
             state.failed.get_or_insert_with(|| error.to_string());
@@ -348,7 +390,7 @@ impl Store {
         }
         let release = {
             let mut state = self.state.lock();
-            if let Some(mark) = mark {
+            if let Some((mark, _)) = mark {
                 state.chunk_marks.insert(chunk, mark.to_vec());
             }
             state.install(chunk, entries)
@@ -369,6 +411,16 @@ impl Store {
         self.state.lock().unallocate(chunk, runs);
         Ok(())
     }
+}
+
+/// When a command's journal records are durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the call returns: the store's own write-ahead log is the only copy of the change.
+    Now,
+    /// With the journal's next group commit, or [`Store::sync`]: the caller's replicated log
+    /// holds the change and replays it after a crash (seed 000 §3.2.1).
+    Deferred,
 }
 
 /// The index entry of a page put into `run`.
