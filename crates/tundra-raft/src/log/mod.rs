@@ -273,15 +273,20 @@ async fn write_loop(
         let t0 = std::time::Instant::now();
         let mut result = media.append(&records);
         crate::lat::note("log.append", t0);
-        if !flush_latency.is_zero() {
-            tokio::time::sleep(flush_latency).await;
+        // Records nobody waits for (a truncation, a purge) are durable with the next flush: a
+        // batch of only those is appended unflushed.
+        let waited = batch.iter().any(|w| !matches!(w.done, Done::Nobody));
+        if waited {
+            if !flush_latency.is_zero() {
+                tokio::time::sleep(flush_latency).await;
+            }
+            if result.is_ok() {
+                let t1 = std::time::Instant::now();
+                result = media.flush();
+                crate::lat::note("log.flush(fdatasync)", t1);
+            }
+            flushes.fetch_add(1, Ordering::Relaxed);
         }
-        if result.is_ok() {
-            let t1 = std::time::Instant::now();
-            result = media.flush();
-            crate::lat::note("log.flush(fdatasync)", t1);
-        }
-        flushes.fetch_add(1, Ordering::Relaxed);
         for write in batch {
             match write.done {
                 Done::Append(callback) => callback.log_io_completed(result.clone().map_err(std::io::Error::other)),
