@@ -90,6 +90,9 @@ pub struct Host {
     pending: Mutex<std::collections::HashSet<u64>>,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
     pub(crate) repair: crate::repair::Repair,
+    /// Per group started, the index of the last entry its log held then, until this node
+    /// applied that far: see [`Host::read_pages`].
+    started_last: Mutex<BTreeMap<GroupId, u64>>,
     /// The injected bug of a simulation twin: purges skip the purge guard.
     purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -121,6 +124,7 @@ impl Host {
             pending: Mutex::default(),
             repair: crate::repair::Repair::default(),
             purge_unsynced: Arc::default(),
+            started_last: Mutex::default(),
         })
     }
 
@@ -200,6 +204,9 @@ impl Host {
             }
         });
         self.log.set_purge_guard(group, self.purge_guard(group, pages.clone()));
+        if let Some(last) = self.log.with_group(group, |log| log.entries.keys().next_back().copied()) {
+            self.started_last.lock().insert(group, last);
+        }
         let machine = ChunkStateMachine::open(group, pages, self.hook.clone(), self.requests.clone())?;
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
@@ -345,12 +352,31 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
+        self.caught_up_since_start(chunk, &raft).await?;
         let path = self.pages_of(chunk);
         let mut read = Vec::with_capacity(pages.len());
         for &page in pages {
             read.push(self.read_or_repair(&path, chunk, page).await?);
         }
         Ok(read)
+    }
+
+    /// Waits until this node applied its log as far as it held it when the group started. A
+    /// replica's applies are durable only with a later store sync, and its saved commit index
+    /// with a later log flush, so after a crash both may be older than writes it acknowledged;
+    /// a leader that resumes its term after a restart would take its read index from that
+    /// older commit index (openraft's read index is the larger of its term's first entry and
+    /// its commit index). Every write it acknowledged is in its log, so once it applied the log
+    /// as it held it at start, its reads see them (the simulation's seed 101 read a page older
+    /// than an acknowledged write without this).
+    async fn caught_up_since_start(&self, group: GroupId, raft: &Raft) -> Result<(), Error> {
+        let Some(last) = self.started_last.lock().get(&group).copied() else { return Ok(()) };
+        raft.wait(Some(Duration::from_secs(10)))
+            .applied_index_at_least(Some(last), "the log held at start applied")
+            .await
+            .map_err(|e| Error::Unavailable(format!("group {}: {e}", group.0)))?;
+        self.started_last.lock().remove(&group);
+        Ok(())
     }
 
     pub(crate) fn pages_of(&self, group: GroupId) -> Arc<Pages> {

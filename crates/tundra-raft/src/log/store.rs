@@ -67,15 +67,12 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         Ok(self.log.with_group(self.group, |log| log.vote))
     }
 
-    /// Durable on return, before openraft applies the entries it commits: a replica's applies
-    /// are not durable by themselves (state_machine.rs), so after a crash the saved commit
-    /// index is what openraft applies again at start; a leader that resumes its term after a
-    /// restart serves reads from it, so it must cover every write it answered.
+    /// Not waited for: durable with the next flush. After a crash it may be older than what
+    /// the node applied (and acknowledged, as a leader) before; a leader that resumes its term
+    /// reads only once it applied its whole log as of its start ([`crate::Host`]'s
+    /// `read_pages`), so it never serves a read from this older index.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
-        let (sender, receiver) = oneshot::channel();
-        self.submit(LogRecord::Committed { group: self.group, committed }, Done::Wait(sender))?;
-        let result = receiver.await.unwrap_or_else(|_| Err("the node's log writer stopped".into()));
-        result.map_err(|e| StorageIOError::write_logs(openraft::AnyError::error(e)).into())
+        self.submit(LogRecord::Committed { group: self.group, committed }, Done::Nobody)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
