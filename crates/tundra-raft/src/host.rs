@@ -93,6 +93,8 @@ pub struct Host {
     /// Per group started, the index of the last entry its log held then, until this node
     /// applied that far: see [`Host::read_pages`].
     started_last: Mutex<BTreeMap<GroupId, u64>>,
+    /// The injected bug of a simulation twin: reads skip `caught_up_since_start`.
+    skip_catch_up: std::sync::atomic::AtomicBool,
     /// The injected bug of a simulation twin: purges skip the purge guard.
     purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -125,6 +127,7 @@ impl Host {
             repair: crate::repair::Repair::default(),
             purge_unsynced: Arc::default(),
             started_last: Mutex::default(),
+            skip_catch_up: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -237,6 +240,12 @@ impl Host {
             store.sync().map_err(|e| format!("chunk {}: syncing the store before a purge: {e}", group.0))?;
             Ok(applied)
         })
+    }
+
+    /// The injected bug of a simulation twin: reads no longer wait for the log held at start.
+    #[cfg(test)]
+    pub(crate) fn reads_before_catch_up(&self) {
+        self.skip_catch_up.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The injected bug of the simulation's twin: purges no longer wait for the store.
@@ -370,6 +379,9 @@ impl Host {
     /// as it held it at start, its reads see them (the simulation's seed 101 read a page older
     /// than an acknowledged write without this).
     async fn caught_up_since_start(&self, group: GroupId, raft: &Raft) -> Result<(), Error> {
+        if self.skip_catch_up.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         let Some(last) = self.started_last.lock().get(&group).copied() else { return Ok(()) };
         raft.wait(Some(Duration::from_secs(10)))
             .applied_index_at_least(Some(last), "the log held at start applied")

@@ -20,6 +20,9 @@ pub enum LogFault {
     /// store's deferred applies made durable first (the host's purge guard skipped), so a
     /// crash can leave a replica whose durable state is older than its log's first entry.
     PurgeUnsynced,
+    /// An injected bug of the node above the log: a leader that resumed its term after a
+    /// restart reads before it applied its log as it held it at start.
+    ReadsBeforeCatchUp,
 }
 
 #[derive(Default)]
@@ -72,7 +75,7 @@ impl LogMedia for MemLog {
     fn flush(&self) -> Result<(), String> {
         let mut state = self.state.lock();
         let upto = match self.fault {
-            LogFault::None | LogFault::PurgeUnsynced => state.tail.len(),
+            LogFault::None | LogFault::PurgeUnsynced | LogFault::ReadsBeforeCatchUp => state.tail.len(),
             LogFault::FlushLies => {
                 let len = state.tail.len();
                 std::mem::replace(&mut state.owed, len).min(len)

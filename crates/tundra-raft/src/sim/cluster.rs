@@ -146,6 +146,9 @@ impl Cluster {
         if node.log.fault() == LogFault::PurgeUnsynced {
             host.purge_unsynced();
         }
+        if node.log.fault() == LogFault::ReadsBeforeCatchUp {
+            host.reads_before_catch_up();
+        }
         host.start_scrub(SCRUB_PAGES_PER_SECOND);
         self.net.up(node.id, host.clone());
         node.host = Some(host);
