@@ -4,7 +4,7 @@
 //! answers peers' requests, and creates replicated volumes; io.rs serves page I/O through
 //! the chunks' leaders and status.rs reports.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
@@ -188,7 +188,10 @@ impl ClusterNode {
     pub(crate) async fn serve(&self, forward: Forward) -> Result<Answer, Refusal> {
         match forward {
             Forward::Write { volume, chunk, pages, request, retry } => {
-                self.lead_write(volume, ChunkId(chunk), pages, request, retry).await
+                let t0 = std::time::Instant::now();
+                let r = self.lead_write(volume, ChunkId(chunk), pages, request, retry).await;
+                tundra_raft::lat::note("member.lead_write", t0);
+                r
             }
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
@@ -205,7 +208,12 @@ impl ClusterNode {
             }
             Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
-            Forward::Redo { volume, call } => self.lead_redo(volume, call).await,
+            Forward::Redo { volume, call } => {
+                let t0 = std::time::Instant::now();
+                let r = self.lead_redo(volume, call).await;
+                tundra_raft::lat::note("member.lead_redo", t0);
+                r
+            }
             Forward::Usage => Ok(Answer::Usage(self.usage())),
             Forward::SetChunk { volume, chunk, replicas, moving } => tokio::task::block_in_place(|| {
                 self.catalog.lock().set_chunk(volume, chunk, replicas, moving).map(|()| Answer::Done)
@@ -285,9 +293,12 @@ impl ClusterNode {
         let def = self.catalog.lock().get(volume).cloned();
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        for chunk in chunks(&volume.volume) {
+        let all: Vec<ChunkId> = chunks(&volume.volume).collect();
+        let firsts =
+            first_leaders(&all.iter().map(|chunk| def.replicas_of(chunk.index()).to_vec()).collect::<Vec<_>>());
+        for (chunk, first) in all.into_iter().zip(firsts) {
             let replicas = def.replicas_of(chunk.index());
-            if replicas.first() != Some(&self.me) {
+            if first != Some(self.me) {
                 continue;
             }
             let voters: BTreeSet<u64> = replicas.iter().copied().collect();
@@ -351,7 +362,7 @@ impl ClusterNode {
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;
             }
-            let firsts: BTreeSet<u64> = def.chunks.iter().filter_map(|set| set.first().copied()).collect();
+            let firsts: BTreeSet<u64> = first_leaders(&def.chunks).into_iter().flatten().collect();
             for node in firsts {
                 self.ask(node, Forward::Initialize { volume: id }).await?;
             }
@@ -431,4 +442,43 @@ fn handler(cluster: Weak<ClusterNode>) -> Handler {
 /// The data directory holds a node that has been part of a cluster.
 pub fn has_cluster_state(data_dir: &Path) -> bool {
     data_dir.join(RAFT_LOG_FILE).exists()
+}
+
+/// The replica of each chunk that initializes its group, and so leads it first (openraft's
+/// `initialize` elects the node it runs on): chunk after chunk, the replica that leads the
+/// fewest of the chunks before it, the lowest id on a tie. Every node computes the same from
+/// the catalog, and a volume's leaders spread evenly over its replicas' nodes instead of all
+/// falling to each chunk's first replica (node 1 led 999 of 1,000 groups that way).
+pub(crate) fn first_leaders(replica_sets: &[Vec<u64>]) -> Vec<Option<u64>> {
+    let mut led: BTreeMap<u64, usize> = BTreeMap::new();
+    replica_sets
+        .iter()
+        .map(|replicas| {
+            let first = replicas.iter().copied().min_by_key(|node| (led.get(node).copied().unwrap_or(0), *node));
+            if let Some(node) = first {
+                *led.entry(node).or_default() += 1;
+            }
+            first
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_leaders;
+
+    #[test]
+    fn first_leaders_spread_evenly_over_the_replicas() {
+        let sets: Vec<Vec<u64>> = (0..30).map(|_| vec![1, 2, 3]).collect();
+        let leaders = first_leaders(&sets);
+        for node in 1..=3 {
+            assert_eq!(leaders.iter().filter(|l| **l == Some(node)).count(), 10);
+        }
+        // Chunks on subsets of five nodes: every node leads within one of the others.
+        let sets: Vec<Vec<u64>> = (0..50u64).map(|i| vec![1 + i % 5, 1 + (i + 1) % 5, 1 + (i + 3) % 5]).collect();
+        let leaders = first_leaders(&sets);
+        let counts: Vec<usize> = (1..=5).map(|n| leaders.iter().filter(|l| **l == Some(n)).count()).collect();
+        assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
+        assert!(leaders.iter().zip(&sets).all(|(l, set)| set.contains(&l.unwrap())));
+    }
 }

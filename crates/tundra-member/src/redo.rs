@@ -168,10 +168,12 @@ impl RedoApplier for NodeApplier {
             )
         };
         loop {
+            let t0 = std::time::Instant::now();
             let result = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
                 Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(append),
                 _ => append(),
             };
+            tundra_raft::lat::note("redo.apply(append_redo)", t0);
             return match result {
                 // Applied, or (applied again after a restart) found there already.
                 Ok(_) => Ok(None),
@@ -255,19 +257,26 @@ impl ClusterNode {
                 }
                 let turn = self.redo_turns.of(volume);
                 let _turn = turn.lock().await;
+                let t0 = std::time::Instant::now();
                 self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
-                let status = tokio::task::block_in_place(|| local.redo_status(volume));
-                match status {
+                tundra_raft::lat::note("redo.settle", t0);
+                let t0 = std::time::Instant::now();
+                // The epoch and durable LSN only: the full status queries the device.
+                let position = tokio::task::block_in_place(|| local.redo_position(volume));
+                tundra_raft::lat::note("redo.status_check", t0);
+                match position {
                     Err(error) => RedoReply::refused(error),
-                    Ok(status) if entry.epoch < status.writer_epoch => {
-                        RedoReply::Appended { code: 2, value: status.writer_epoch }
+                    Ok((writer_epoch, _)) if entry.epoch < writer_epoch => {
+                        RedoReply::Appended { code: 2, value: writer_epoch }
                     }
-                    Ok(status) if entry.prev_lsn != status.durable_lsn => {
-                        RedoReply::Appended { code: 1, value: status.durable_lsn }
+                    Ok((_, durable_lsn)) if entry.prev_lsn != durable_lsn => {
+                        RedoReply::Appended { code: 1, value: durable_lsn }
                     }
                     Ok(_) => {
                         let end_lsn = entry.end_lsn;
+                        let t0 = std::time::Instant::now();
                         self.host.propose_bytes(group, entry.encode()).await.map_err(refusal)?;
+                        tundra_raft::lat::note("redo.propose(client_write->applied)", t0);
                         RedoReply::Appended { code: 0, value: end_lsn }
                     }
                 }

@@ -1,4 +1,5 @@
 //! The node's periodic upkeep: once a second the write-back cache is written to the store,
+//! replicas' deferred applies are made durable,
 //! redo is folded into pages (and records past the redo cache leave memory for their log
 //! slots), each store checkpoints when its journal is half full, pages that partial writes
 //! left raw are compressed again, and, when the host is idle, a bounded number of pages written
@@ -19,6 +20,10 @@ impl Node {
         self.flush_dirty()?;
         self.fold_redo(crate::redo::FOLD_PAGES_PER_PASS)?;
         self.spill_redo()?;
+        // A replica's applies are deferred (their Raft log replays them after a crash): synced
+        // here, so a restart replays at most about a second of them.
+        self.data.sync()?;
+        self.fast.sync()?;
         self.data.maybe_checkpoint()?;
         self.fast.maybe_checkpoint()?;
         for pages in self.paths.values() {

@@ -64,6 +64,13 @@ impl NodeService {
     fn volume(&self, id: u32) -> Result<VolumeRef, ServiceError> {
         self.0.volume(VolumeId(id)).map_err(service_error)
     }
+
+    /// The stream's writer epoch and durable LSN: what a replicated stream's leader checks a
+    /// batch against before proposing it, without [`Node::redo_status`]'s device queries.
+    pub fn redo_position(&self, volume: u32) -> Result<(u64, u64), ServiceError> {
+        let volume = self.volume(volume)?;
+        on_volume(&volume, self.0.redo_position(&volume))
+    }
 }
 
 /// A redo refusal as the status a reader acts on.

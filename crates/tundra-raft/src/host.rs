@@ -95,6 +95,13 @@ pub struct Host {
     manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
     /// Snapshots captured to send and staged as received (snapshot.rs).
     files: Arc<SnapshotFiles>,
+    /// Per group started, the index of the last entry its log held then, until this node
+    /// applied that far: see [`Host::read_pages`].
+    started_last: Mutex<BTreeMap<GroupId, u64>>,
+    /// The injected bug of a simulation twin: reads skip `caught_up_since_start`.
+    skip_catch_up: std::sync::atomic::AtomicBool,
+    /// The injected bug of a simulation twin: purges skip the purge guard.
+    purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Host {
@@ -125,6 +132,9 @@ impl Host {
             repair: crate::repair::Repair::default(),
             manager: Mutex::new(None),
             files: Arc::new(SnapshotFiles::in_memory()),
+            purge_unsynced: Arc::default(),
+            started_last: Mutex::default(),
+            skip_catch_up: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -216,6 +226,10 @@ impl Host {
                 }
             }
         });
+        self.log.set_purge_guard(group, self.purge_guard(group, pages.clone()));
+        if let Some(last) = self.log.with_group(group, |log| log.entries.keys().next_back().copied()) {
+            self.started_last.lock().insert(group, last);
+        }
         let machine = ChunkStateMachine::open(
             group,
             pages,
@@ -226,6 +240,44 @@ impl Host {
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
         Ok(())
+    }
+
+    /// The rule that keeps a chunk's Raft log the write-ahead log of its replica's applies
+    /// (seed 000 §3.2.1): a replica applies committed entries without syncing its store
+    /// (`Durability::Deferred`), and after a crash openraft applies again the entries past the
+    /// store's durable mark. So no entry past that mark may leave the log: before a purge, the
+    /// store's deferred records are made durable, and the purge goes only as far as the
+    /// chunk's mark read before that sync (openraft also purges up to a snapshot it is still
+    /// installing; the entries kept then go with a later purge).
+    fn purge_guard(&self, group: GroupId, pages: Arc<Pages>) -> crate::log::PurgeGuard {
+        let unsynced = self.purge_unsynced.clone();
+        Arc::new(move |upto: openraft::LogId<NodeId>| {
+            if unsynced.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(Some(upto.index));
+            }
+            let store = pages.store();
+            let applied = match store.chunk_mark(group) {
+                Some(bytes) => crate::mark::ApplyMark::decode(&bytes)
+                    .map_err(|e| format!("chunk {}: {e}", group.0))?
+                    .applied
+                    .map(|id| id.index),
+                None => None,
+            };
+            store.sync().map_err(|e| format!("chunk {}: syncing the store before a purge: {e}", group.0))?;
+            Ok(applied)
+        })
+    }
+
+    /// The injected bug of a simulation twin: reads no longer wait for the log held at start.
+    #[cfg(test)]
+    pub(crate) fn reads_before_catch_up(&self) {
+        self.skip_catch_up.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The injected bug of the simulation's twin: purges no longer wait for the store.
+    #[cfg(test)]
+    pub(crate) fn purge_unsynced(&self) {
+        self.purge_unsynced.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Makes `voters` the first membership of a new group (on one of them, once).
@@ -246,7 +298,15 @@ impl Host {
     pub async fn handle(&self, envelope: Envelope) -> Result<Reply, String> {
         let raft = self.raft(envelope.group).map_err(|e| e.to_string())?;
         Ok(match envelope.rpc {
-            Rpc::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+            Rpc::Append(rpc) => {
+                let t0 = std::time::Instant::now();
+                let some = !rpc.entries.is_empty();
+                let r = Reply::Append(raft.append_entries(rpc).await);
+                if some {
+                    crate::lat::note("follower.append_entries(with entries)", t0);
+                }
+                r
+            }
             Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
             Rpc::Snapshot { vote, meta, data } => {
                 let id = meta.snapshot_id.clone();
@@ -312,11 +372,16 @@ impl Host {
                 return Ok(());
             }
         }
+        let t0 = std::time::Instant::now();
         let batch: Vec<(PageNo, &[u8], Lsn, Option<f64>)> =
             pages.iter().map(|(page, content, lsn)| (*page, content.as_slice(), *lsn, None)).collect();
         let command = self.pages_of(chunk).encode_pages(chunk, &batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        crate::lat::note("leader.encode(algorithm1)", t0);
         let _pending = Pending::new(&self.pending, request);
-        self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await
+        let t1 = std::time::Instant::now();
+        let r = self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await;
+        crate::lat::note("leader.propose(client_write->applied)", t1);
+        r
     }
 
     /// Removes pages of one chunk through the group.
@@ -342,12 +407,34 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
+        self.caught_up_since_start(chunk, &raft).await?;
         let path = self.pages_of(chunk);
         let mut read = Vec::with_capacity(pages.len());
         for &page in pages {
             read.push(self.read_or_repair(&path, chunk, page).await?);
         }
         Ok(read)
+    }
+
+    /// Waits until this node applied its log as far as it held it when the group started. A
+    /// replica's applies are durable only with a later store sync, and its saved commit index
+    /// with a later log flush, so after a crash both may be older than writes it acknowledged;
+    /// a leader that resumes its term after a restart would take its read index from that
+    /// older commit index (openraft's read index is the larger of its term's first entry and
+    /// its commit index). Every write it acknowledged is in its log, so once it applied the log
+    /// as it held it at start, its reads see them (the simulation's seed 101 read a page older
+    /// than an acknowledged write without this).
+    async fn caught_up_since_start(&self, group: GroupId, raft: &Raft) -> Result<(), Error> {
+        if self.skip_catch_up.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let Some(last) = self.started_last.lock().get(&group).copied() else { return Ok(()) };
+        raft.wait(Some(Duration::from_secs(10)))
+            .applied_index_at_least(Some(last), "the log held at start applied")
+            .await
+            .map_err(|e| Error::Unavailable(format!("group {}: {e}", group.0)))?;
+        self.started_last.lock().remove(&group);
+        Ok(())
     }
 
     pub(crate) fn pages_of(&self, group: GroupId) -> Arc<Pages> {

@@ -23,6 +23,7 @@
 
 pub mod codec;
 pub mod host;
+pub mod lat;
 pub mod log;
 pub mod manager_machine;
 pub mod mark;

@@ -152,7 +152,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
-        match self.call(Rpc::Append(rpc)).await? {
+        let t0 = std::time::Instant::now();
+        let some = !rpc.entries.is_empty();
+        let r = self.call(Rpc::Append(rpc)).await;
+        if some {
+            crate::lat::note("leader.append_rpc_roundtrip", t0);
+        }
+        match r? {
             Reply::Append(Ok(response)) => Ok(response),
             Reply::Append(Err(error)) => Err(RPCError::RemoteError(RemoteError::new(self.to, error))),
             _ => Err(mismatch().into()),

@@ -43,12 +43,18 @@ pub use recovery::{Inspection, JournalPlace, LogDamage, inspect};
 
 use crate::{Error, Result};
 
+/// How many bytes of deferred records may wait before one of them commits them all.
+pub const DEFERRED_LIMIT: usize = 64 * 1024;
+
 struct Committer {
     /// Encoded records waiting for the next group commit, with the batch they belong to.
     pending: Vec<u8>,
     pending_batch: u64,
     /// Every batch up to this one is durable.
     durable_batch: u64,
+    /// The batch of the newest deferred records ([`Journal::commit_deferred`]): [`Journal::sync`]
+    /// waits for it.
+    deferred_batch: u64,
     committing: bool,
     /// The position of the block the next commit writes first: the last, partly filled block,
     /// whose records are in `tail`, or a fresh one when `tail` is empty.
@@ -80,71 +86,14 @@ struct Checkpoints {
 pub struct Journal {
     device: Arc<dyn BlockDevice>,
     geometry: JournalGeometry,
-    /// The commit state, shared with the flusher thread (which finishes a group's
-    /// [`Record::GroupDone`] write).
+    /// The commit state: the pending records, the group in flight and the log's end.
     shared: Arc<Shared>,
     checkpoints: Mutex<Checkpoints>,
     /// The data device, whose blocks the records point at, flushed with every group of records
     /// by the flusher thread while this device flushes the log blocks: one flush of each covers
-    /// every writer of the group, and the two run side by side rather than one after the other.
-    barrier: Option<Flusher>,
-}
-
-/// A thread that flushes one device when asked and answers, so that a group commit's two
-/// flushes (the data device's and the journal's) overlap. One request is in flight at a time:
-/// only the committing thread asks. Dropping the journal ends the thread and waits for it, so
-/// the device (and the lock on its file) is let go when the store is.
-struct Flusher {
-    jobs: Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    device: Arc<dyn BlockDevice>,
-}
-
-impl Flusher {
-    fn start(device: Arc<dyn BlockDevice>) -> Result<Flusher> {
-        let (jobs, inbox) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        let thread = std::thread::Builder::new()
-            .name("tundra-flush".into())
-            .spawn(move || {
-                for job in inbox {
-                    job();
-                }
-            })
-            .map_err(|e| Error::invalid(format!("starting the journal's flusher thread: {e}")))?;
-        Ok(Flusher { jobs: Some(jobs), thread: Some(thread), device })
-    }
-
-    /// Runs `job` on the thread; false if the thread is gone (the job then never runs).
-    fn run(&self, job: Box<dyn FnOnce() + Send>) -> bool {
-        self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok())
-    }
-
-    /// Starts a flush of the device; the receiver answers once it is done.
-    fn begin(&self) -> std::sync::mpsc::Receiver<Result<()>> {
-        let (answer, done) = std::sync::mpsc::sync_channel(1);
-        let device = self.device.clone();
-        let reply = answer.clone();
-        if !self.run(Box::new(move || {
-            let _ = reply.send(device.flush().map_err(Error::from));
-        })) {
-            let _ = answer.send(Err(Error::closed("the journal's flusher thread is gone")));
-        }
-        done
-    }
-}
-
-impl Drop for Flusher {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Waits for a flush [`Flusher::begin`] started.
-fn finish(done: std::sync::mpsc::Receiver<Result<()>>) -> Result<()> {
-    done.recv().unwrap_or_else(|_| Err(Error::closed("the journal's flusher thread is gone")))
+    /// A device flushed before every group of records is written: the data device, whose blocks
+    /// the records point at. One flush then covers every writer of the group.
+    barrier: Option<Arc<dyn BlockDevice>>,
 }
 
 /// What recovery found: the checkpoint's records, then the log's, in order.
@@ -156,9 +105,6 @@ pub struct Replay {
     pub notes: Vec<String>,
     /// The damage a repair truncated the log at: what was dropped.
     pub lost: Option<LogDamage>,
-    /// Where in `log` the newest group commit starts (its [`Record::GroupStart`]), if the log
-    /// has one: that group's data may not be durable (see [`Journal::set_barrier`]).
-    pub newest_group: Option<usize>,
 }
 
 impl Journal {
@@ -232,6 +178,7 @@ impl Journal {
                     pending: Vec::new(),
                     pending_batch: 1,
                     durable_batch: 0,
+                    deferred_batch: 0,
                     committing: false,
                     next_position: found.end,
                     tail: Vec::new(),
@@ -252,20 +199,15 @@ impl Journal {
         if let Some(dropped) = drop_torn_unit(&mut log) {
             notes.push(format!("{}: dropped a unit of {dropped} records the log ends inside of", place.name));
         }
-        let newest_group = log.iter().rposition(|record| *record == Record::GroupStart);
-        let replay = Replay { checkpoint: found.checkpoint, log, notes, lost: found.damage, newest_group };
+        let replay = Replay { checkpoint: found.checkpoint, log, notes, lost: found.damage };
         Ok((journal, replay))
     }
 
-    /// Flushes `device` with each group of records, so that callers may write their data
-    /// blocks without flushing them: a commit returns once the group's log blocks and every
-    /// data block written before it are durable. The two flushes overlap, so a power failure
-    /// may leave the newest group's records without their data; each group starts with
-    /// [`Record::GroupStart`] and recovery drops the newest group if its data does not check
-    /// (`Store::open_with`).
-    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) -> Result<()> {
-        self.barrier = Some(Flusher::start(device)?);
-        Ok(())
+    /// Flushes `device` before writing each group of records, so that callers may write their
+    /// data blocks without flushing them: the group's one flush makes all of them durable before
+    /// any record that points at them.
+    pub fn set_barrier(&mut self, device: Arc<dyn BlockDevice>) {
+        self.barrier = Some(device);
     }
 
     /// Makes `records` durable, together with whatever other threads commit at the same time
@@ -278,9 +220,7 @@ impl Journal {
     /// The group's first block otherwise rewrites the partly filled block of the previous
     /// commit, and a crash that keeps that block's old version but lets a later block of the
     /// group land would replay the unit's later records without its marker. A fresh block's old
-    /// content is of another position or zeros, so a torn unit is always cut at its end. The
-    /// data device is flushed before the unit's log blocks are written (a unit carries no
-    /// [`Record::DataCheck`]), so a unit in the log always has its data.
+    /// content is of another position or zeros, so a torn unit is always cut at its end.
     pub fn commit_unit(&self, records: &[Record]) -> Result<()> {
         self.commit_from(records, true)
     }
@@ -297,15 +237,20 @@ impl Journal {
         }
         if fresh {
             // Alone at the front of the next group: nothing in flight or queued before it.
-            while c.committing || !c.pending.is_empty() {
+            // Queued records (deferred ones wait for a commit to carry them) are committed first.
+            loop {
                 if let Some(reason) = &c.failed {
                     return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
                 }
-                self.shared.committed.wait(&mut c);
-            }
-            // Nothing is in flight, the flusher thread included: its data first.
-            if let Some(flusher) = &self.barrier {
-                finish(flusher.begin())?;
+                if c.committing {
+                    self.shared.committed.wait(&mut c);
+                } else if !c.pending.is_empty() {
+                    let queued = c.pending_batch;
+                    self.wait_durable(c, queued)?;
+                    c = self.shared.committer.lock();
+                } else {
+                    break;
+                }
             }
             if !c.tail.is_empty() {
                 c.tail.clear();
@@ -316,6 +261,50 @@ impl Journal {
             record.encode(&mut c.pending);
         }
         let my_batch = c.pending_batch;
+        self.wait_durable(c, my_batch)
+    }
+
+    /// Queues `records` for the next group commit without waiting for it: they go to the log,
+    /// in order with every other record, with whatever commit comes next, or at the latest
+    /// with [`Journal::sync`]. For records a crash may lose because they can be made again: a
+    /// replica's applies, which its Raft log holds and replays past the chunk's durable mark
+    /// (seed 000 §3.2.1: the replicated log is the write-ahead log). More than
+    /// [`DEFERRED_LIMIT`] bytes waiting are committed at once.
+    pub fn commit_deferred(&self, records: &[Record]) -> Result<()> {
+        let mut c = self.shared.committer.lock();
+        if let Some(reason) = &c.failed {
+            return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        for record in records {
+            record.encode(&mut c.pending);
+        }
+        c.deferred_batch = c.pending_batch;
+        if c.pending.len() > DEFERRED_LIMIT {
+            let my_batch = c.pending_batch;
+            return self.wait_durable(c, my_batch);
+        }
+        Ok(())
+    }
+
+    /// Makes every deferred record durable (a no-op when none waits).
+    pub fn sync(&self) -> Result<()> {
+        let c = self.shared.committer.lock();
+        let my_batch = c.deferred_batch;
+        self.wait_durable(c, my_batch)
+    }
+
+    /// Whether deferred records wait for a commit.
+    pub fn has_deferred(&self) -> bool {
+        let c = self.shared.committer.lock();
+        c.deferred_batch > c.durable_batch
+    }
+
+    /// Waits until batch `my_batch` is durable, committing the pending records itself when no
+    /// other thread is.
+    fn wait_durable<'a>(&'a self, mut c: parking_lot::MutexGuard<'a, Committer>, my_batch: u64) -> Result<()> {
         loop {
             if c.durable_batch >= my_batch {
                 return Ok(());
@@ -326,7 +315,6 @@ impl Journal {
             if !c.committing {
                 c.committing = true;
                 let mut batch = c.tail.clone();
-                Record::GroupStart.encode(&mut batch);
                 batch.append(&mut c.pending);
                 let batch_id = c.pending_batch;
                 c.pending_batch += 1;
@@ -340,9 +328,6 @@ impl Journal {
                         c.next_position = next;
                         c.tail = tail;
                         c.durable_batch = batch_id;
-                        if c.pending.is_empty() {
-                            self.mark_done(&mut c);
-                        }
                     }
                     Err(error) => {
                         c.failed = Some(error.to_string());
@@ -352,40 +337,6 @@ impl Journal {
                 continue;
             }
             self.shared.committed.wait(&mut c);
-        }
-    }
-
-    /// After a group is durable and no other records wait: appends [`Record::GroupDone`] to the
-    /// partly filled last block and rewrites it on the flusher thread, not flushed, while the
-    /// group's writers go on. It tells recovery the group was acknowledged, so a data check that
-    /// fails there is damage to report, not a flush a power failure cut short (which would
-    /// drop the group). Commits wait for the write (`committing` stays set until it is done):
-    /// a later group rewrites the same block. Without a partly filled block, or a flusher
-    /// thread, there is nothing to do.
-    fn mark_done(&self, c: &mut Committer) {
-        let Some(flusher) = &self.barrier else { return };
-        if c.tail.is_empty() {
-            return;
-        }
-        let mut records = c.tail.clone();
-        Record::GroupDone.encode(&mut records);
-        if records.len() > LOG_PAYLOAD_BYTES {
-            return;
-        }
-        let block = encode_log_block(c.next_position, c.epoch, &records);
-        let (device, lba, shared) = (self.device.clone(), self.geometry.log_lba(c.next_position), self.shared.clone());
-        c.committing = true;
-        let started = flusher.run(Box::new(move || {
-            let written = device.write(lba, &block);
-            let mut c = shared.committer.lock();
-            if written.is_ok() {
-                c.tail = records;
-            }
-            c.committing = false;
-            shared.committed.notify_all();
-        }));
-        if !started {
-            c.committing = false;
         }
     }
 
@@ -402,6 +353,9 @@ impl Journal {
         retain_from: LogPosition,
     ) -> Result<(LogPosition, Vec<u8>)> {
         assert!(!records.is_empty(), "a group commit of no records");
+        if let Some(barrier) = &self.barrier {
+            barrier.flush()?;
+        }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
         let mut last_start = 0;
@@ -437,12 +391,7 @@ impl Journal {
             self.device.write(self.geometry.log_lba(first), &blocks[i..i + n].concat())?;
             i += n;
         }
-        // The data device flushes on the flusher thread while this one flushes the log: both
-        // must be done before any writer of the group hears its commit succeeded.
-        let data = self.barrier.as_ref().map(Flusher::begin);
-        let log = self.device.flush().map_err(Error::from);
-        let data = data.map_or(Ok(()), finish);
-        log.and(data)?;
+        self.device.flush()?;
         Ok((tail_position, tail))
     }
 
@@ -495,10 +444,6 @@ impl Journal {
     /// The caller must hold off commits while it takes a checkpoint at this position.
     pub fn position(&self) -> LogPosition {
         let mut c = self.shared.committer.lock();
-        // A group's GroupDone write may still be on the flusher thread.
-        while c.committing && c.pending.is_empty() {
-            self.shared.committed.wait(&mut c);
-        }
         assert!(!c.committing && c.pending.is_empty(), "a checkpoint position taken while commits are in flight");
         // The checkpoint will reflect the records of the partly filled block too, so later
         // commits start a fresh block at the checkpoint's position.

@@ -36,9 +36,8 @@ mod rebuild;
 mod repair;
 mod replace;
 mod state;
+pub use apply::Durability;
 use rebuild::rebuild;
-#[cfg(test)]
-pub(crate) use rebuild::set_skip_group_check;
 pub use repair::RepairOutcome;
 pub use replace::{ChunkImage, HeavySlot};
 pub use state::{StoreCore, Watermarks};
@@ -162,26 +161,12 @@ impl Store {
     /// unless `options.accept_loss`; [`Store::recovery`] then says what was recovered or lost.
     pub fn open_with(data: Arc<dyn BlockDevice>, fast: Arc<dyn BlockDevice>, options: &OpenOptions) -> Result<Store> {
         let (mut journal, mut replay) = Journal::open_with(fast, &options.place, options.accept_loss)?;
-        let mut recovery = Recovery { notes: std::mem::take(&mut replay.notes), lost: replay.lost.take() };
+        let recovery = Recovery { notes: std::mem::take(&mut replay.notes), lost: replay.lost.take() };
         // Data blocks are flushed by the journal's group commit, once per group of writers.
-        journal.set_barrier(data.clone())?;
+        journal.set_barrier(data.clone());
         let extent_count = u32::try_from(data.block_count() / u64::from(EXTENT_BLOCKS))
             .map_err(|_| Error::invalid("the data device has more than 2^32 extents"))?;
-        let mut state = rebuild(&replay.checkpoint, &replay.log, extent_count)?;
-        // The newest group commit's data was flushed beside its records, not before them: if
-        // any of it is missing the group was never acknowledged, and goes.
-        let mut dropped_group = false;
-        if let Some(start) = replay.newest_group
-            && let Some(why) = rebuild::newest_group_problem(data.as_ref(), &replay.log[start..])
-        {
-            state = rebuild(&replay.checkpoint, &replay.log[..start], extent_count)?;
-            recovery.notes.push(format!(
-                "dropped the newest group commit ({} record(s)), whose data a power failure cut short \
-                 before it was acknowledged: {why}",
-                replay.log.len() - start - 1
-            ));
-            dropped_group = true;
-        }
+        let state = rebuild(replay, extent_count)?;
         let store = Store {
             data,
             recovery,
@@ -193,11 +178,6 @@ impl Store {
         };
         // A checkpoint now makes the replayed state the starting point of the next recovery.
         store.checkpoint()?;
-        if dropped_group {
-            // A second one fills the other slot too, so that no fallback to the older checkpoint
-            // ever replays the dropped group again (it would no longer be the newest).
-            store.checkpoint()?;
-        }
         store.trim_unused()?;
         Ok(store)
     }
@@ -247,6 +227,12 @@ impl Store {
     pub fn release_freed(&self) -> Result<()> {
         let _no_readers = self.reuse_gate.write();
         let mut freed = self.state.lock().take_pending();
+        // A run freed by a deferred record is still a page's in the durable index: it is
+        // reused (or trimmed) only once that record is durable.
+        if let Err(error) = self.sync() {
+            self.state.lock().keep_pending(&freed);
+            return Err(error);
+        }
         let mut result = Ok(());
         if self.trim_policy == TrimPolicy::EveryRun {
             // The runs are trimmed while they are in neither the pending list nor the
@@ -322,6 +308,9 @@ impl Store {
     /// Writes a checkpoint of the whole index, so that recovery replays only what follows.
     pub fn checkpoint(&self) -> Result<()> {
         let _quiet = self.checkpoint_gate.write();
+        // Deferred records are installed already: the checkpoint reflects them, so they must
+        // be in the log before its position.
+        self.sync()?;
         let records = self.state.lock().checkpoint_records();
         let position = self.journal.position();
         self.journal.checkpoint(&records, position)

@@ -211,3 +211,47 @@ fn a_volume_of_many_chunks_on_fresh_nodes_elects_every_group() {
         assert_eq!(leaderless, 0, "node {id} sees {leaderless} of {chunks} groups without a leader");
     }
 }
+
+/// How many of `volume`'s groups each node leads, as node 1 sees it.
+fn leaders_by_node(cluster: &Cluster, volume: &str) -> Vec<usize> {
+    let status = cluster.status(1);
+    let chunks: Vec<&serde_json::Value> =
+        status["chunks"].as_array().expect("chunks").iter().filter(|c| c["volume"] == volume).collect();
+    (1..=3).map(|id| chunks.iter().filter(|c| c["leader"].as_u64() == Some(id)).count()).collect()
+}
+
+/// The balance oracle: each of the three nodes leads `chunks / 3` groups, give or take 3.
+fn leaders_balanced(led: &[usize], chunks: usize) -> Result<(), String> {
+    let even = chunks / led.len();
+    match led.iter().all(|&n| n.abs_diff(even) <= 3) && led.iter().sum::<usize>() == chunks {
+        true => Ok(()),
+        false => Err(format!("leaders per node {led:?} for {chunks} chunks")),
+    }
+}
+
+/// A fresh volume's groups are led evenly by its replicas' nodes: each group is initialized
+/// (and so first led) by the replica leading the fewest of the chunks before it. Its twin: the
+/// oracle refuses what the old rule (every group initialized by its first replica) gave.
+#[test]
+fn a_fresh_volumes_leaders_spread_over_the_nodes() {
+    assert!(leaders_balanced(&[30, 0, 0], 30).is_err(), "the oracle passed every group led by one node");
+    assert!(leaders_balanced(&[14, 8, 8], 30).is_err());
+    let chunks = 30;
+    let mut cluster = Cluster::with_drive(|_| None, &drive_for_chunks(chunks));
+    cluster.start_all();
+    let out = common::tundra(&[
+        "volume",
+        "create",
+        "spread",
+        "--size",
+        &format!("{chunks}GiB"),
+        "--replicas",
+        "3",
+        "--addr",
+        &cluster.member(1).addr(),
+    ]);
+    assert!(out.status.success(), "create failed: {}", String::from_utf8_lossy(&out.stderr));
+    let led = leaders_by_node(&cluster, "spread");
+    println!("leaders per node: {led:?}");
+    leaders_balanced(&led, chunks).unwrap();
+}

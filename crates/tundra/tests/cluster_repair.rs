@@ -37,6 +37,14 @@ fn find_all(haystack: &[u8], needle: &[u8]) -> Vec<usize> {
 }
 
 /// Waits until every replica of every chunk applied the leader's commit index.
+/// Waits until every replica's applies are durable in its store: a replica applies committed
+/// entries without a store sync (its Raft log replays them after a crash) and the node's
+/// background work syncs them about once a second. The pages these tests damage on a drive
+/// must be the pages' durable copies, not ones a restart rewrites from the log.
+fn applies_durable() {
+    std::thread::sleep(Duration::from_millis(2500));
+}
+
 fn caught_up(cluster: &Cluster, asked: u64) {
     let started = Instant::now();
     loop {
@@ -67,6 +75,7 @@ fn a_page_gone_bad_on_a_stopped_replica_is_repaired_from_a_peer_by_the_scrub() {
     }
     drop(client);
     caught_up(&cluster, 1);
+    applies_durable();
 
     // A follower goes down and one of its pages goes bad on its drive meanwhile.
     let leader = cluster.leader(1, "rv");
@@ -144,6 +153,7 @@ fn a_read_through_a_leader_whose_page_went_bad_repairs_it_from_a_peer() {
     }
     drop(client);
     caught_up(&cluster, 1);
+    applies_durable();
 
     // Page 9 goes bad on nodes 1 and 2; node 3 keeps the one good copy.
     cluster.kill9(1);

@@ -366,6 +366,14 @@ impl Node {
         Ok(held)
     }
 
+    /// The stream's writer epoch and durable LSN (0 and 0 before its first append).
+    pub fn redo_position(&self, volume: &VolumeRef) -> Result<(u64, u64)> {
+        volume.check_live()?;
+        let Some(stream) = self.redo.stream(volume.volume.id) else { return Ok((0, 0)) };
+        let durable = stream.state.lock().versions.durable_lsn().0;
+        Ok((stream.log.fence().0, durable))
+    }
+
     /// The stream's watermarks and what it holds in memory. A volume whose writer has sent
     /// nothing yet has an empty stream: every LSN is 0, and its writer starts from there.
     pub fn redo_status(&self, volume: &VolumeRef) -> Result<RedoWatermarks> {

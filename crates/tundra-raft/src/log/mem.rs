@@ -16,6 +16,13 @@ pub enum LogFault {
     /// flush covered, as a drive with a volatile cache that ignores flushes would. The
     /// simulation's checker must catch the writes this loses.
     FlushLies,
+    /// An injected bug of the node above the log: a group's entries are purged without its
+    /// store's deferred applies made durable first (the host's purge guard skipped), so a
+    /// crash can leave a replica whose durable state is older than its log's first entry.
+    PurgeUnsynced,
+    /// An injected bug of the node above the log: a leader that resumed its term after a
+    /// restart reads before it applied its log as it held it at start.
+    ReadsBeforeCatchUp,
 }
 
 #[derive(Default)]
@@ -50,6 +57,10 @@ impl MemLog {
         lost
     }
 
+    pub fn fault(&self) -> LogFault {
+        self.fault
+    }
+
     pub fn durable_records(&self) -> usize {
         self.state.lock().durable.len()
     }
@@ -64,7 +75,7 @@ impl LogMedia for MemLog {
     fn flush(&self) -> Result<(), String> {
         let mut state = self.state.lock();
         let upto = match self.fault {
-            LogFault::None => state.tail.len(),
+            LogFault::None | LogFault::PurgeUnsynced | LogFault::ReadsBeforeCatchUp => state.tail.len(),
             LogFault::FlushLies => {
                 let len = state.tail.len();
                 std::mem::replace(&mut state.owed, len).min(len)

@@ -11,6 +11,9 @@ use tokio::sync::oneshot;
 use super::{Done, LogRecord, NodeLog};
 use crate::types::{GroupId, NodeId, TypeConfig};
 
+/// How long a purge waits for the state machine to reach its purge point.
+pub const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The log of `group` in the node's shared log.
 #[derive(Clone)]
 pub struct GroupLogStore {
@@ -64,6 +67,10 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         Ok(self.log.with_group(self.group, |log| log.vote))
     }
 
+    /// Not waited for: durable with the next flush. After a crash it may be older than what
+    /// the node applied (and acknowledged, as a leader) before; a leader that resumes its term
+    /// reads only once it applied its whole log as of its start ([`crate::Host`]'s
+    /// `read_pages`), so it never serves a read from this older index.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
         self.submit(LogRecord::Committed { group: self.group, committed }, Done::Nobody)
     }
@@ -87,7 +94,25 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         self.submit(LogRecord::Truncate { group: self.group, since: log_id.index }, Done::Nobody)
     }
 
+    /// No further than the group's applies are durable (its purge guard syncs the store): the
+    /// entries are the write-ahead log of applies the store may not have synced. openraft asks
+    /// a follower to purge up to a snapshot while its state machine still installs it; the
+    /// purge waits for the install (durable at once), for up to [`PURGE_WAIT`], and then
+    /// purges only as far as the durable mark's entry, if the log holds it.
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let failed = |e: String| StorageError::<NodeId>::from(StorageIOError::write_logs(openraft::AnyError::error(e)));
+        let deadline = tokio::time::Instant::now() + PURGE_WAIT;
+        let allowed = loop {
+            let durable = self.log.durable_applied(self.group, log_id).map_err(failed)?;
+            match durable {
+                Some(durable) if durable >= log_id.index => break Some(log_id),
+                _ if tokio::time::Instant::now() >= deadline => {
+                    break durable.and_then(|durable| self.log.log_id_at(self.group, durable));
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
+            }
+        };
+        let Some(log_id) = allowed else { return Ok(()) };
         self.submit(LogRecord::Purge { group: self.group, upto: log_id }, Done::Nobody)
     }
 }

@@ -143,6 +143,12 @@ impl Cluster {
         if self.repair_off {
             host.disable_repair();
         }
+        if node.log.fault() == LogFault::PurgeUnsynced {
+            host.purge_unsynced();
+        }
+        if node.log.fault() == LogFault::ReadsBeforeCatchUp {
+            host.reads_before_catch_up();
+        }
         host.start_scrub(SCRUB_PAGES_PER_SECOND);
         self.net.up(node.id, host.clone());
         node.host = Some(host);

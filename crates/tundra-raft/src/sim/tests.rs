@@ -84,6 +84,40 @@ fn a_log_whose_flush_lies_is_caught() {
     println!("seed {seed} caught the lying flush: {violation}");
 }
 
+/// The twin of the purge guard: replicas apply committed entries without syncing their store,
+/// so a log purged past the store's durable mark leaves a crashed replica unable to apply
+/// again what it lost; some seed must show it (a replica that fails to restart, or diverges).
+#[test]
+fn a_log_purged_past_the_durable_mark_is_caught() {
+    let mut caught = None;
+    for seed in 0..200 {
+        let report =
+            run_seed(seed, Options { steps: 40, log_fault: LogFault::PurgeUnsynced, trace: false, repair_off: false });
+        if let Some(violation) = report.violations.first() {
+            caught = Some((seed, violation.clone()));
+            break;
+        }
+    }
+    let (seed, violation) = caught.expect("no seed caught a log purged past the store's durable mark");
+    println!("seed {seed} caught the purge past the durable mark: {violation}");
+}
+
+/// The twin of the read's catch-up after a restart: a leader that resumes its term reads from
+/// a commit index older than writes it acknowledged; some seed must read a stale page.
+#[test]
+fn reads_before_catching_up_after_a_restart_are_caught() {
+    let mut caught = None;
+    for seed in 0..300 {
+        let options = Options { steps: 40, log_fault: LogFault::ReadsBeforeCatchUp, trace: false, repair_off: false };
+        if let Some(violation) = run_seed(seed, options).violations.first() {
+            caught = Some((seed, violation.clone()));
+            break;
+        }
+    }
+    let (seed, violation) = caught.expect("no seed caught reads before the catch-up");
+    println!("seed {seed} caught a read before the catch-up: {violation}");
+}
+
 /// The twin of the repair checks: with repair off, a page corrupted on one replica stays bad,
 /// and the end check (every replica holds the same stored bytes) or a final read must say so.
 #[test]

@@ -31,23 +31,6 @@ pub enum Record {
     /// effect of the command it follows, so that after a crash a replica knows exactly which
     /// commands its pages reflect. Every checkpoint carries the latest of each chunk.
     ChunkMark { chunk: ChunkId, mark: Vec<u8> },
-    /// The start of a group commit's records (seed 000 §3.2.1: the journal is the write-ahead
-    /// log of index changes). A group's data blocks and its log blocks are flushed side by
-    /// side, so after a power failure the newest group's records may be durable while some of
-    /// the data they point at is not; none of that group was acknowledged, and recovery drops
-    /// the whole group when any of its pages fails its checksum. Every older group's data was
-    /// durable before the next group was written. Never in a checkpoint.
-    GroupStart,
-    /// The crc32c of the data blocks the following page records of the same commit point at:
-    /// their distinct runs, whole blocks, in the order the records first name them. Recovery
-    /// reads them back for the newest group only (see [`Record::GroupStart`]): a mismatch means
-    /// the group's data flush was cut short. Never in a checkpoint.
-    DataCheck { crc: u32 },
-    /// The group this record ends was durable and its writers heard so: written after both of
-    /// its flushes, not flushed itself. A newest group that has it is kept whatever its data
-    /// check says (a mismatch there is damage, which reads report), one that lacks it is
-    /// dropped when its data check fails. Never in a checkpoint.
-    GroupDone,
     /// The next `records` records, all of one commit, take effect together or not at all: a
     /// commit larger than one log block may tear at a block boundary, and replay drops a unit
     /// the log ends inside of (a snapshot's install, seed 000 §3.2.1: the chunk as it was or as
@@ -62,9 +45,6 @@ const TAG_VOLUME_DELETE: u8 = 4;
 const TAG_VOLUME_ID_FLOOR: u8 = 5;
 const TAG_WATERMARKS: u8 = 6;
 const TAG_CHUNK_MARK: u8 = 7;
-const TAG_GROUP_START: u8 = 9;
-const TAG_DATA_CHECK: u8 = 10;
-const TAG_GROUP_DONE: u8 = 11;
 const TAG_UNIT: u8 = 8;
 /// The longest chunk mark the journal keeps.
 pub const MAX_CHUNK_MARK_BYTES: usize = 80;
@@ -119,12 +99,6 @@ impl Record {
                 out.push(mark.len() as u8);
                 out.extend_from_slice(mark);
             }
-            Record::GroupStart => out.push(TAG_GROUP_START),
-            Record::DataCheck { crc } => {
-                out.push(TAG_DATA_CHECK);
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-            Record::GroupDone => out.push(TAG_GROUP_DONE),
             Record::Unit { records } => {
                 out.push(TAG_UNIT);
                 out.extend_from_slice(&records.to_le_bytes());
@@ -155,9 +129,6 @@ impl Record {
                 let mark = (0..len).map(|_| r.u8()).collect::<Result<Vec<u8>>>()?;
                 return Ok((Record::ChunkMark { chunk, mark }, r.at));
             }
-            TAG_GROUP_START => return Ok((Record::GroupStart, r.at)),
-            TAG_DATA_CHECK => return Ok((Record::DataCheck { crc: r.u32()? }, r.at)),
-            TAG_GROUP_DONE => return Ok((Record::GroupDone, r.at)),
             _ => {}
         }
         let chunk = ChunkId(r.u64()?);

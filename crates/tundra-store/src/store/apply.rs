@@ -37,11 +37,20 @@ impl Store {
     /// commands up to the mark [`Store::chunk_mark`] returns, never one more or one fewer. A
     /// command that changes nothing still moves the mark. A command of no chunk is refused.
     pub fn apply_marked(&self, command: &StoreCommand, mark: &[u8]) -> Result<()> {
+        self.apply_marked_as(command, mark, Durability::Now)
+    }
+
+    /// [`Store::apply_marked`] with the journal commit of `durability`: a replica applying a
+    /// committed Raft entry defers it (the entry is in its durable Raft log, which replays it
+    /// past the chunk's durable mark after a crash), and makes it durable with [`Store::sync`]
+    /// before its log may forget the entry.
+    pub fn apply_marked_as(&self, command: &StoreCommand, mark: &[u8], durability: Durability) -> Result<()> {
         check_mark(mark)?;
+        let marked = Some((mark, durability));
         match command {
-            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, Some(mark)),
-            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, Some(mark)),
-            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, Some(mark)),
+            StoreCommand::PutPages { chunk, pages } => self.put_pages(*chunk, pages, marked),
+            StoreCommand::TrimPages { chunk, pages } => self.trim_pages(*chunk, pages, marked),
+            StoreCommand::PutHeavy { chunk, pages, segment } => self.put_heavy(*chunk, pages, segment, marked),
             _ => Err(Error::invalid("a marked command must change one chunk's pages")),
         }
     }
@@ -49,11 +58,28 @@ impl Store {
     /// Journals a chunk's mark alone: the replication layer passed a command it refused (every
     /// replica refuses it the same way), or one that is not the store's.
     pub fn set_chunk_mark(&self, chunk: ChunkId, mark: &[u8]) -> Result<()> {
+        self.set_chunk_mark_as(chunk, mark, Durability::Now)
+    }
+
+    /// [`Store::set_chunk_mark`] with the journal commit of `durability`.
+    pub fn set_chunk_mark_as(&self, chunk: ChunkId, mark: &[u8], durability: Durability) -> Result<()> {
         check_mark(mark)?;
         let _no_checkpoint = self.checkpoint_gate.read();
-        self.commit_volume(Record::ChunkMark { chunk, mark: mark.to_vec() })?;
+        let record = Record::ChunkMark { chunk, mark: mark.to_vec() };
+        match durability {
+            Durability::Now => self.commit_volume(record)?,
+            Durability::Deferred => self.commit_deferred(std::slice::from_ref(&record))?,
+        }
         self.state.lock().chunk_marks.insert(chunk, mark.to_vec());
         Ok(())
+    }
+
+    /// Makes every deferred journal record durable, so that each chunk's mark as
+    /// [`Store::chunk_mark`] reads it now survives a crash. Cheap when nothing is deferred.
+    pub fn sync(&self) -> Result<()> {
+        self.journal.sync().inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
     }
 
     /// The chunk's latest journalled mark, if it has one.
@@ -115,9 +141,9 @@ impl Store {
     /// consecutive blocks where they are free, and blocks that follow each other on the device
     /// are written with one I/O. Every image is checked before anything is written; on an
     /// error nothing is installed and the blocks taken are freed.
-    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut], mark: Option<&[u8]>) -> Result<()> {
+    fn put_pages(&self, chunk: ChunkId, pages: &[PagePut], mark: Option<(&[u8], Durability)>) -> Result<()> {
         if pages.is_empty() {
-            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
+            return mark.map_or(Ok(()), |(mark, durability)| self.set_chunk_mark_as(chunk, mark, durability));
         }
         let mut counts = Vec::with_capacity(pages.len());
         for put in pages {
@@ -125,21 +151,18 @@ impl Store {
         }
         let runs = self.allocate_many(chunk, &counts)?;
         let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
-        let crc = match self.write_runs(&runs, &images) {
-            Ok(crc) => crc,
-            Err(error) => {
-                self.abandon_runs(chunk, &runs)?;
-                return Err(error);
-            }
-        };
+        if let Err(error) = self.write_runs(&runs, &images) {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
         let entries: Vec<(PageNo, Option<PageEntry>)> =
             pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))).collect();
-        self.commit_and_install(chunk, &entries, &runs, Some(crc), mark)
+        self.commit_and_install(chunk, &entries, &runs, mark)
     }
 
     /// Removes pages of one chunk with one journal commit; pages that do not exist are skipped.
     /// Every page must lie inside its volume.
-    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo], mark: Option<&[u8]>) -> Result<()> {
+    fn trim_pages(&self, chunk: ChunkId, pages: &[PageNo], mark: Option<(&[u8], Durability)>) -> Result<()> {
         for &page in pages {
             self.volume_of(chunk, page)?;
         }
@@ -148,9 +171,9 @@ impl Store {
             pages.iter().filter(|&&page| state.is_mapped(chunk, page)).map(|&page| (page, None)).collect()
         };
         if entries.is_empty() {
-            return mark.map_or(Ok(()), |mark| self.set_chunk_mark(chunk, mark));
+            return mark.map_or(Ok(()), |(mark, durability)| self.set_chunk_mark_as(chunk, mark, durability));
         }
-        self.commit_and_install(chunk, &entries, &[], None, mark)
+        self.commit_and_install(chunk, &entries, &[], mark)
     }
 
     /// Records a volume's redo watermarks; they only move forward.
@@ -168,7 +191,13 @@ impl Store {
     /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
     /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
     /// and keeps the page's LSN: archiving changes no page.
-    fn put_heavy(&self, chunk: ChunkId, pages: &[HeavyPage], segment: &[u8], mark: Option<&[u8]>) -> Result<()> {
+    fn put_heavy(
+        &self,
+        chunk: ChunkId,
+        pages: &[HeavyPage],
+        segment: &[u8],
+        mark: Option<(&[u8], Durability)>,
+    ) -> Result<()> {
         for &HeavyPage { page, .. } in pages {
             let volume = self.volume_of(chunk, page)?;
             if volume.mode != VolumeMode::Normal {
@@ -187,7 +216,7 @@ impl Store {
                 segment.len()
             )));
         }
-        let (run, crc) = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
+        let run = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
             .iter()
             .enumerate()
@@ -195,7 +224,7 @@ impl Store {
                 (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
             })
             .collect();
-        self.commit_and_install(chunk, &entries, &[run], Some(crc), mark)
+        self.commit_and_install(chunk, &entries, &[run], mark)
     }
 
     /// Creates a volume. Its name must be new, and its id never given before (at least
@@ -242,6 +271,12 @@ impl Store {
         Ok(())
     }
 
+    fn commit_deferred(&self, records: &[Record]) -> Result<()> {
+        self.journal.commit_deferred(records).inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })
+    }
+
     fn commit_volume(&self, record: Record) -> Result<()> {
         self.journal.commit(std::slice::from_ref(&record)).inspect_err(|error| {
             self.state.lock().failed.get_or_insert_with(|| error.to_string());
@@ -250,15 +285,7 @@ impl Store {
 
     /// Writes each image to its run, zero-padded, with one device write for every group of
     /// runs that follow each other on the device. Not flushed (see [`Store::write_run`]).
-    /// Returns the crc32c of the runs' blocks in the order given, for the commit's
-    /// [`Record::DataCheck`].
-    pub(super) fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<u32> {
-        let mut crc = 0u32;
-        for (run, image) in runs.iter().zip(images) {
-            crc = crc32c::crc32c_append(crc, image);
-            let padding = usize::from(run.count) * BLOCK_SIZE - image.len();
-            crc = crc32c::crc32c_append(crc, &ZEROS[..padding]);
-        }
+    pub(super) fn write_runs(&self, runs: &[BlockRun], images: &[&[u8]]) -> Result<()> {
         let mut order: Vec<usize> = (0..runs.len()).collect();
         order.sort_unstable_by_key(|&i| runs[i].first_lba().0);
         let mut i = 0;
@@ -285,20 +312,18 @@ impl Store {
             })?;
             i = end;
         }
-        Ok(crc)
+        Ok(())
     }
 
     /// Allocates `blocks` blocks in `chunk` and writes `bytes` there, zero-padded. Not flushed:
     /// the journal flushes the data device before it writes the record that points here.
-    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<(BlockRun, u32)> {
+    fn write_run(&self, chunk: ChunkId, bytes: &[u8], blocks: u8) -> Result<BlockRun> {
         let run = self.allocate_many(chunk, &[blocks])?[0];
-        match self.write_runs(&[run], &[bytes]) {
-            Ok(crc) => Ok((run, crc)),
-            Err(error) => {
-                self.state.lock().unallocate(chunk, &[run]);
-                Err(error)
-            }
+        if let Err(error) = self.write_runs(&[run], &[bytes]) {
+            self.state.lock().unallocate(chunk, &[run]);
+            return Err(error);
         }
+        Ok(run)
     }
 
     /// Takes a run of blocks for each page of a group (see [`StoreCore::allocate`]).
@@ -307,45 +332,39 @@ impl Store {
     }
 
     /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them
-    /// and lets go of the blocks they replace. `data_crc` is what [`Store::write_runs`] returned
-    /// for the entries' runs, in their order. On a journal error `new_runs`, the blocks the
+    /// and lets go of the blocks they replace. On a journal error `new_runs`, the blocks the
     /// entries point at, is freed and the store stops.
     fn commit_and_install(
         &self,
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
-        data_crc: Option<u32>,
-        mark: Option<&[u8]>,
+        mark: Option<(&[u8], Durability)>,
     ) -> Result<()> {
-        self.commit_and_install_as(chunk, entries, new_runs, data_crc, mark, false)
+        self.commit_and_install_as(chunk, entries, new_runs, mark, false)
     }
 
     /// [`Store::commit_and_install`], its records preceded by a [`Record::Unit`] marker when
-    /// `unit`, so that replay takes them all or none even if the commit spans log blocks (a
-    /// unit's data is flushed before its records are written: it needs no `data_crc`).
+    /// `unit`, so that replay takes them all or none even if the commit spans log blocks.
     pub(super) fn commit_and_install_as(
         &self,
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
-        data_crc: Option<u32>,
-        mark: Option<&[u8]>,
+        mark: Option<(&[u8], Durability)>,
         unit: bool,
     ) -> Result<()> {
-        let mut records: Vec<Record> = Vec::with_capacity(entries.len() + 3);
+        let mut records: Vec<Record> = Vec::with_capacity(entries.len() + 2);
         if unit {
             let count = entries.len() + usize::from(mark.is_some());
             let count = u32::try_from(count).map_err(|_| Error::invalid("a unit of more than 2^32 records"))?;
             records.push(Record::Unit { records: count });
-        } else if let Some(crc) = data_crc {
-            records.push(Record::DataCheck { crc });
         }
         records.extend(entries.iter().map(|&(page, entry)| match entry {
             Some(entry) => Record::PageSet { chunk, page, entry },
             None => Record::PageClear { chunk, page },
         }));
-        if let Some(mark) = mark {
+        if let Some((mark, _)) = mark {
             records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
         }
         let _no_checkpoint = self.checkpoint_gate.read();
@@ -355,7 +374,11 @@ impl Store {
             self.abandon_runs(chunk, new_runs)?;
             return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
         }
-        let committed = if unit { self.journal.commit_unit(&records) } else { self.journal.commit(&records) };
+        let committed = match mark {
+            _ if unit => self.journal.commit_unit(&records),
+            Some((_, Durability::Deferred)) => self.journal.commit_deferred(&records),
+            _ => self.journal.commit(&records),
+        };
         if let Err(error) = committed {
             let mut state = self.state.lock();
             state.unallocate(chunk, new_runs);
@@ -364,7 +387,7 @@ impl Store {
         }
         let release = {
             let mut state = self.state.lock();
-            if let Some(mark) = mark {
+            if let Some((mark, _)) = mark {
                 state.chunk_marks.insert(chunk, mark.to_vec());
             }
             state.install(chunk, entries)
@@ -387,8 +410,15 @@ impl Store {
     }
 }
 
-/// Zeros to pad an image to its run's blocks, for the data check.
-static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
+/// When a command's journal records are durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the call returns: the store's own write-ahead log is the only copy of the change.
+    Now,
+    /// With the journal's next group commit, or [`Store::sync`]: the caller's replicated log
+    /// holds the change and replays it after a crash (seed 000 §3.2.1).
+    Deferred,
+}
 
 /// The index entry of a page put into `run`.
 pub(super) fn new_entry(put: &PagePut, run: BlockRun) -> PageEntry {

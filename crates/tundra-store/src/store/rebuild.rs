@@ -6,14 +6,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tundra_device::{BLOCK_SIZE, BlockDevice};
+use tundra_device::BLOCK_SIZE;
 
 use super::state::Chunk;
 use super::{StoreCore, Watermarks};
 use crate::alloc::ExtentAllocator;
 use crate::ids::{BlockRun, ChunkId, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
-use crate::journal::Record;
+use crate::journal::{Record, Replay};
 use crate::volume::{Volume, VolumeMode};
 use crate::{Error, Result};
 
@@ -53,15 +53,15 @@ pub(super) fn entry_problem(volume: &Volume, entry: &PageEntry) -> Option<String
 /// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
 /// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
 /// sharing a block, or two chunks sharing an extent, is corruption.
-pub(super) fn rebuild(checkpoint: &[Record], log: &[Record], extent_count: u32) -> Result<StoreCore> {
+pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
     let mut chunks: BTreeMap<ChunkId, Chunk> = BTreeMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
     let mut next_volume_id = VolumeId(0);
     let mut watermarks: BTreeMap<VolumeId, Watermarks> = BTreeMap::new();
     let mut chunk_marks: BTreeMap<ChunkId, Vec<u8>> = BTreeMap::new();
-    for record in checkpoint.iter().chain(log) {
-        match record.clone() {
+    for record in replay.checkpoint.into_iter().chain(replay.log) {
+        match record {
             Record::VolumeSet(volume) => {
                 next_volume_id = next_volume_id.max(volume.id.next());
                 volumes.insert(volume.id, volume);
@@ -108,7 +108,6 @@ pub(super) fn rebuild(checkpoint: &[Record], log: &[Record], extent_count: u32) 
             Record::ChunkMark { chunk, mark } => {
                 chunk_marks.insert(chunk, mark);
             }
-            Record::GroupStart | Record::DataCheck { .. } | Record::GroupDone => {}
             // Replay keeps only whole units, without their markers.
             Record::Unit { .. } => {}
         }
@@ -156,71 +155,4 @@ fn rebuild_allocator(chunks: &mut BTreeMap<ChunkId, Chunk>, extent_count: u32) -
         }
     }
     Ok((extents, heavy_refs))
-}
-
-/// Why the newest group commit of the log (`group`, from its [`Record::GroupStart`]) cannot be
-/// kept, if it cannot: the data blocks one of its commits wrote do not read back as their
-/// [`Record::DataCheck`] says. A group's data and log blocks are flushed side by side
-/// (`Journal::set_barrier`), so a power failure can leave its records durable and some of its
-/// data not; no writer of that group heard its commit succeed, and dropping the whole group
-/// keeps every commit atomic. Every older group's data was durable before the next group was
-/// written, and no run a group writes is reused before the group is durable, so only the
-/// newest group needs the check.
-pub(super) fn newest_group_problem(data: &dyn BlockDevice, group: &[Record]) -> Option<String> {
-    // Its writers heard it succeed: a data check failing there is damage, reported by reads.
-    if skip_group_check() || group.contains(&Record::GroupDone) {
-        return None;
-    }
-    let mut checks: Vec<(u32, Vec<BlockRun>)> = Vec::new();
-    for record in group {
-        match record {
-            Record::DataCheck { crc } => checks.push((*crc, Vec::new())),
-            Record::PageSet { entry, .. } => {
-                if let Some((_, runs)) = checks.last_mut()
-                    && !runs.contains(&entry.run)
-                {
-                    runs.push(entry.run);
-                }
-            }
-            _ => {}
-        }
-    }
-    for (crc, runs) in checks {
-        let mut found = 0u32;
-        for run in &runs {
-            let mut blocks = vec![0u8; usize::from(run.count) * BLOCK_SIZE];
-            if let Err(error) = data.read(run.first_lba(), &mut blocks) {
-                return Some(format!("blocks {} do not read: {error}", run.first_lba().0));
-            }
-            found = crc32c::crc32c_append(found, &blocks);
-        }
-        if found != crc {
-            return Some(format!(
-                "the data of {} run(s) from block {} does not match its check",
-                runs.len(),
-                runs.first().map_or(0, |run| run.first_lba().0)
-            ));
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-thread_local! {
-    /// A bug for the crash tests to catch: recovery keeps the newest group commit without
-    /// checking that its data is durable.
-    static SKIP_GROUP_CHECK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Test only: makes recovery on this thread keep the newest group commit unchecked.
-#[cfg(test)]
-pub(crate) fn set_skip_group_check(skip: bool) {
-    SKIP_GROUP_CHECK.with(|flag| flag.set(skip));
-}
-
-fn skip_group_check() -> bool {
-    #[cfg(test)]
-    return SKIP_GROUP_CHECK.with(|flag| flag.get());
-    #[cfg(not(test))]
-    false
 }

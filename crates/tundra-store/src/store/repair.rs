@@ -55,13 +55,10 @@ impl Store {
             return Ok(RepairOutcome::Superseded);
         }
         let runs = self.allocate_many(chunk, &[count])?;
-        let crc = match self.write_runs(&runs, &[put.image.bytes.as_slice()]) {
-            Ok(crc) => crc,
-            Err(error) => {
-                self.abandon_runs(chunk, &runs)?;
-                return Err(error);
-            }
-        };
+        if let Err(error) = self.write_runs(&runs, &[put.image.bytes.as_slice()]) {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
         let entry = new_entry(put, runs[0]);
         let release = {
             let _alone = self.checkpoint_gate.write();
@@ -70,8 +67,8 @@ impl Store {
                 self.abandon_runs(chunk, &runs)?;
                 return Ok(RepairOutcome::Superseded);
             }
-            let records = [Record::DataCheck { crc }, Record::PageSet { chunk, page: put.page, entry }];
-            if let Err(error) = self.journal.commit(&records) {
+            let record = Record::PageSet { chunk, page: put.page, entry };
+            if let Err(error) = self.journal.commit(std::slice::from_ref(&record)) {
                 let mut state = self.state.lock();
                 state.unallocate(chunk, &runs);
                 state.failed.get_or_insert_with(|| error.to_string());

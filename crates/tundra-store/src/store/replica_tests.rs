@@ -285,3 +285,54 @@ fn chunk_marks_travel_with_their_commands_and_replace_chunk_is_whole() {
     assert_eq!(pages, vec![PageNo(1), PageNo(7)]);
     store.check_invariants().unwrap();
 }
+
+/// Deferred applies (a replica's, whose Raft log is their write-ahead log) are installed at
+/// once but durable only with the next commit or `sync`: a reopen before that finds the chunk
+/// at its last durable mark, never a mix; a checkpoint and a release of freed runs make them
+/// durable first.
+#[test]
+fn deferred_applies_are_durable_only_after_a_sync() {
+    use crate::store::Durability::Deferred;
+    let mut rng = Rng::new(seed_from_env(16));
+    let data = Arc::new(MemDevice::new(4096));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    store.create_volume(volume(1)).unwrap();
+    let chunk = ChunkId::new(VolumeId(1), 0);
+    let put =
+        |rng: &mut Rng, page: u32| PagePut { page: PageNo(page), image: image(rng, chunk, PageNo(page)), lsn: Lsn(1) };
+    store.apply_marked(&StoreCommand::PutPages { chunk, pages: vec![put(&mut rng, 0)] }, b"one").unwrap();
+    store.apply_marked_as(&StoreCommand::PutPages { chunk, pages: vec![put(&mut rng, 1)] }, b"two", Deferred).unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"two"[..]));
+    assert_eq!(store.chunk_entries(chunk).len(), 2);
+    drop(store);
+    // Lost, whole: the mark and the page of the deferred apply.
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"one"[..]));
+    assert_eq!(store.chunk_entries(chunk).len(), 1);
+    store.check_invariants().unwrap();
+    store.apply_marked_as(&StoreCommand::PutPages { chunk, pages: vec![put(&mut rng, 1)] }, b"two", Deferred).unwrap();
+    store.set_chunk_mark_as(chunk, b"three", Deferred).unwrap();
+    store.sync().unwrap();
+    drop(store);
+    let store = Store::open(data.clone(), fast.clone()).unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"three"[..]));
+    assert_eq!(store.chunk_entries(chunk).len(), 2);
+    // Overwrites free runs: their release syncs first; so does a checkpoint.
+    for round in 0..80u32 {
+        let mark = format!("w{round}");
+        store
+            .apply_marked_as(
+                &StoreCommand::PutPages { chunk, pages: vec![put(&mut rng, 0)] },
+                mark.as_bytes(),
+                Deferred,
+            )
+            .unwrap();
+    }
+    store.checkpoint().unwrap();
+    drop(store);
+    let store = Store::open(data, fast).unwrap();
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"w79"[..]));
+    store.check_invariants().unwrap();
+}
