@@ -314,6 +314,16 @@ impl Journal {
             }
             if !c.committing {
                 c.committing = true;
+                // A group that does not fit in the partly filled block with its records starts
+                // a fresh block. A torn write of several blocks may keep the rewritten block's
+                // previous version (valid, at its position) while a later block lands, and
+                // replay would then take the group's later records without its earlier ones; a
+                // fresh block's old content is zeros or of another position, so a torn group
+                // always loses a suffix (a command's mark comes last, and is replayed again).
+                if !c.tail.is_empty() && c.tail.len() + c.pending.len() > LOG_PAYLOAD_BYTES && !share_tail_always() {
+                    c.tail.clear();
+                    c.next_position = c.next_position.next();
+                }
                 let mut batch = c.tail.clone();
                 batch.append(&mut c.pending);
                 let batch_id = c.pending_batch;
@@ -519,6 +529,25 @@ fn drop_torn_unit(log: &mut Vec<Record>) -> Option<usize> {
     }
     *log = kept;
     torn
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The bug the torn-group test must catch: every group rewrites the partly filled block.
+    static SHARE_TAIL_ALWAYS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test only: makes this thread's groups share the partly filled block whatever their size.
+#[cfg(test)]
+pub(crate) fn set_share_tail_always(on: bool) {
+    SHARE_TAIL_ALWAYS.with(|flag| flag.set(on));
+}
+
+fn share_tail_always() -> bool {
+    #[cfg(test)]
+    return SHARE_TAIL_ALWAYS.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
 }
 
 fn decode_all(mut bytes: &[u8]) -> Result<Vec<Record>> {

@@ -620,3 +620,54 @@ fn counters_beyond_any_real_log_are_damage_not_overflow() {
     device.write(MID.log_lba(next), &encode_log_block(next, Epoch(u64::MAX), &[])).unwrap();
     assert!(Journal::open(device.clone()).is_err(), "a log block of an impossible epoch after {lba:?}");
 }
+
+/// A group commit too large for the partly filled block is torn with one of its blocks keeping
+/// its old content, each block in turn: replay takes a prefix of the group's records or none,
+/// never later records without earlier ones.
+#[test]
+fn a_torn_group_of_several_blocks_replays_a_prefix() {
+    assert_eq!(torn_group_violations(), 0);
+}
+
+/// The torn-group oracle catches a group that rewrites the partly filled block although it
+/// spans several blocks.
+#[test]
+fn the_torn_group_oracle_fails_when_a_large_group_shares_the_tail_block() {
+    set_share_tail_always(true);
+    let violations = torn_group_violations();
+    set_share_tail_always(false);
+    assert!(violations > 0, "the torn-group oracle missed later records replayed without earlier ones");
+}
+
+/// How many single-block tears of a multi-block group replayed records of the group that do
+/// not form a prefix of it.
+fn torn_group_violations() -> usize {
+    let mut violations = 0;
+    let device = Arc::new(MemDevice::new(MID.total_blocks()));
+    Journal::format(device.as_ref(), MID).unwrap();
+    {
+        let (journal, _) = Journal::open(device.clone() as Arc<dyn BlockDevice>).unwrap();
+        // A partly filled block, then a group of about three blocks.
+        journal.commit(&[set(0, 1), set(1, 1)]).unwrap();
+        let before = device.snapshot();
+        let group: Vec<Record> = (0..300u32).map(|i| set(1000 + i, 2)).collect();
+        journal.commit(&group).unwrap();
+        let after = device.snapshot();
+        drop(journal);
+        let changed: Vec<u64> = after.keys().copied().filter(|lba| before.get(lba) != after.get(lba)).collect();
+        assert!(changed.len() >= 3, "the group spans several blocks: {changed:?}");
+        for &lba in &changed {
+            let torn = MemDevice::from_snapshot(MID.total_blocks(), after.clone());
+            match before.get(&lba) {
+                Some(old) => torn.write(Lba(lba), old).unwrap(),
+                None => torn.write(Lba(lba), &vec![0u8; BLOCK_SIZE]).unwrap(),
+            }
+            let (_, replay) = Journal::open(Arc::new(torn) as Arc<dyn BlockDevice>).unwrap();
+            let got: Vec<&Record> = replay.log.iter().filter(|r| group.contains(r)).collect();
+            if got.iter().zip(&group).any(|(a, b)| *a != b) {
+                violations += 1;
+            }
+        }
+    }
+    violations
+}
