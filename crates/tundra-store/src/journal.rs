@@ -68,11 +68,6 @@ struct Committer {
     failed: Option<String>,
 }
 
-struct Shared {
-    committer: Mutex<Committer>,
-    committed: Condvar,
-}
-
 /// The superblock's view of the checkpoints: its generation, the newest checkpoint's slot and
 /// each slot's log position.
 #[derive(Clone, Copy)]
@@ -86,11 +81,9 @@ struct Checkpoints {
 pub struct Journal {
     device: Arc<dyn BlockDevice>,
     geometry: JournalGeometry,
-    /// The commit state: the pending records, the group in flight and the log's end.
-    shared: Arc<Shared>,
+    committer: Mutex<Committer>,
+    committed: Condvar,
     checkpoints: Mutex<Checkpoints>,
-    /// The data device, whose blocks the records point at, flushed with every group of records
-    /// by the flusher thread while this device flushes the log blocks: one flush of each covers
     /// A device flushed before every group of records is written: the data device, whose blocks
     /// the records point at. One flush then covers every writer of the group.
     barrier: Option<Arc<dyn BlockDevice>>,
@@ -173,22 +166,20 @@ impl Journal {
         let journal = Journal {
             device,
             geometry,
-            shared: Arc::new(Shared {
-                committer: Mutex::new(Committer {
-                    pending: Vec::new(),
-                    pending_batch: 1,
-                    durable_batch: 0,
-                    deferred_batch: 0,
-                    committing: false,
-                    next_position: found.end,
-                    tail: Vec::new(),
-                    epoch: found.next_epoch,
-                    checkpoint_position: found.start,
-                    retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
-                    failed: None,
-                }),
-                committed: Condvar::new(),
+            committer: Mutex::new(Committer {
+                pending: Vec::new(),
+                pending_batch: 1,
+                durable_batch: 0,
+                deferred_batch: 0,
+                committing: false,
+                next_position: found.end,
+                tail: Vec::new(),
+                epoch: found.next_epoch,
+                checkpoint_position: found.start,
+                retain_from: checkpoints.positions[0].min(checkpoints.positions[1]),
+                failed: None,
             }),
+            committed: Condvar::new(),
             checkpoints: Mutex::new(checkpoints),
             barrier: None,
         };
@@ -226,7 +217,7 @@ impl Journal {
     }
 
     fn commit_from(&self, records: &[Record], fresh: bool) -> Result<()> {
-        let mut c = self.shared.committer.lock();
+        let mut c = self.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
         }
@@ -243,11 +234,11 @@ impl Journal {
                     return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
                 }
                 if c.committing {
-                    self.shared.committed.wait(&mut c);
+                    self.committed.wait(&mut c);
                 } else if !c.pending.is_empty() {
                     let queued = c.pending_batch;
                     self.wait_durable(c, queued)?;
-                    c = self.shared.committer.lock();
+                    c = self.committer.lock();
                 } else {
                     break;
                 }
@@ -271,7 +262,7 @@ impl Journal {
     /// (seed 000 §3.2.1: the replicated log is the write-ahead log). More than
     /// [`DEFERRED_LIMIT`] bytes waiting are committed at once.
     pub fn commit_deferred(&self, records: &[Record]) -> Result<()> {
-        let mut c = self.shared.committer.lock();
+        let mut c = self.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
         }
@@ -291,14 +282,14 @@ impl Journal {
 
     /// Makes every deferred record durable (a no-op when none waits).
     pub fn sync(&self) -> Result<()> {
-        let c = self.shared.committer.lock();
+        let c = self.committer.lock();
         let my_batch = c.deferred_batch;
         self.wait_durable(c, my_batch)
     }
 
     /// Whether deferred records wait for a commit.
     pub fn has_deferred(&self) -> bool {
-        let c = self.shared.committer.lock();
+        let c = self.committer.lock();
         c.deferred_batch > c.durable_batch
     }
 
@@ -331,7 +322,7 @@ impl Journal {
                 let (position, epoch, retain_from) = (c.next_position, c.epoch, c.retain_from);
                 drop(c);
                 let written = self.write_batch(&batch, position, epoch, retain_from);
-                c = self.shared.committer.lock();
+                c = self.committer.lock();
                 c.committing = false;
                 match written {
                     Ok((next, tail)) => {
@@ -343,10 +334,10 @@ impl Journal {
                         c.failed = Some(error.to_string());
                     }
                 }
-                self.shared.committed.notify_all();
+                self.committed.notify_all();
                 continue;
             }
-            self.shared.committed.wait(&mut c);
+            self.committed.wait(&mut c);
         }
     }
 
@@ -408,7 +399,7 @@ impl Journal {
     /// Log blocks the ring holds for recovery (from the older checkpoint's position), and the
     /// ring's size. A commit that would need more than the ring fails: the journal is full.
     pub fn usage_blocks(&self) -> (u64, u64) {
-        let c = self.shared.committer.lock();
+        let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         (c.next_position.after(partly).blocks_since(c.retain_from), self.geometry.log_blocks)
     }
@@ -417,7 +408,7 @@ impl Journal {
     /// two thirds held since the older one. Checkpoints then come every third of the ring, so
     /// the blocks both checkpoints need stay within about two thirds of it.
     pub fn wants_checkpoint(&self) -> bool {
-        let c = self.shared.committer.lock();
+        let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         let end = c.next_position.after(partly);
         let since_newest = end.blocks_since(c.checkpoint_position);
@@ -436,14 +427,14 @@ impl Journal {
         let image = encode_checkpoint(records, position, self.geometry.checkpoint_blocks)?;
         self.device.write(self.geometry.checkpoint_lba(slot), &image)?;
         self.device.flush()?;
-        let epoch = self.shared.committer.lock().epoch;
+        let epoch = self.committer.lock().epoch;
         let mut next = *checkpoints;
         let previous = next.positions[next.current.index()];
         next.current = slot;
         next.positions[slot.index()] = position;
         self.write_superblock(&mut next, epoch)?;
         *checkpoints = next;
-        let mut c = self.shared.committer.lock();
+        let mut c = self.committer.lock();
         c.checkpoint_position = position;
         c.retain_from = previous.min(position);
         Ok(())
@@ -453,7 +444,7 @@ impl Journal {
     /// record before it.
     /// The caller must hold off commits while it takes a checkpoint at this position.
     pub fn position(&self) -> LogPosition {
-        let mut c = self.shared.committer.lock();
+        let mut c = self.committer.lock();
         assert!(!c.committing && c.pending.is_empty(), "a checkpoint position taken while commits are in flight");
         // The checkpoint will reflect the records of the partly filled block too, so later
         // commits start a fresh block at the checkpoint's position.
