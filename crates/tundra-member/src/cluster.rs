@@ -133,6 +133,7 @@ impl ClusterNode {
         let scrub = config.scrub_pages_per_sec.unwrap_or(tundra_node::config::DEFAULT_SCRUB_PAGES_PER_SEC);
         cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });
         cluster.start_manager()?;
+        cluster.start_redo_upkeep();
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
         if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {

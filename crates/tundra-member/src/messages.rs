@@ -192,6 +192,8 @@ pub struct GroupView {
     pub commit_index: Option<u64>,
     pub applied_index: Option<u64>,
     pub voters: Vec<u64>,
+    /// The last log index this replica purged (its log holds the entries after it).
+    pub purged_index: Option<u64>,
 }
 
 /// A node's groups, for `tundra cluster status`.

@@ -37,11 +37,19 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 /// The pause between two tries of a batch the node's stream cannot take yet.
 const APPLY_RETRY: Duration = Duration::from_millis(20);
 
-/// The version byte of a redo group's entry.
-const ENTRY_VERSION: u8 = 1;
+/// The version byte of a redo group's entry: 2 puts before the batch the log index every
+/// voter held when the leader proposed it; 1 (still read) has the batch alone.
+const ENTRY_VERSION: u8 = 2;
+const ENTRY_VERSION_1: u8 = 1;
+
+/// Entries between two snapshot marks of a redo group (tundra-raft's `redo_machine`).
+pub const LOGS_PER_MARK: u64 = 256;
+/// How often a node purges its redo groups' logs behind what every voter holds.
+const PURGE_EVERY: Duration = Duration::from_secs(1);
 
 /// A redo group's log entry: one batch of a volume's writer, as it sent it (docs/format.md,
-/// "The Raft log": a version byte, then the postcard encoding of these fields).
+/// "The Raft log": a version byte, for version 2 the `held_by_all` index as a little-endian
+/// u64, then the postcard encoding of these fields).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedoEntry {
     pub volume: u32,
@@ -53,24 +61,37 @@ pub struct RedoEntry {
 }
 
 impl RedoEntry {
-    pub fn encode(&self) -> Vec<u8> {
+    /// The entry as logged, with the index every voter holds (`held_by_all`).
+    pub fn encode(&self, held_by_all: u64) -> Vec<u8> {
         let mut bytes = vec![ENTRY_VERSION];
+        bytes.extend(held_by_all.to_le_bytes());
         bytes.extend(postcard::to_allocvec(self).expect("an entry encodes"));
         bytes
     }
 
-    /// The entry in `bytes`, every length checked against the bytes there are.
-    pub fn decode(bytes: &[u8]) -> Result<RedoEntry, String> {
-        match bytes.split_first() {
-            Some((&ENTRY_VERSION, rest)) => match postcard::take_from_bytes::<RedoEntry>(rest) {
-                Ok((entry, [])) => Ok(entry),
-                Ok((_, trailing)) => Err(format!("a redo entry followed by {} stray bytes", trailing.len())),
-                Err(e) => Err(format!("a redo entry that does not decode: {e}")),
-            },
-            Some((version, _)) => Err(format!("a redo entry of unknown version {version}")),
-            None => Err("an empty redo entry".into()),
+    /// The entry in `bytes` and its `held_by_all` (0 for version 1), every length checked
+    /// against the bytes there are.
+    pub fn decode(bytes: &[u8]) -> Result<(RedoEntry, u64), String> {
+        let (held, rest) = match bytes.split_first() {
+            Some((&ENTRY_VERSION, rest)) => {
+                let (held, rest) = rest.split_at_checked(8).ok_or("a redo entry shorter than its header")?;
+                (u64::from_le_bytes(held.try_into().map_err(|_| "a redo entry shorter than its header")?), rest)
+            }
+            Some((&ENTRY_VERSION_1, rest)) => (0, rest),
+            Some((version, _)) => return Err(format!("a redo entry of unknown version {version}")),
+            None => return Err("an empty redo entry".into()),
+        };
+        match postcard::take_from_bytes::<RedoEntry>(rest) {
+            Ok((entry, [])) => Ok((entry, held)),
+            Ok((_, trailing)) => Err(format!("a redo entry followed by {} stray bytes", trailing.len())),
+            Err(e) => Err(format!("a redo entry that does not decode: {e}")),
         }
     }
+}
+
+/// A redo group's snapshot marks, one file per volume in the node's data directory.
+pub fn mark_file(data_dir: &std::path::Path, volume: u32) -> std::path::PathBuf {
+    data_dir.join(format!("redo-{volume}.mark"))
 }
 
 /// What a node asks of a volume's redo leader.
@@ -144,11 +165,25 @@ pub struct NodeApplier {
     pub volume: u32,
 }
 
+impl NodeApplier {
+    /// Read from the header alone: the batch is decoded once, by `apply`.
+    fn held_by_all_of(entry: &[u8]) -> u64 {
+        match entry.split_first() {
+            Some((&ENTRY_VERSION, rest)) => rest.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
+            _ => 0,
+        }
+    }
+}
+
 impl RedoApplier for NodeApplier {
+    fn held_by_all(&self, entry: &[u8]) -> u64 {
+        NodeApplier::held_by_all_of(entry)
+    }
+
     fn apply(&self, entry: &[u8]) -> Result<Option<String>, String> {
         let entry = match RedoEntry::decode(entry) {
-            Ok(entry) if entry.volume == self.volume => entry,
-            Ok(entry) => {
+            Ok((entry, _)) if entry.volume == self.volume => entry,
+            Ok((entry, _)) => {
                 return Ok(Some(format!("a batch of volume {} in the group of {}", entry.volume, self.volume)));
             }
             Err(why) => return Ok(Some(why)),
@@ -213,6 +248,19 @@ fn refusal(error: tundra_raft::Error) -> Refusal {
 }
 
 impl ClusterNode {
+    /// Purges this node's redo groups' logs now and then, behind what every voter holds
+    /// (tundra-raft's `redo_machine`: a redo group's log would otherwise grow with every batch).
+    pub(crate) fn start_redo_upkeep(self: &Arc<ClusterNode>) {
+        let weak = Arc::downgrade(self);
+        self.spawn(async move {
+            loop {
+                tokio::time::sleep(PURGE_EVERY).await;
+                let Some(node) = weak.upgrade() else { return };
+                node.host.purge_redo_logs(tundra_raft::redo_machine::KEEP_BEHIND).await;
+            }
+        });
+    }
+
     /// Starts this node's replica of volume `def`'s redo group. The volume's first replica also
     /// makes the replicas the group's first membership if its log of the group is empty (a
     /// volume created before volumes had redo groups; for a new volume, the creation's
@@ -220,7 +268,8 @@ impl ClusterNode {
     pub(crate) async fn open_redo_group(&self, def: &crate::messages::VolumeDef) -> Result<(), String> {
         let group = redo_group(def.id);
         let applier = Arc::new(NodeApplier { node: self.node.clone(), volume: def.id });
-        self.host.add_redo_group(group, applier).await?;
+        let marks = Arc::new(crate::manager::FileSnapshots { path: mark_file(self.node.data_dir(), def.id) });
+        self.host.add_redo_group(group, applier, marks, LOGS_PER_MARK).await?;
         let empty = self.host.raft(group).map_err(|e| e.to_string())?.metrics().borrow().last_log_index.is_none();
         if empty && def.replicas.first() == Some(&self.me) {
             let voters = def.replicas.iter().copied().collect();
@@ -275,7 +324,8 @@ impl ClusterNode {
                     Ok(_) => {
                         let end_lsn = entry.end_lsn;
                         let t0 = std::time::Instant::now();
-                        self.host.propose_bytes(group, entry.encode()).await.map_err(refusal)?;
+                        let held = self.host.redo_held_by_all(group);
+                        self.host.propose_bytes(group, entry.encode(held)).await.map_err(refusal)?;
                         tundra_raft::lat::note("redo.propose(client_write->applied)", t0);
                         RedoReply::Appended { code: 0, value: end_lsn }
                     }
@@ -328,8 +378,15 @@ mod tests {
     fn an_entry_round_trips_and_bad_bytes_are_refused() {
         let entry =
             RedoEntry { volume: 7, epoch: 2, prev_lsn: 10, end_lsn: 20, record_count: 1, records: vec![1, 2, 3] };
-        let bytes = entry.encode();
-        assert_eq!(RedoEntry::decode(&bytes), Ok(entry));
+        let bytes = entry.encode(41);
+        assert_eq!(RedoEntry::decode(&bytes), Ok((entry.clone(), 41)));
+        let applier_reads = NodeApplier::held_by_all_of(&bytes);
+        assert_eq!(applier_reads, 41);
+        // Version 1, as logged before: the batch alone, held by all at 0.
+        let mut first = vec![ENTRY_VERSION_1];
+        first.extend(postcard::to_allocvec(&entry).unwrap());
+        assert_eq!(RedoEntry::decode(&first), Ok((entry, 0)));
+        assert_eq!(NodeApplier::held_by_all_of(&first), 0);
         assert!(RedoEntry::decode(&[]).is_err());
         assert!(RedoEntry::decode(&[9, 0]).unwrap_err().contains("version 9"));
         for cut in 1..bytes.len() {

@@ -62,6 +62,9 @@ pub struct ChunkStatus {
     /// counts (seed 000 §4.2.2).
     pub logical_bytes: Option<u64>,
     pub physical_bytes: Option<u64>,
+    /// Each replica's last purged log index, by node id (null for a node that did not answer
+    /// or has purged nothing): how far the group's log has been compacted.
+    pub replica_purged: BTreeMap<u64, Option<u64>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -100,6 +103,7 @@ impl ClusterNode {
                     commit_index: self.host.committed(chunk),
                     applied_index: metrics.last_applied.map(|id| id.index),
                     voters: metrics.membership_config.membership().voter_ids().collect(),
+                    purged_index: metrics.purged.map(|id| id.index),
                 })
             })
             .collect();
@@ -247,5 +251,6 @@ fn group_status(
         replica_applied,
         logical_bytes: None,
         physical_bytes: None,
+        replica_purged: replicas.iter().map(|&n| (n, of(n).and_then(|g| g.purged_index))).collect(),
     }
 }

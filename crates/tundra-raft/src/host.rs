@@ -102,6 +102,11 @@ pub struct Host {
     skip_catch_up: std::sync::atomic::AtomicBool,
     /// The injected bug of a simulation twin: purges skip the purge guard.
     purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
+    /// Per redo group, how far its replica here may purge (redo_machine.rs).
+    redo: Mutex<BTreeMap<GroupId, Arc<Mutex<crate::redo_machine::RedoProgress>>>>,
+    /// The injected bug of a simulation twin: a redo leader's entries say every voter holds
+    /// the whole committed log, whatever the voters' logs match.
+    redo_held_committed: std::sync::atomic::AtomicBool,
 }
 
 impl Host {
@@ -135,6 +140,8 @@ impl Host {
             purge_unsynced: Arc::default(),
             started_last: Mutex::default(),
             skip_catch_up: std::sync::atomic::AtomicBool::new(false),
+            redo: Mutex::default(),
+            redo_held_committed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -471,12 +478,15 @@ impl Host {
 
     /// Starts this node's replica of a volume's redo group (`group` is
     /// [`crate::redo_machine::redo_group`] of the volume), applying committed batches through
-    /// `applier`. Its log is never purged, so it never needs a snapshot; a group this host runs
+    /// `applier` and saving its snapshot marks in `marks`; a mark every `logs_per_mark`
+    /// entries. Its log is purged only by [`Host::purge_redo_logs`]. A group this host runs
     /// already is left as it is.
     pub async fn add_redo_group(
         &self,
         group: GroupId,
         applier: Arc<dyn crate::redo_machine::RedoApplier>,
+        marks: Arc<dyn crate::manager_machine::SnapshotStore>,
+        logs_per_mark: u64,
     ) -> Result<(), String> {
         assert!(crate::redo_machine::redo_volume(group).is_some(), "group {:#x} is not a redo group", group.0);
         if self.groups.lock().contains_key(&group) {
@@ -485,12 +495,72 @@ impl Host {
         let network =
             GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
         let log = GroupLogStore::new(self.log.clone(), group);
-        let config = Config { snapshot_policy: SnapshotPolicy::Never, ..(*self.config).clone() };
+        // openraft never purges by itself: only below what every voter holds (redo_machine.rs).
+        let config = Config {
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(logs_per_mark),
+            max_in_snapshot_log_to_keep: u64::MAX,
+            purge_batch_size: 1,
+            ..(*self.config).clone()
+        };
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
-        let machine = crate::redo_machine::RedoStateMachine::new(group, applier);
+        let machine = crate::redo_machine::RedoStateMachine::open(group, applier, marks)?;
+        let progress = machine.progress();
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
+        self.redo.lock().insert(group, progress);
         Ok(())
+    }
+
+    /// The log index every voter of redo group `group` holds, as this node (its leader) knows
+    /// from replicating to them: what its next entry tells every replica it may purge below.
+    /// 0 when it does not lead or does not know a voter's log yet.
+    pub fn redo_held_by_all(&self, group: GroupId) -> u64 {
+        let Ok(raft) = self.raft(group) else { return 0 };
+        let metrics = raft.metrics().borrow().clone();
+        if self.redo_held_committed.load(std::sync::atomic::Ordering::Relaxed) {
+            return metrics.last_applied.map_or(0, |id| id.index);
+        }
+        let Some(replication) = metrics.replication.as_ref() else { return 0 };
+        let mut held = u64::MAX;
+        for voter in metrics.membership_config.membership().voter_ids() {
+            let matched = if voter == self.id {
+                metrics.last_applied.map(|id| id.index)
+            } else {
+                replication.get(&voter).cloned().flatten().map(|id| id.index)
+            };
+            held = held.min(matched.unwrap_or(0));
+        }
+        if held == u64::MAX { 0 } else { held }
+    }
+
+    /// Purges every redo group's log on this node as far as its replica may (below what every
+    /// voter held, less `keep` entries (the node uses [`crate::redo_machine::KEEP_BEHIND`]),
+    /// and within its saved mark; the rest waits for the next call). Called now and then by
+    /// the node.
+    pub async fn purge_redo_logs(&self, keep: u64) {
+        let groups: Vec<(GroupId, Arc<Mutex<crate::redo_machine::RedoProgress>>)> =
+            self.redo.lock().iter().map(|(g, p)| (*g, p.clone())).collect();
+        for (group, progress) in groups {
+            let Ok(raft) = self.raft(group) else { continue };
+            let (held, marked) = {
+                let progress = progress.lock();
+                (progress.held_by_all, progress.marked)
+            };
+            let Some(upto) = held.checked_sub(keep).filter(|&u| u > 0) else { continue };
+            let upto = upto.min(marked.unwrap_or(0));
+            let purged = raft.metrics().borrow().purged.map_or(0, |id| id.index);
+            if upto > purged {
+                // Refused only when the group has stopped, which its own calls report.
+                let _ = raft.trigger().purge_log(upto).await;
+            }
+        }
+    }
+
+    /// The injected bug of the simulation's twin: redo leaders claim every voter holds what
+    /// they applied.
+    #[cfg(test)]
+    pub(crate) fn redo_held_committed(&self) {
+        self.redo_held_committed.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Starts this node's member of the cluster manager's group

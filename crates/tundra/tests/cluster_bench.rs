@@ -161,7 +161,52 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[((values.len() as f64 * p) as usize).min(values.len() - 1)]
 }
 
+/// What replication may add to a write at queue depth 1 (issue's target): one loopback round
+/// trip of a page-sized message and one follower's log sync, each measured here in the same
+/// round: `rtt_us` the median time for 8 KiB to go to a thread on 127.0.0.1 and 64 bytes back
+/// over TCP (one connection, one at a time), `fsync_us` the median time to append 8 KiB to a
+/// file in the nodes' temporary directory and `fdatasync` it.
+fn budget(samples: usize) -> (f64, f64) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || {
+        let (mut peer, _) = listener.accept().expect("accept");
+        peer.set_nodelay(true).expect("nodelay");
+        let mut buf = vec![0u8; PAGE];
+        for _ in 0..samples {
+            peer.read_exact(&mut buf).expect("read");
+            peer.write_all(&buf[..64]).expect("write");
+        }
+    });
+    let mut link = std::net::TcpStream::connect(addr).expect("connect");
+    link.set_nodelay(true).expect("nodelay");
+    let page = vec![7u8; PAGE];
+    let mut back = [0u8; 64];
+    let mut rtt = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        link.write_all(&page).expect("write");
+        link.read_exact(&mut back).expect("read");
+        rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    echo.join().expect("echo");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut file = std::fs::File::create(dir.path().join("sync")).expect("create");
+    let mut fsync = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        file.write_all(&page).expect("append");
+        file.sync_data().expect("fdatasync");
+        fsync.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    (median(&mut rtt), median(&mut fsync))
+}
+
 struct Round {
+    /// One loopback round trip and one log sync, measured in the round (see [`budget`]).
+    rtt_us: f64,
+    fsync_us: f64,
     single_us_p50: f64,
     replicated_us_p50: f64,
     replicated_us_p99: f64,
@@ -175,6 +220,11 @@ struct Round {
 
 impl Round {
     /// The followers' mean CPU per page against the leader's.
+    /// What replication added at the median, over one round trip plus one log sync.
+    fn over_budget(&self) -> f64 {
+        (self.replicated_us_p50 - self.single_us_p50) / (self.rtt_us + self.fsync_us)
+    }
+
     fn cpu_ratio(&self) -> f64 {
         (self.follower_cpu_us_per_page[0] + self.follower_cpu_us_per_page[1]) / 2.0 / self.leader_cpu_us_per_page
     }
@@ -182,6 +232,7 @@ impl Round {
 
 fn round(count: usize) -> Round {
     let (pages, _) = pages(count);
+    let (rtt_us, fsync_us) = budget(count.max(100));
     // A node alone.
     let site = common_serve::Site::new();
     let single = site.start();
@@ -213,6 +264,8 @@ fn round(count: usize) -> Round {
     let compressed = stats["compressed_bytes"].as_u64().expect("compressed bytes");
     let follower_bytes_per_page = (after - before) as f64 / 2.0 / count as f64;
     Round {
+        rtt_us,
+        fsync_us,
         single_us_p50: median(&mut single_us),
         single_us_p99: percentile(&mut single_us, 0.99),
         replicated_us_p50: median(&mut replicated_us),
@@ -249,6 +302,7 @@ fn replication_costs() {
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for r in &results {
         assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0);
+        assert!(r.rtt_us > 0.0 && r.fsync_us > 0.0 && r.over_budget().is_finite());
         assert!(r.compressed_bytes_per_page > 0.0 && r.follower_bytes_per_page > 0.0);
         assert!(r.leader_cpu_us_per_page.is_finite() && r.follower_cpu_us_per_page.iter().all(|c| c.is_finite()));
     }
@@ -257,17 +311,24 @@ fn replication_costs() {
     let ratio: Vec<f64> = results.iter().map(|r| r.replicated_us_p50 / r.single_us_p50).collect();
     let bytes: Vec<f64> = results.iter().map(|r| r.follower_bytes_per_page / r.compressed_bytes_per_page).collect();
     let mut text = String::new();
-    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} TUNDRA_CLUSTER_BENCH_PAGES={count} cargo test -p tundra --test cluster_bench -- --nocapture").unwrap();
+    let release = if cfg!(debug_assertions) { "" } else { " --release" };
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} TUNDRA_CLUSTER_BENCH_PAGES={count} cargo test{release} -p tundra --test cluster_bench replication_costs -- --nocapture").unwrap();
     writeln!(text, "# pages: {count} 8 KiB pages of {what}, written at queue depth 1 over the native protocol")
         .unwrap();
-    writeln!(text, "# build: the test profile (opt-level 1); both sides of each ratio in the same round").unwrap();
+    let (profile, flag) = if cfg!(debug_assertions) {
+        ("the test profile (opt-level 1)", "")
+    } else {
+        ("the release profile", " --release")
+    };
+    writeln!(text, "# build: {profile} (cargo test{flag}); both sides of each ratio in the same round").unwrap();
+    writeln!(text, "# budget: replicated_us_p50 - single_us_p50 (extra_us) against one loopback round trip of 8 KiB (rtt_us) plus one 8 KiB append and fdatasync in the nodes' temporary directory (fsync_us), both medians measured in the same round").unwrap();
     writeln!(text, "# cpu: utime + stime of each tundra serve process (/proc/PID/stat, {} ticks a second) from before the first replicated write to 300 ms after the last, per page; the leader's includes serving the client", clock_ticks()).unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio").unwrap();
+    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}",
+            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}",
             r.single_us_p50,
             r.single_us_p99,
             r.replicated_us_p50,
@@ -279,10 +340,16 @@ fn replication_costs() {
             r.leader_cpu_us_per_page,
             r.follower_cpu_us_per_page[0],
             r.follower_cpu_us_per_page[1],
-            r.cpu_ratio()
+            r.cpu_ratio(),
+            r.rtt_us,
+            r.fsync_us,
+            r.replicated_us_p50 - r.single_us_p50,
+            r.over_budget(),
         )
         .unwrap();
     }
+    let (m, lo, hi) = spread(&results.iter().map(Round::over_budget).collect::<Vec<f64>>());
+    writeln!(text, "extra_over_budget median {m:.2} (min {lo:.2}, max {hi:.2}): the target is at most 1").unwrap();
     let (m, lo, hi) = spread(&ratio);
     writeln!(text, "latency_ratio_p50 median {m:.3} (min {lo:.3}, max {hi:.3})").unwrap();
     let singles: Vec<f64> = results.iter().map(|r| r.single_us_p50).collect();

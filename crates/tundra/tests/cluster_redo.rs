@@ -269,3 +269,106 @@ fn acknowledged_redo_survives_the_kill_of_its_leader() {
         "a lost acknowledged record went unnoticed"
     );
 }
+
+/// Every replica's purged index of the redo group of `volume`, as `tundra cluster status` on
+/// node `asked` shows it (0 for nothing purged), with the group's commit index.
+fn redo_purged(cluster: &Cluster, asked: u64, volume: &str) -> (Vec<u64>, u64) {
+    let report = cluster.status(asked);
+    let group = report["redo"]
+        .as_array()
+        .and_then(|r| r.iter().find(|g| g["volume"] == volume).cloned())
+        .unwrap_or_else(|| panic!("no redo group of {volume}: {report:#}"));
+    let purged = group["replica_purged"]
+        .as_object()
+        .expect("replica_purged")
+        .values()
+        .map(|v| v.as_u64().unwrap_or(0))
+        .collect();
+    (purged, group["commit_index"].as_u64().unwrap_or(0))
+}
+
+/// The redo group's log is purged on every replica behind what every voter holds, never past
+/// a voter that is down: a follower killed while hundreds more batches commit catches up from
+/// the log when it returns (the log still holds what it lacks), and every page reads back.
+#[test]
+fn the_redo_log_is_purged_only_behind_every_voter() {
+    let mut rng = Rng::new(seed_from_env(15));
+    let mut cluster = Cluster::new(|_| None);
+    cluster.start_all();
+    succeeds(&["volume", "create", "log", "--size", "16MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let volume = tundra_client::Client::connect(cluster.member(1).native)
+        .and_then(|mut c| c.volume_lookup("log"))
+        .expect("look the volume up")
+        .id;
+    let mut model = Model::new();
+    let mut writer = Writer { volume, client: None };
+    let mut lsn = 0u64;
+    let mut append = |cluster: &Cluster, order: &[u64], model: &mut Model, lsn: &mut u64, rng: &mut Rng| {
+        let records = batch(rng, *lsn + 1);
+        writer.append(cluster, order, *lsn, &records);
+        for record in &records {
+            model.apply(record);
+        }
+        *lsn = records.last().expect("records").lsn.0;
+    };
+    let wait_purged = |cluster: &Cluster, above: &[u64]| -> Vec<u64> {
+        let started = Instant::now();
+        loop {
+            let (purged, commit) = redo_purged(cluster, 1, "log");
+            if purged.len() == 3 && purged.iter().zip(above).all(|(p, a)| p > a) {
+                return purged;
+            }
+            assert!(started.elapsed() < FAILOVER, "purged {purged:?} (commit {commit}), wanted past {above:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // 256 entries to a mark, 64 kept behind what all hold: 400 batches purge every replica.
+    for _ in 0..400 {
+        append(&cluster, &[1, 2, 3], &mut model, &mut lsn, &mut rng);
+    }
+    let first = wait_purged(&cluster, &[0, 0, 0]);
+    println!("after 400 batches: purged {first:?}");
+
+    // A follower down: the others keep at least what it holds.
+    let leader = redo_leader(&cluster, 1, "log");
+    let down = (1..=3).find(|&id| id != leader).expect("a follower");
+    let (_, held_when_killed) = redo_purged(&cluster, leader, "log");
+    cluster.kill9(down);
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != down).collect();
+    for _ in 0..400 {
+        append(&cluster, &survivors, &mut model, &mut lsn, &mut rng);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let report = cluster.status(leader);
+    let group =
+        report["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "log").cloned()).expect("group");
+    for id in &survivors {
+        let purged = group["replica_purged"][id.to_string()].as_u64().unwrap_or(0);
+        assert!(
+            purged <= held_when_killed,
+            "node {id} purged to {purged} while node {down} held no more than {held_when_killed}: {group:#}"
+        );
+    }
+
+    // It returns and catches up from the log; then purging moves on past where it stopped.
+    cluster.start(down);
+    let started = Instant::now();
+    loop {
+        let report = cluster.status(down);
+        let group = report["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "log").cloned());
+        if group.as_ref().is_some_and(|g| {
+            g["lag"] == 0
+                && g["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &g["commit_index"]))
+        }) {
+            break;
+        }
+        assert!(started.elapsed() < FAILOVER, "the restarted node never caught up: {report:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for _ in 0..100 {
+        append(&cluster, &[1, 2, 3], &mut model, &mut lsn, &mut rng);
+    }
+    let after = wait_purged(&cluster, &[held_when_killed; 3]);
+    println!("after the follower's return and 100 more: purged {after:?}");
+    assert_eq!(check_pages(&cluster, down, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+}

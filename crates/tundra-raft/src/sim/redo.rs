@@ -18,6 +18,7 @@ use super::check::Applied;
 use super::cluster::Cluster;
 use super::net::{NetFaults, SimNet};
 use crate::log::LogFault;
+use crate::manager_machine::MemSnapshotStore;
 use crate::redo_machine::{RedoApplier, redo_group};
 use crate::types::NodeId;
 
@@ -35,13 +36,17 @@ impl Stream {
     }
 }
 
-fn encode(prev: u64, end: u64) -> Vec<u8> {
-    [prev.to_le_bytes(), end.to_le_bytes()].concat()
+fn encode(prev: u64, end: u64, held_by_all: u64) -> Vec<u8> {
+    [prev.to_le_bytes(), end.to_le_bytes(), held_by_all.to_le_bytes()].concat()
 }
 
 struct ModelApplier(Arc<Stream>);
 
 impl RedoApplier for ModelApplier {
+    fn held_by_all(&self, entry: &[u8]) -> u64 {
+        entry.get(16..24).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+    }
+
     fn apply(&self, entry: &[u8]) -> Result<Option<String>, String> {
         let (Some(prev), Some(end)) = (entry.get(..8), entry.get(8..16)) else {
             return Ok(Some("a short entry".into()));
@@ -61,19 +66,28 @@ impl RedoApplier for ModelApplier {
     }
 }
 
-/// How the leader proposes: as the product does, or (an injected bug) without checking the
-/// batch against its stream first.
+/// How the leader proposes: as the product does, or (injected bugs) without checking the
+/// batch against its stream first, or claiming every voter holds what it applied (so replicas
+/// purge entries a lagging voter still needs).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Propose {
     Checked,
     Unchecked,
+    ClaimsAllHold,
 }
 
 pub struct RedoReport {
     pub acknowledged: usize,
     pub crashes: usize,
+    /// The highest log index any replica purged its log to.
+    pub purged: u64,
     pub violations: Vec<String>,
 }
+
+/// Entries between two marks, and entries kept below what every voter holds, in the
+/// simulation: small, so that purges happen within a run.
+const LOGS_PER_MARK: u64 = 4;
+const KEEP_BEHIND: u64 = 2;
 
 pub fn run(seed: u64, steps: usize, fault: LogFault, propose: Propose) -> RedoReport {
     crate::runtime::seed_thread_rng(seed ^ 0x7ed0);
@@ -82,9 +96,19 @@ pub fn run(seed: u64, steps: usize, fault: LogFault, propose: Propose) -> RedoRe
     runtime.block_on(simulate(seed, steps, fault, propose))
 }
 
-async fn start_redo(cluster: &Cluster, i: usize, streams: &[Arc<Stream>]) {
+async fn start_redo(
+    cluster: &Cluster,
+    i: usize,
+    streams: &[Arc<Stream>],
+    marks: &[Arc<MemSnapshotStore>],
+    propose: Propose,
+) {
     let host = cluster.nodes[i].host.clone().expect("the node runs");
-    host.add_redo_group(redo_group(1), Arc::new(ModelApplier(streams[i].clone()))).await.expect("a redo group");
+    if propose == Propose::ClaimsAllHold {
+        host.redo_held_committed();
+    }
+    let applier = Arc::new(ModelApplier(streams[i].clone()));
+    host.add_redo_group(redo_group(1), applier, marks[i].clone(), LOGS_PER_MARK).await.expect("a redo group");
 }
 
 async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) -> RedoReport {
@@ -94,20 +118,22 @@ async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) ->
     let applied = Arc::new(Mutex::new(Applied::default()));
     let mut cluster = Cluster::build(&mut rng, net, 3, 1, fault, applied, false).await;
     let streams: Vec<Arc<Stream>> = (0..3).map(|_| Arc::default()).collect();
+    // Each node's saved marks survive its crashes, as its disk does.
+    let marks: Vec<Arc<MemSnapshotStore>> = (0..3).map(|_| Arc::default()).collect();
     for i in 0..3 {
-        start_redo(&cluster, i, &streams).await;
+        start_redo(&cluster, i, &streams, &marks, propose).await;
     }
     let group = redo_group(1);
     let voters: BTreeSet<NodeId> = (1..=3).collect();
     cluster.nodes[0].host.clone().expect("up").initialize(group, voters).await.expect("initialize");
-    let mut report = RedoReport { acknowledged: 0, crashes: 0, violations: Vec::new() };
+    let mut report = RedoReport { acknowledged: 0, crashes: 0, purged: 0, violations: Vec::new() };
     let mut acknowledged: Vec<(u64, u64)> = Vec::new();
     let mut next_lsn = 1u64;
     for _ in 0..steps {
         if let Some(down) = (0..3).find(|&i| !cluster.is_up(i)) {
             if rng.chance(0.3) {
                 cluster.start(down).await.expect("restart");
-                start_redo(&cluster, down, &streams).await;
+                start_redo(&cluster, down, &streams, &marks, propose).await;
             }
         } else if rng.chance(0.05)
             && let Some(leader) = cluster.leader(group)
@@ -124,17 +150,22 @@ async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) ->
             let ok = match propose {
                 Propose::Checked => settled.is_ok(),
                 Propose::Unchecked => true,
+                Propose::ClaimsAllHold => settled.is_ok(),
             };
             if ok {
                 // The writer's view: its batch follows the last one it had acknowledged.
                 let writer_prev = acknowledged.last().map_or(0, |b| b.1);
-                let prev = if propose == Propose::Checked { prev } else { writer_prev };
+                let prev = if propose == Propose::Unchecked { writer_prev } else { prev };
                 if propose == Propose::Unchecked || prev == writer_prev {
                     // Now and then the leader dies while its entry is on the way: the writer
                     // never hears, and the entry may or may not commit.
                     let crash_in = (rng.chance(0.15) && (0..3).all(|j| cluster.is_up(j))).then(|| rng.range(1..15));
                     let limit = Duration::from_millis(crash_in.unwrap_or(5_000));
-                    let proposal = tokio::time::timeout(limit, leader.propose_bytes(group, encode(prev, end))).await;
+                    let proposal = tokio::time::timeout(
+                        limit,
+                        leader.propose_bytes(group, encode(prev, end, leader.redo_held_by_all(group))),
+                    )
+                    .await;
                     match proposal {
                         Ok(Ok(())) => {
                             acknowledged.push((prev, end));
@@ -155,13 +186,18 @@ async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) ->
                 }
             }
         }
+        for node in &cluster.nodes {
+            if let Some(host) = node.host.clone() {
+                host.purge_redo_logs(KEEP_BEHIND).await;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(rng.range(1..40))).await;
     }
     // Everyone up, no faults: every replica catches up.
     for i in 0..3 {
         if !cluster.is_up(i) {
             cluster.start(i).await.expect("restart");
-            start_redo(&cluster, i, &streams).await;
+            start_redo(&cluster, i, &streams, &marks, propose).await;
         }
     }
     cluster.net.set_faults(NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 0 });
@@ -178,6 +214,13 @@ async fn simulate(seed: u64, steps: usize, fault: LogFault, propose: Propose) ->
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for node in &cluster.nodes {
+        if let Some(host) = node.host.clone()
+            && let Ok(raft) = host.raft(group)
+        {
+            report.purged = report.purged.max(raft.metrics().borrow().purged.map_or(0, |id| id.index));
+        }
     }
     let first = streams[0].batches.lock().clone();
     for (i, stream) in streams.iter().enumerate() {
@@ -206,7 +249,7 @@ mod tests {
 
     #[test]
     fn acknowledged_redo_batches_survive_leader_crashes() {
-        let (mut acknowledged, mut crashes) = (0, 0);
+        let (mut acknowledged, mut crashes, mut purging) = (0, 0, 0);
         for seed in 0..seeds() {
             let report = run(seed, 120, LogFault::None, Propose::Checked);
             assert!(
@@ -217,9 +260,23 @@ mod tests {
             );
             acknowledged += report.acknowledged;
             crashes += report.crashes;
+            purging += usize::from(report.purged > 0);
         }
+        println!("{acknowledged} batches acknowledged, {crashes} crashes, {purging} runs purged a log");
         assert!(acknowledged > 100 * seeds() as usize / 2, "{acknowledged} batches acknowledged");
         assert!(crashes > 0, "no leader crashed");
+        // The logs were purged behind what every voter held, through the crashes.
+        assert!(purging > seeds() as usize / 2, "only {purging} runs purged a log");
+    }
+
+    #[test]
+    fn a_leader_that_claims_every_voter_holds_its_log_is_caught() {
+        let caught = (0..seeds()).find_map(|seed| {
+            let report = run(seed, 120, LogFault::None, Propose::ClaimsAllHold);
+            report.violations.first().map(|v| format!("seed {seed}: {v}"))
+        });
+        println!("caught: {caught:?}");
+        assert!(caught.is_some(), "a purge past a lagging voter's log went unnoticed");
     }
 
     #[test]
