@@ -7,7 +7,7 @@
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,12 +56,6 @@ pub struct Cluster {
     pub env: Vec<(String, String)>,
 }
 
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> =
-        (0..count).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port")).collect();
-    listeners.iter().map(|l| l.local_addr().expect("local addr")).collect()
-}
-
 impl Cluster {
     /// Writes the configs of three nodes; `key_of(id)` is each node's cluster key (None: no
     /// key). Nothing is started.
@@ -88,7 +82,7 @@ impl Cluster {
 
     fn build(count: usize, key_of: impl Fn(u64) -> Option<String>, drive: &str, faulty_links: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let addrs = free_addrs(count * 3);
+        let addrs = crate::common::free_addrs(count * 3);
         let peer_addrs: Vec<SocketAddr> = (0..count).map(|i| addrs[i * 3]).collect();
         let links = faulty_links.then(|| Links::start(&peer_addrs));
         let mut members = Vec::new();

@@ -59,3 +59,38 @@ pub fn realdata_at(path: &std::path::Path, min_bytes: usize, required: bool) -> 
     }
     found
 }
+
+/// `count` distinct loopback addresses that were free a moment ago, on ports below the
+/// kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`, 32768 and up by
+/// default). A port from that range, released and then bound again by a server the test
+/// starts (or restarts after killing it), can meanwhile be the local port of some outgoing
+/// connection, and the server then fails with `Address already in use`; ports below it are
+/// never given to outgoing connections. Ports 22000 to 31999: above the default ports (7807,
+/// 9807, 10809) and the fixed ports the scripts start from (up to 20819). Each process starts
+/// at its own place in the range (from its pid) and never hands out a port twice.
+#[allow(dead_code)]
+pub fn free_addrs(count: usize) -> Vec<std::net::SocketAddr> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 22_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(2_654_435_761)) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    let mut addrs = Vec::with_capacity(count);
+    let mut tries = 0;
+    while addrs.len() < count {
+        tries += 1;
+        assert!(tries < SPAN as usize, "no free port in {FIRST}..{}", FIRST + SPAN);
+        let port = FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port as u16));
+        // Taken by someone else now: the next one.
+        if std::net::TcpListener::bind(addr).is_ok() {
+            addrs.push(addr);
+        }
+    }
+    addrs
+}

@@ -9,7 +9,7 @@
 //! common/mod.rs is shared with the other tests.
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -150,11 +150,9 @@ impl Site {
     }
 }
 
-/// Three distinct loopback ports that were free a moment ago.
+/// Three distinct loopback ports that were free a moment ago (`common::free_addrs`).
 fn free_ports() -> [SocketAddr; 3] {
-    let listeners: Vec<TcpListener> =
-        (0..3).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port")).collect();
-    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().expect("local addr")).collect();
+    let addrs = crate::common::free_addrs(3);
     [addrs[0], addrs[1], addrs[2]]
 }
 
