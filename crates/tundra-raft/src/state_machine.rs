@@ -89,6 +89,10 @@ pub struct ChunkStateMachine {
     requests: Arc<AppliedRequests>,
     node: NodeId,
     files: Arc<SnapshotFiles>,
+    /// Whether openraft has asked for the current snapshot since the replica opened: the first
+    /// time is its start, which wants only the snapshot's metadata (see
+    /// [`RaftStateMachine::get_current_snapshot`]).
+    asked_since_open: bool,
 }
 
 impl ChunkStateMachine {
@@ -105,7 +109,17 @@ impl ChunkStateMachine {
             Some(bytes) => ApplyMark::decode(&bytes).map_err(|e| format!("chunk {}: {e}", group.0))?,
             None => ApplyMark::default(),
         };
-        Ok(ChunkStateMachine { group, pages, mark, snapshot: None, hook, requests, node, files })
+        Ok(ChunkStateMachine {
+            group,
+            pages,
+            mark,
+            snapshot: None,
+            hook,
+            requests,
+            node,
+            files,
+            asked_since_open: false,
+        })
     }
 
     fn store(&self) -> &Store {
@@ -255,7 +269,29 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
 
     /// After a restart no snapshot was kept: the state as of the current mark serves as one
     /// (it covers everything the log may have purged, which was applied first).
+    /// The snapshot captured last, or one captured now. Except at the replica's start: openraft
+    /// asks then once, for the metadata it starts from (the log may be purged behind it), and
+    /// gets the metadata of the state at the journalled mark with an empty manifest, nothing
+    /// captured. Capturing there would copy every chunk a node holds at each start, and a
+    /// single unreadable block of a chunk would keep the node from starting at all, where it
+    /// should fail only that page's reads until repair rewrites it. When a snapshot is to be
+    /// sent, openraft asks again and the chunk is captured then.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let first = !std::mem::replace(&mut self.asked_since_open, true);
+        if first && self.snapshot.is_none() {
+            return Ok(self.mark.applied.map(|applied| {
+                let snapshot_id = format!(
+                    "n{}-t{}.{}-i{}-start",
+                    self.node, applied.leader_id.term, applied.leader_id.node_id, applied.index
+                );
+                let meta = SnapshotMeta {
+                    last_log_id: Some(applied),
+                    last_membership: self.mark.membership.clone(),
+                    snapshot_id,
+                };
+                Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) }
+            }));
+        }
         if self.snapshot.is_none() && self.mark.applied.is_some() {
             let mut builder = self.get_snapshot_builder().await;
             return builder.build_snapshot().await.map(Some);

@@ -37,14 +37,6 @@ fn find_all(haystack: &[u8], needle: &[u8]) -> Vec<usize> {
 }
 
 /// Waits until every replica of every chunk applied the leader's commit index.
-/// Waits until every replica's applies are durable in its store: a replica applies committed
-/// entries without a store sync (its Raft log replays them after a crash) and the node's
-/// background work syncs them about once a second. The pages these tests damage on a drive
-/// must be the pages' durable copies, not ones a restart rewrites from the log.
-fn applies_durable() {
-    std::thread::sleep(Duration::from_millis(2500));
-}
-
 fn caught_up(cluster: &Cluster, asked: u64) {
     let started = Instant::now();
     loop {
@@ -75,12 +67,16 @@ fn a_page_gone_bad_on_a_stopped_replica_is_repaired_from_a_peer_by_the_scrub() {
     }
     drop(client);
     caught_up(&cluster, 1);
-    applies_durable();
 
-    // A follower goes down and one of its pages goes bad on its drive meanwhile.
+    // A follower goes down and one of its pages goes bad on its drive meanwhile. It is stopped
+    // (SIGTERM), not killed: a replica applies committed entries without a store sync, and a
+    // restart after a kill applies them again from its Raft log, writing page 5 afresh (then
+    // there is nothing to repair). A stop closes its stores, so the damaged blocks are the
+    // page's only copy on its drive, and the restart must not read them (a start that
+    // captured the chunk's snapshot did, and failed).
     let leader = cluster.leader(1, "rv");
     let bad_node = (1..=3).find(|&id| id != leader).expect("a follower");
-    cluster.kill9(bad_node);
+    cluster.stop(bad_node);
     let image = cluster.path().join(format!("node{bad_node}")).join("drive.img");
     let mut bytes = std::fs::read(&image).expect("read the drive image");
     let block = &page_content(5)[..4096];
@@ -153,11 +149,11 @@ fn a_read_through_a_leader_whose_page_went_bad_repairs_it_from_a_peer() {
     }
     drop(client);
     caught_up(&cluster, 1);
-    applies_durable();
 
-    // Page 9 goes bad on nodes 1 and 2; node 3 keeps the one good copy.
-    cluster.kill9(1);
-    cluster.kill9(2);
+    // Page 9 goes bad on nodes 1 and 2 (stopped, so that the damaged blocks are the page's
+    // durable copies: see the test above); node 3 keeps the one good copy.
+    cluster.stop(1);
+    cluster.stop(2);
     corrupt_on(&cluster, 1, 9);
     corrupt_on(&cluster, 2, 9);
     cluster.start(1);

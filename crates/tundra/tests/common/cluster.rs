@@ -190,6 +190,30 @@ impl Cluster {
         child.wait().expect("reap");
     }
 
+    /// Stops node `id` as an operator does (SIGTERM) and waits for it to exit: its stores are
+    /// closed, so every apply is durable in them. Panics if it takes more than 30 s.
+    #[allow(dead_code)]
+    pub fn stop(&mut self, id: u64) {
+        let member = &mut self.members[id as usize - 1];
+        let mut child = member.child.take().expect("node runs");
+        let pid = i32::try_from(child.id()).expect("a pid");
+        // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM to node {id}");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                assert!(status.success(), "node {id} stopped with {status}:\n{}", member.log_text());
+                return;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id} did not stop within 30 s of SIGTERM:\n{}", member.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// The process id of node `id`, while it runs.
     pub fn pid(&self, id: u64) -> Option<u32> {
         self.members[id as usize - 1].child.as_ref().map(Child::id)
