@@ -295,7 +295,7 @@ impl<'a> Simulation<'a> {
             let reported = state
                 .chunks
                 .iter()
-                .fold(Space::ZERO, |sum, c| sum.plus(self.state.chunk(*c).expect("placed").reported));
+                .fold(Space::ZERO, |sum, c| sum.plus(self.state.chunk(*c).expect("placed").reported.unwrap_or(Space::ZERO)));
             assert_eq!(reported, *held, "{node}: manager and ledger disagree");
         }
     }
