@@ -3,12 +3,13 @@
 //! postcard encoding of the value (docs/format.md, "The cluster manager's log entries and
 //! snapshot").
 //!
-//! Versions. Commands are version 1 ([`COMMAND_VERSION`]): new commands are new enum variants
-//! after the others, so every command an older build wrote encodes, and decodes, as it did.
-//! Snapshots are version 2 ([`SNAPSHOT_VERSION`]), whose chunk records say whether a chunk's
-//! size was ever reported (`Option`); version 1 snapshots still decode, a reported size of
-//! zero on both axes read as "none reported" (the same count: a chunk with nothing reported
-//! counts at its expected size either way).
+//! Versions (a new field or variant is a new version byte; a member refuses versions it does
+//! not know). Commands are version 2 ([`COMMAND_VERSION`]), which added `ChunkSizes` after the
+//! other variants: the entries an older build wrote to the log (version 1) still decode, as
+//! any command but `ChunkSizes`. Snapshots are version 2 ([`SNAPSHOT_VERSION`]), whose chunk
+//! records say whether a chunk's size was ever reported (`Option`); version 1 snapshots still
+//! decode, a reported size of zero on both axes read as "none reported" (the same count: a
+//! chunk with nothing reported counts at its expected size either way).
 //!
 //! A snapshot carries only what the commands set (the configuration, each node's status,
 //! capacity and overhead, each chunk's expected and reported sizes, replicas and move); every
@@ -28,8 +29,10 @@ use crate::plan::Move;
 use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, check_spaces, counted_size};
 use crate::usage::{NodeId, Space};
 
-/// The version byte that starts every encoded command.
-pub const COMMAND_VERSION: u8 = 1;
+/// The version byte that starts every command this build encodes.
+pub const COMMAND_VERSION: u8 = 2;
+/// The older command version that still decodes (every variant but `ChunkSizes`).
+pub const COMMAND_VERSION_1: u8 = 1;
 /// The version byte that starts every snapshot this build writes.
 pub const SNAPSHOT_VERSION: u8 = 2;
 /// The older snapshot version that still decodes.
@@ -84,6 +87,12 @@ impl Command {
         let what = "a manager command";
         let command: Command = match split_version(bytes, what)? {
             (COMMAND_VERSION, rest) => whole(rest, what)?,
+            (COMMAND_VERSION_1, rest) => match whole(rest, what)? {
+                Command::ChunkSizes { .. } => {
+                    return Err(Error::invalid("a version 1 manager command that is a ChunkSizes (added in version 2)"));
+                }
+                command => command,
+            },
             (version, _) => return Err(unknown_version(what, version)),
         };
         command.check_figures()?;
@@ -401,6 +410,26 @@ mod tests {
         let mut bytes = v1_bytes();
         bytes[0] = SNAPSHOT_VERSION;
         assert!(ClusterState::decode(&bytes).is_err());
+    }
+
+    /// Log entries an older build wrote (version 1) decode as they did; a version 1 entry
+    /// cannot be a command added in version 2.
+    #[test]
+    fn version_1_commands_still_decode() {
+        let (_, commands) = state();
+        for command in &commands {
+            let mut old = command.encode();
+            assert_eq!(old[0], COMMAND_VERSION);
+            old[0] = COMMAND_VERSION_1;
+            match command {
+                Command::ChunkSizes { .. } => assert!(Command::decode(&old).is_err(), "{command:?}"),
+                _ => assert_eq!(&Command::decode(&old).unwrap(), command),
+            }
+        }
+        // A heartbeat as version 1 wrote it: the bytes fixed here, not re-encoded.
+        let heartbeat = Command::Heartbeat { node: NodeId(2), capacity: Space::new(1 << 20, 1 << 19), used: Space::new(5, 3) };
+        let v1 = [1u8, 2, 2, 0x80, 0x80, 0x40, 0x80, 0x80, 0x20, 5, 3];
+        assert_eq!(Command::decode(&v1).unwrap(), heartbeat);
     }
 
     #[test]

@@ -792,4 +792,33 @@ mod tests {
         assert_eq!(store.load().unwrap().as_deref(), Some(&b"second, longer"[..]));
         assert!(!dir.path().join("manager.next").exists());
     }
+
+    fn size(chunk: u32, physical_bytes: u64) -> ChunkSize {
+        ChunkSize { volume: 3, chunk, pages: 1, logical_bytes: 8192, physical_bytes }
+    }
+
+    /// A report carries only what changed since the last acknowledgement, at most
+    /// `MAX_SIZES_PER_COMMAND`; an unacknowledged report is sent again, and a chunk no longer
+    /// led is forgotten, so that it is sent again if its leadership comes back.
+    #[test]
+    fn reports_carry_only_changed_sizes_and_are_bounded() {
+        let mut reporter = Reporter::default();
+        let led: Vec<ChunkSize> = (0..3).map(|c| size(c, 100)).collect();
+        assert_eq!(reporter.changed(&led), led);
+        // Not acknowledged: the same again.
+        assert_eq!(reporter.changed(&led), led);
+        reporter.acknowledged(&led);
+        assert!(reporter.changed(&led).is_empty());
+        let moved = vec![size(0, 100), size(1, 120), size(2, 100)];
+        assert_eq!(reporter.changed(&moved), vec![size(1, 120)]);
+        reporter.acknowledged(&[size(1, 120)]);
+        // Chunk 2 no longer led, then led again: reported again.
+        assert!(reporter.changed(&moved[..2]).is_empty());
+        assert_eq!(reporter.changed(&moved), vec![size(2, 100)]);
+        let many: Vec<ChunkSize> = (0..(MAX_SIZES_PER_COMMAND as u32 + 10)).map(|c| size(c, 7)).collect();
+        let first = reporter.changed(&many);
+        assert_eq!(first.len(), MAX_SIZES_PER_COMMAND);
+        reporter.acknowledged(&first);
+        assert_eq!(reporter.changed(&many).len(), 10);
+    }
 }

@@ -433,3 +433,48 @@ pub fn zones(state: &ClusterState) -> Zones {
         nodes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rebalance_every_parses_and_bad_text_is_refused() {
+        assert_eq!(parse_period("off").unwrap(), None);
+        assert_eq!(parse_period("60s").unwrap(), Some(Duration::from_secs(60)));
+        assert_eq!(parse_period("500ms").unwrap(), Some(Duration::from_millis(500)));
+        assert_eq!(parse_period(" 5m ").unwrap(), Some(Duration::from_secs(300)));
+        assert_eq!(parse_period("2h").unwrap(), Some(Duration::from_secs(7200)));
+        for (bad, why) in [
+            ("60", "needs a unit"),
+            ("s", "write \"off\""),
+            ("10x", "unknown unit"),
+            ("100ms", "shorter than 500 ms"),
+            ("-5s", "write \"off\""),
+            ("99999999999999999999h", "write \"off\""),
+            ("9999999999999999h", "too long"),
+        ] {
+            let error = parse_period(bad).unwrap_err();
+            assert!(error.contains(why), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_background_keys_are_read_and_checked() {
+        let config = ClusterConfig {
+            rebalance_every: Some("2s".into()),
+            rebalance_policy: Some("logical".into()),
+            ..ClusterConfig::default()
+        };
+        let settings = RebalanceSettings::from_config(&config).unwrap();
+        assert_eq!(settings.every, Some(Duration::from_secs(2)));
+        assert_eq!(settings.policy, Policy::Logical);
+        let default = RebalanceSettings::from_config(&ClusterConfig::default()).unwrap();
+        assert_eq!((default.every, default.policy), (None, Policy::CompressionAware));
+        let bad = ClusterConfig { rebalance_policy: Some("size".into()), ..ClusterConfig::default() };
+        assert!(RebalanceSettings::from_config(&bad).unwrap_err().contains("rebalance_policy"));
+        let bad = ClusterConfig { rebalance_every: Some("1".into()), ..ClusterConfig::default() };
+        assert!(RebalanceSettings::from_config(&bad).unwrap_err().contains("rebalance_every"));
+    }
+}
