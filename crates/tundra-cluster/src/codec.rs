@@ -89,7 +89,9 @@ impl Command {
             (COMMAND_VERSION, rest) => whole(rest, what)?,
             (COMMAND_VERSION_1, rest) => match whole(rest, what)? {
                 Command::ChunkSizes { .. } => {
-                    return Err(Error::invalid("a version 1 manager command that is a ChunkSizes (added in version 2)"));
+                    return Err(Error::invalid(
+                        "a version 1 manager command that is a ChunkSizes (added in version 2)",
+                    ));
                 }
                 command => command,
             },
@@ -375,7 +377,10 @@ mod tests {
     const SNAPSHOT_V1_HEX: &str = "0103000000000000e83f9a9999999999b93f01009a9999999999b93f9a9999999999b93f400210030100808080800480808080020000020080808080048080808002000003008080808004808080800200000280808080708080408080408080408080100301020300818080807080804080804000000301020300";
 
     fn v1_bytes() -> Vec<u8> {
-        (0..SNAPSHOT_V1_HEX.len()).step_by(2).map(|i| u8::from_str_radix(&SNAPSHOT_V1_HEX[i..i + 2], 16).unwrap()).collect()
+        (0..SNAPSHOT_V1_HEX.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&SNAPSHOT_V1_HEX[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     /// The state the version 1 snapshot holds, built by commands.
@@ -427,7 +432,8 @@ mod tests {
             }
         }
         // A heartbeat as version 1 wrote it: the bytes fixed here, not re-encoded.
-        let heartbeat = Command::Heartbeat { node: NodeId(2), capacity: Space::new(1 << 20, 1 << 19), used: Space::new(5, 3) };
+        let heartbeat =
+            Command::Heartbeat { node: NodeId(2), capacity: Space::new(1 << 20, 1 << 19), used: Space::new(5, 3) };
         let v1 = [1u8, 2, 2, 0x80, 0x80, 0x40, 0x80, 0x80, 0x20, 5, 3];
         assert_eq!(Command::decode(&v1).unwrap(), heartbeat);
     }

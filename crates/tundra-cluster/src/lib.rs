@@ -23,7 +23,8 @@ pub use config::{Band, ManagerConfig, Policy, Throttle};
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{Move, MoveReason, Plan, Thresholds};
 pub use state::{
-    Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, NodeState, NodeStatus, ReportedSize,
+    Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, NodeState, NodeStatus,
+    ReportedSize,
 };
 pub use summary::ClusterSummary;
 pub use tundra_store::ids::ChunkId;

@@ -376,10 +376,16 @@ impl ClusterState {
                 return Err(Error::invalid(format!("chunk {} reported twice in one command", s.chunk.0)));
             }
             if !chunk.replicas.contains(&node) {
-                return Err(Error::invalid(format!("{node} reports chunk {}, of which it holds no replica", s.chunk.0)));
+                return Err(Error::invalid(format!(
+                    "{node} reports chunk {}, of which it holds no replica",
+                    s.chunk.0
+                )));
             }
             if chunk.moving.is_some_and(|m| m.to == node) {
-                return Err(Error::invalid(format!("{node} reports chunk {} while it is still moving there", s.chunk.0)));
+                return Err(Error::invalid(format!(
+                    "{node} reports chunk {} while it is still moving there",
+                    s.chunk.0
+                )));
             }
         }
         for s in sizes {
@@ -422,8 +428,7 @@ impl ClusterState {
             n.chunk_space = n.chunk_space.plus(size);
         }
         self.chunk_total = self.chunk_total.plus(size);
-        let state =
-            ChunkState { size, expected: size, reported: None, replicas: replicas.clone(), moving: None };
+        let state = ChunkState { size, expected: size, reported: None, replicas: replicas.clone(), moving: None };
         self.chunks.insert(chunk, state);
         Ok(())
     }

@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{Command, MAX_SIZES_PER_COMMAND, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, ReportedSize, Space};
+use tundra_cluster::{
+    Command, MAX_SIZES_PER_COMMAND, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, ReportedSize, Space,
+};
 use tundra_raft::manager_machine::{ManagerBug, SnapshotStore, manager_group};
 use tundra_store::ids::{ChunkId, VolumeId};
 
@@ -149,7 +151,9 @@ impl std::fmt::Display for MoveOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MoveOwner::Background { node } => write!(f, "the background rebalancer on node {node}"),
-            MoveOwner::Rebalance { node, run } => write!(f, "a `tundra cluster rebalance` run ({run:x}) through node {node}"),
+            MoveOwner::Rebalance { node, run } => {
+                write!(f, "a `tundra cluster rebalance` run ({run:x}) through node {node}")
+            }
             MoveOwner::Drain { node } => write!(f, "a drain of node {node}"),
             MoveOwner::Move { node } => write!(f, "a `tundra cluster move` through node {node}"),
         }
@@ -170,7 +174,10 @@ pub enum ManagerReply {
     Done,
     Replicas(Vec<u64>),
     Status(ManagerStatus),
-    DrainPlan { held: Vec<u64>, next: Option<Move> },
+    DrainPlan {
+        held: Vec<u64>,
+        next: Option<Move>,
+    },
     ChunkSizes(Vec<ManagedSize>),
     /// The claim was taken or renewed.
     Claimed,
@@ -437,7 +444,10 @@ impl ClusterNode {
     async fn take_sizes(&self, node: u64, sizes: &[ChunkSize]) -> Result<(), Refusal> {
         let Some(view) = self.host.manager_view() else { return Ok(()) };
         if sizes.len() > MAX_SIZES_PER_COMMAND {
-            return Err(Refusal::Invalid(format!("{} chunk sizes in one report, past {MAX_SIZES_PER_COMMAND}", sizes.len())));
+            return Err(Refusal::Invalid(format!(
+                "{} chunk sizes in one report, past {MAX_SIZES_PER_COMMAND}",
+                sizes.len()
+            )));
         }
         let (changed, touched) = {
             let state = &view.lock().state;

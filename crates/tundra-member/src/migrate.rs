@@ -96,14 +96,24 @@ impl ClusterNode {
         if !self.membership.ids().contains(&node) {
             return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
         }
-        // One mover at a time (manager.rs): a background round or a rebalance run waits.
+        // One mover at a time (manager.rs): a background round or a rebalance run waits. The
+        // claim is given back when the node is empty or a step fails; between steps the
+        // command line's next one renews it.
         let owner = crate::manager::MoveOwner::Drain { node };
         self.block_on(self.claim_moves(owner))?;
+        let step = self.claimed_drain_step(node);
+        if !matches!(&step, Ok(progress) if progress.chunks_left > 0) {
+            self.block_on(self.release_moves(owner));
+        }
+        step
+    }
+
+    /// [`ClusterNode::drain_step`] once it holds the claim on moves.
+    fn claimed_drain_step(&self, node: u64) -> Result<DrainProgress, Refusal> {
         self.block_on(self.settle_all());
         // The manager's leader marks the node draining and plans the move (manager.rs).
         let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
         let Some(&first) = held.first() else {
-            self.block_on(self.release_moves(owner));
             return Ok(DrainProgress { chunks_left: 0, moved: None });
         };
         let planned = planned.ok_or_else(|| {
@@ -116,9 +126,6 @@ impl ClusterNode {
         })?;
         let def = self.def_of(planned.chunk.volume().0)?;
         self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0))?;
-        if held.len() == 1 {
-            self.block_on(self.release_moves(owner));
-        }
         let moved = Some((def.name.clone(), planned.chunk.index(), planned.to.0));
         Ok(DrainProgress { chunks_left: held.len() - 1, moved })
     }

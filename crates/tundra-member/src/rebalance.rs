@@ -52,11 +52,15 @@ impl RebalanceSettings {
             move_bytes_per_sec: config.move_bytes_per_sec.unwrap_or(tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC),
             every: match config.rebalance_every.as_deref() {
                 None => None,
-                Some(text) => parse_period(text).map_err(|why| format!("[cluster] rebalance_every = {text:?}: {why}"))?,
+                Some(text) => {
+                    parse_period(text).map_err(|why| format!("[cluster] rebalance_every = {text:?}: {why}"))?
+                }
             },
             policy: match config.rebalance_policy.as_deref() {
                 None => Policy::CompressionAware,
-                Some(name) => Policy::parse(name).map_err(|e| format!("[cluster] rebalance_policy: {}", e.message()))?,
+                Some(name) => {
+                    Policy::parse(name).map_err(|e| format!("[cluster] rebalance_policy: {}", e.message()))?
+                }
             },
         };
         settings.manager_config(Policy::CompressionAware).validate().map_err(|e| {
@@ -100,7 +104,8 @@ pub fn parse_period(text: &str) -> Result<Option<std::time::Duration>, String> {
     }
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| "write \"off\" or a number with ms, s, m or h, as \"60s\"".to_string())?;
+    let number: u64 =
+        number.parse().map_err(|_| "write \"off\" or a number with ms, s, m or h, as \"60s\"".to_string())?;
     let millis_per = match unit {
         "ms" => 1,
         "s" => 1_000,
@@ -112,7 +117,10 @@ pub fn parse_period(text: &str) -> Result<Option<std::time::Duration>, String> {
     let millis = number.checked_mul(millis_per).ok_or("a period too long")?;
     let period = std::time::Duration::from_millis(millis);
     if period < REBALANCE_EVERY_MIN {
-        return Err(format!("shorter than {} ms (write \"off\" to turn the rounds off)", REBALANCE_EVERY_MIN.as_millis()));
+        return Err(format!(
+            "shorter than {} ms (write \"off\" to turn the rounds off)",
+            REBALANCE_EVERY_MIN.as_millis()
+        ));
     }
     Ok(Some(period))
 }
@@ -286,7 +294,8 @@ impl ClusterNode {
     /// One step of `tundra cluster rebalance`: plan under `policy` and, unless `dry_run`, carry
     /// out the plan's first move not in `skip`.
     /// A step that moves holds the claim on moves for `owner` (manager.rs), waiting for another
-    /// mover's to end; a command-line run gives it back once its plan is empty.
+    /// mover's to end; a command-line run gives it back once its plan is empty or a step fails
+    /// (a background round gives it back at the round's end).
     pub fn rebalance_step(
         &self,
         policy: &str,
@@ -295,9 +304,25 @@ impl ClusterNode {
         owner: MoveOwner,
     ) -> Result<RebalanceProgress, Refusal> {
         let policy = Policy::parse(policy).map_err(invalid)?;
-        if !dry_run {
-            self.block_on(self.claim_moves(owner))?;
+        if dry_run {
+            return self.claimed_rebalance_step(policy, dry_run, skip);
         }
+        self.block_on(self.claim_moves(owner))?;
+        let step = self.claimed_rebalance_step(policy, dry_run, skip);
+        let ended = !matches!(&step, Ok(progress) if !progress.plan.is_empty());
+        if ended && matches!(owner, MoveOwner::Rebalance { .. }) {
+            self.block_on(self.release_moves(owner));
+        }
+        step
+    }
+
+    /// [`ClusterNode::rebalance_step`] once it holds the claim on moves (or for a dry run).
+    fn claimed_rebalance_step(
+        &self,
+        policy: Policy,
+        dry_run: bool,
+        skip: &[SkippedMove],
+    ) -> Result<RebalanceProgress, Refusal> {
         self.block_on(self.settle_all());
         let (mut state, sizes) = self.decision_state(self.rebalance.manager_config(policy))?;
         let before = zones(&state);
@@ -307,9 +332,6 @@ impl ClusterNode {
         let moves: Vec<Move> = state.plan().moves.into_iter().filter(|m| !skipped(m)).collect();
         let plan: Vec<PlannedMove> = moves.iter().map(|m| self.planned(&state, m)).collect();
         if dry_run || moves.is_empty() {
-            if !dry_run && matches!(owner, MoveOwner::Rebalance { .. }) {
-                self.block_on(self.release_moves(owner));
-            }
             let simulated = dry_run.then(|| self.simulate(state.clone(), skip));
             return Ok(RebalanceProgress {
                 plan,

@@ -272,8 +272,14 @@ fn chunk_drift(
 
 /// Five nodes configured with the band, the margin, the move pace and `extra` (more `[cluster]`
 /// keys), holding the ten volumes written one after the other: skewed ratios (see the module
-/// comment). Answers the cluster, the volumes' ids and the log of the initial writes.
-fn skewed_cluster(data: &Data, extra: &str, test_started: Instant) -> (Cluster, Vec<u32>, WriterLog) {
+/// comment). `after_volume(v, cluster, ids)` runs once volume `v` is written. Answers the
+/// cluster, the volumes' ids and the log of the initial writes.
+fn skewed_cluster(
+    data: &Data,
+    extra: &str,
+    test_started: Instant,
+    mut after_volume: impl FnMut(usize, &Cluster, &[u32]),
+) -> (Cluster, Vec<u32>, WriterLog) {
     let mut cluster = Cluster::of_size(5, |_| None, DRIVE);
     for member in &cluster.members {
         // Small devices: five nodes share the machine's disk.
@@ -303,6 +309,7 @@ fn skewed_cluster(data: &Data, extra: &str, test_started: Instant) -> (Cluster, 
         ids.push(id);
         // Written before the next volume is placed, so placement counts it.
         log.extend(write_all(cluster.member(1).native, v, id, data));
+        after_volume(v, &cluster, &ids);
     }
     println!("[{:.1} s] ten volumes written", test_started.elapsed().as_secs_f64());
     (cluster, ids, log)
@@ -320,7 +327,7 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
     let _one = one_cluster_at_a_time();
     let data = Arc::new(Data::load());
     let test_started = Instant::now();
-    let (cluster, ids, mut log) = skewed_cluster(&data, "", test_started);
+    let (cluster, ids, mut log) = skewed_cluster(&data, "", test_started, |_, _, _| {});
     let addr = cluster.member(1).addr();
     let before = cluster.status(2);
     let used_before = usage(&before);
@@ -489,8 +496,8 @@ fn an_unknown_policy_is_refused_before_anything_moves() {
     );
 }
 
-/// How long the background rebalancer has, from the writer's start, to bring every node into
-/// the band; the twin with the loop off waits as long.
+/// How long the background rebalancer has, once the last volume is written, to bring every
+/// node into the band; the twin with the loop off waits as long.
 const BACKGROUND_WAIT: Duration = Duration::from_secs(15);
 
 /// Every node's ratio inside the band, from status: `Ok` or the first node outside.
@@ -508,21 +515,37 @@ fn background(status: &Value) -> &Value {
     &status["manager"]["background_rebalance"]
 }
 
-/// Runs the writer for up to [`BACKGROUND_WAIT`], asking status every second, and stops early
-/// once `done(status)`; answers the writer's log, the last status and how long it ran.
-fn write_while(
-    cluster: &Cluster,
-    ids: &[u32],
-    data: &Arc<Data>,
-    done: impl Fn(&Value) -> bool,
-) -> (Writer, Value, Duration) {
+/// The writer of the tests below, running.
+struct Running {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Writer>,
+}
+
+/// Starts the writer on the compressible volumes, which must all exist in `ids`.
+fn start_writer(cluster: &Cluster, ids: &[u32], data: &Arc<Data>) -> Running {
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
-    let writing = {
-        let (addr, ids, data, stop, count) =
-            (cluster.member(3).native, ids.to_vec(), data.clone(), stop.clone(), count.clone());
-        std::thread::spawn(move || writer(addr, ids, data, stop, count))
-    };
+    let (addr, ids, data, stopped) = (cluster.member(3).native, ids.to_vec(), data.clone(), stop.clone());
+    Running { stop, handle: std::thread::spawn(move || writer(addr, ids, data, stopped, count)) }
+}
+
+/// The writer started once the compressible volumes exist, so that it writes while the last
+/// volumes are placed and written (and the background rounds, if on, move chunks).
+fn writer_from_the_last_compressible<'a>(
+    running: &'a mut Option<Running>,
+    data: &'a Arc<Data>,
+) -> impl FnMut(usize, &Cluster, &[u32]) + 'a {
+    move |v, cluster, ids| {
+        if Some(&v) == COMPRESSIBLE.iter().max() {
+            *running = Some(start_writer(cluster, ids, data));
+        }
+    }
+}
+
+/// Lets the writer run for up to [`BACKGROUND_WAIT`] more, asking status every second, and
+/// stops it early once `done(status)`; answers the writer's log, the last status and how long
+/// it waited.
+fn stop_when(cluster: &Cluster, running: Running, done: impl Fn(&Value) -> bool) -> (Writer, Value, Duration) {
     let started = Instant::now();
     let last = loop {
         std::thread::sleep(Duration::from_secs(1));
@@ -531,17 +554,18 @@ fn write_while(
             break status;
         }
     };
-    let ran = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let written = writing.join().expect("the writer");
+    let waited = started.elapsed();
+    running.stop.store(true, Ordering::Relaxed);
+    let written = running.handle.join().expect("the writer");
     assert!(written.writes > 0, "the writer wrote");
-    (written, last, ran)
+    (written, last, waited)
 }
 
 /// Seed 000 §4.2: the manager migrates chunks on its own while a writer keeps writing. Five
 /// nodes with `rebalance_every = "2s"`, the skewed data of the test above, and no `tundra
-/// cluster rebalance` at all: within [`BACKGROUND_WAIT`] of the writer's start every node's
-/// ratio is inside the band, the manager's status shows the background rounds' moves, and
+/// cluster rebalance` at all. The writer starts once the compressible volumes exist, so the
+/// rounds move chunks while it writes; within [`BACKGROUND_WAIT`] of the last volume's writes
+/// every node's ratio is inside the band, the manager's status shows the background rounds' moves, and
 /// every page checks against the writer's log through every node.
 #[test]
 fn the_managers_background_rounds_bring_every_node_into_the_band_under_writes() {
@@ -549,10 +573,13 @@ fn the_managers_background_rounds_bring_every_node_into_the_band_under_writes() 
     let data = Arc::new(Data::load());
     let test_started = Instant::now();
     let extra = "rebalance_every = \"2s\"\nrebalance_policy = \"compression-aware\"\n";
-    let (cluster, ids, mut log) = skewed_cluster(&data, extra, test_started);
-    let (written, last, ran) = write_while(&cluster, &ids, &data, |status| all_in_band(status).is_ok());
+    let mut running = None;
+    let (cluster, ids, mut log) =
+        skewed_cluster(&data, extra, test_started, writer_from_the_last_compressible(&mut running, &data));
+    let running = running.expect("the writer started");
+    let (written, last, ran) = stop_when(&cluster, running, |status| all_in_band(status).is_ok());
     println!(
-        "[{:.1} s] the writer ran {:.1} s ({} writes); background: {:#}",
+        "[{:.1} s] in the band {:.1} s after the last volume ({} writes); background: {:#}",
         test_started.elapsed().as_secs_f64(),
         ran.as_secs_f64(),
         written.writes,
@@ -593,8 +620,11 @@ fn without_background_rounds_the_nodes_stay_outside_the_band() {
     let _one = one_cluster_at_a_time();
     let data = Arc::new(Data::load());
     let test_started = Instant::now();
-    let (cluster, ids, _) = skewed_cluster(&data, "", test_started);
-    let (_, last, ran) = write_while(&cluster, &ids, &data, |status| all_in_band(status).is_ok());
+    let mut running = None;
+    let (cluster, _, _) =
+        skewed_cluster(&data, "", test_started, writer_from_the_last_compressible(&mut running, &data));
+    let running = running.expect("the writer started");
+    let (_, last, ran) = stop_when(&cluster, running, |status| all_in_band(status).is_ok());
     println!("[{:.1} s] waited {:.1} s", test_started.elapsed().as_secs_f64(), ran.as_secs_f64());
     assert!(ran >= BACKGROUND_WAIT, "the nodes came into the band without background rounds: {last:#}");
     assert!(all_in_band(&last).is_err(), "{last:#}");
