@@ -6,8 +6,9 @@
 //! from the nodes' reports (`ChunkStats`; a chunk the manager has no size for yet is measured
 //! on its replicas there and then, [`ChunkSize`], and the answer says so) and each node's drive
 //! usage (`Heartbeat`). That function is the only source of decisions. The manager leader's
-//! background rounds (background.rs) take the same steps. A step settles moves left half done, plans, and carries out the plan's first move with
-//! migrate.rs's `execute` (rolled back on failure); the command line repeats steps, so every
+//! background rounds (background.rs) take the same steps. A step settles moves left half done,
+//! plans, and carries out the plan's first move with migrate.rs's `execute` (rolled back on
+//! failure); the command line repeats steps, so every
 //! move is planned from the cluster as the previous ones left it. A dry run also simulates the
 //! whole sequence on the decision state (each plan's first move begun and finished, then
 //! planned again), which is what the steps would do if no size changed meanwhile: the
