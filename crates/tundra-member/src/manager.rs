@@ -200,7 +200,7 @@ pub struct ManagerStatus {
     /// reports).
     pub chunks_sized: usize,
     /// The background rebalancer of the leader that answered (background.rs).
-    pub background_rebalance: crate::background::BackgroundStatus,
+    pub background_rebalance: Box<crate::background::BackgroundStatus>,
     /// Why the manager did not answer (then every other figure is empty).
     pub error: Option<String>,
 }
@@ -706,7 +706,7 @@ impl ClusterNode {
             .collect();
         status.chunks = state.chunks().len();
         status.chunks_sized = state.chunks().values().filter(|c| c.reported.is_some()).count();
-        status.background_rebalance = self.background.lock().clone();
+        status.background_rebalance = Box::new(self.background.lock().clone());
         status.moves_in_flight = state
             .moves_in_flight()
             .map(|m| ChunkMoveView {
