@@ -1,7 +1,15 @@
 //! The manager's values as bytes: a [`Command`] (one entry of the manager's Raft log) and a
-//! [`ClusterState`] (the manager group's snapshot). Each is a version byte
-//! ([`FORMAT_VERSION`]) and then the postcard encoding of the value (docs/format.md, "The
-//! cluster manager's log entries and snapshot").
+//! [`ClusterState`] (the manager group's snapshot). Each is a version byte and then the
+//! postcard encoding of the value (docs/format.md, "The cluster manager's log entries and
+//! snapshot").
+//!
+//! Versions (a new field or variant is a new version byte; a member refuses versions it does
+//! not know). Commands are version 2 ([`COMMAND_VERSION`]), which added `ChunkSizes` after the
+//! other variants: the entries an older build wrote to the log (version 1) still decode, as
+//! any command but `ChunkSizes`. Snapshots are version 2 ([`SNAPSHOT_VERSION`]), whose chunk
+//! records say whether a chunk's size was ever reported (`Option`); version 1 snapshots still
+//! decode, a reported size of zero on both axes read as "none reported" (the same count: a
+//! chunk with nothing reported counts at its expected size either way).
 //!
 //! A snapshot carries only what the commands set (the configuration, each node's status,
 //! capacity and overhead, each chunk's expected and reported sizes, replicas and move); every
@@ -21,8 +29,14 @@ use crate::plan::Move;
 use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, check_spaces, counted_size};
 use crate::usage::{NodeId, Space};
 
-/// The version byte that starts every encoded command and snapshot.
-pub const FORMAT_VERSION: u8 = 1;
+/// The version byte that starts every command this build encodes.
+pub const COMMAND_VERSION: u8 = 2;
+/// The older command version that still decodes (every variant but `ChunkSizes`).
+pub const COMMAND_VERSION_1: u8 = 1;
+/// The version byte that starts every snapshot this build writes.
+pub const SNAPSHOT_VERSION: u8 = 2;
+/// The older snapshot version that still decodes.
+pub const SNAPSHOT_VERSION_1: u8 = 1;
 
 /// A [`ChunkId`] as its number (the store's id type knows nothing of serde).
 pub mod chunk_id {
@@ -38,33 +52,51 @@ pub mod chunk_id {
     }
 }
 
-fn versioned<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = vec![FORMAT_VERSION];
+fn versioned<T: Serialize>(version: u8, value: &T) -> Vec<u8> {
+    let mut bytes = vec![version];
     // Serializing to a vector fails only for a type serde cannot express: a bug here.
     bytes.extend(postcard::to_allocvec(value).expect("every manager type has a postcard encoding"));
     bytes
 }
 
-fn unversioned<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T> {
-    match bytes.split_first() {
-        Some((&FORMAT_VERSION, rest)) => match postcard::take_from_bytes::<T>(rest) {
-            Ok((value, [])) => Ok(value),
-            Ok((_, trailing)) => Err(Error::invalid(format!("{what} followed by {} stray bytes", trailing.len()))),
-            Err(e) => Err(Error::invalid(format!("{what} that does not decode: {e}"))),
-        },
-        Some((version, _)) => Err(Error::invalid(format!("{what} of unknown version {version}"))),
-        None => Err(Error::invalid(format!("an empty {what}"))),
+/// The version byte of `bytes`, and the rest.
+fn split_version<'a>(bytes: &'a [u8], what: &str) -> Result<(u8, &'a [u8])> {
+    bytes.split_first().map(|(&v, rest)| (v, rest)).ok_or_else(|| Error::invalid(format!("an empty {what}")))
+}
+
+/// `rest` (what follows the version byte) as a whole `T`.
+fn whole<'a, T: Deserialize<'a>>(rest: &'a [u8], what: &str) -> Result<T> {
+    match postcard::take_from_bytes::<T>(rest) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, trailing)) => Err(Error::invalid(format!("{what} followed by {} stray bytes", trailing.len()))),
+        Err(e) => Err(Error::invalid(format!("{what} that does not decode: {e}"))),
     }
+}
+
+fn unknown_version(what: &str, version: u8) -> Error {
+    Error::invalid(format!("{what} of unknown version {version}"))
 }
 
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
-        versioned(self)
+        versioned(COMMAND_VERSION, self)
     }
 
     /// The command in `bytes`; its byte figures are checked as `apply` checks them.
     pub fn decode(bytes: &[u8]) -> Result<Command> {
-        let command: Command = unversioned(bytes, "a manager command")?;
+        let what = "a manager command";
+        let command: Command = match split_version(bytes, what)? {
+            (COMMAND_VERSION, rest) => whole(rest, what)?,
+            (COMMAND_VERSION_1, rest) => match whole(rest, what)? {
+                Command::ChunkSizes { .. } => {
+                    return Err(Error::invalid(
+                        "a version 1 manager command that is a ChunkSizes (added in version 2)",
+                    ));
+                }
+                command => command,
+            },
+            (version, _) => return Err(unknown_version(what, version)),
+        };
         command.check_figures()?;
         Ok(command)
     }
@@ -83,7 +115,7 @@ struct ChunkRecord {
     #[serde(with = "chunk_id")]
     chunk: ChunkId,
     expected: Space,
-    reported: Space,
+    reported: Option<Space>,
     replicas: Vec<NodeId>,
     moving: Option<Move>,
 }
@@ -93,6 +125,41 @@ struct StateRecord {
     config: ManagerConfig,
     nodes: Vec<NodeRecord>,
     chunks: Vec<ChunkRecord>,
+}
+
+/// A version 1 snapshot's chunk record: the reported size a plain `Space`, zero when none was.
+#[derive(Serialize, Deserialize)]
+struct ChunkRecordV1 {
+    #[serde(with = "chunk_id")]
+    chunk: ChunkId,
+    expected: Space,
+    reported: Space,
+    replicas: Vec<NodeId>,
+    moving: Option<Move>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateRecordV1 {
+    config: ManagerConfig,
+    nodes: Vec<NodeRecord>,
+    chunks: Vec<ChunkRecordV1>,
+}
+
+impl From<StateRecordV1> for StateRecord {
+    fn from(v1: StateRecordV1) -> StateRecord {
+        let chunks = v1
+            .chunks
+            .into_iter()
+            .map(|c| ChunkRecord {
+                chunk: c.chunk,
+                expected: c.expected,
+                reported: (c.reported != Space::ZERO).then_some(c.reported),
+                replicas: c.replicas,
+                moving: c.moving,
+            })
+            .collect();
+        StateRecord { config: v1.config, nodes: v1.nodes, chunks }
+    }
 }
 
 impl ClusterState {
@@ -114,12 +181,18 @@ impl ClusterState {
                 moving: c.moving,
             })
             .collect();
-        versioned(&StateRecord { config: self.config, nodes, chunks })
+        versioned(SNAPSHOT_VERSION, &StateRecord { config: self.config, nodes, chunks })
     }
 
-    /// The state a snapshot's bytes stand for, every derived figure recounted and checked.
+    /// The state a snapshot's bytes (this version's or version 1's) stand for, every derived
+    /// figure recounted and checked.
     pub fn decode(bytes: &[u8]) -> Result<ClusterState> {
-        let record: StateRecord = unversioned(bytes, "a manager snapshot")?;
+        let what = "a manager snapshot";
+        let record: StateRecord = match split_version(bytes, what)? {
+            (SNAPSHOT_VERSION, rest) => whole(rest, what)?,
+            (SNAPSHOT_VERSION_1, rest) => whole::<StateRecordV1>(rest, what)?.into(),
+            (version, _) => return Err(unknown_version(what, version)),
+        };
         let mut state = ClusterState::new(record.config)?;
         for n in record.nodes {
             check_spaces(&[n.capacity, n.overhead])?;
@@ -144,7 +217,7 @@ impl ClusterState {
 
     fn rebuild_chunk(&mut self, c: ChunkRecord) -> Result<()> {
         let id = c.chunk.0;
-        check_spaces(&[c.expected, c.reported])?;
+        check_spaces(&[c.expected, c.reported.unwrap_or(Space::ZERO)])?;
         let replicas: BTreeSet<NodeId> = c.replicas.iter().copied().collect();
         if replicas.is_empty() || replicas.len() != c.replicas.len() {
             return Err(Error::invalid(format!("chunk {id}: replicas {:?} empty or repeated", c.replicas)));
@@ -155,7 +228,7 @@ impl ClusterState {
         if self.chunks.contains_key(&c.chunk) {
             return Err(Error::invalid(format!("a snapshot names chunk {id} twice")));
         }
-        let size = counted_size(c.expected, c.reported);
+        let size = counted_size(c.expected, c.reported.unwrap_or(Space::ZERO));
         let overflow = || Error::invalid(format!("chunk {id}: the space counted passes 2^64 bytes"));
         self.chunk_total = checked_plus(self.chunk_total, size).ok_or_else(overflow)?;
         for node in &replicas {
@@ -192,7 +265,7 @@ mod tests {
     use super::*;
     use crate::config::Policy;
     use crate::plan::MoveReason;
-    use crate::state::MAX_FIGURE_BYTES;
+    use crate::state::{MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, ReportedSize};
 
     const GIB: u64 = 1 << 30;
 
@@ -209,6 +282,11 @@ mod tests {
         let replicas = [NodeId(1), NodeId(2), NodeId(3)].into();
         commands.push(Command::AdoptChunk { chunk: ChunkId(8 << 32), replicas, expected_logical_bytes: GIB });
         commands.push(Command::ChunkStats { chunk: ChunkId(7 << 32), size: Space::new(GIB / 2, GIB / 8) });
+        let sizes = vec![
+            ReportedSize { chunk: ChunkId(7 << 32 | 1), size: Space::new(GIB, GIB / 3) },
+            ReportedSize { chunk: ChunkId(8 << 32), size: Space::new(GIB / 4, GIB / 4) },
+        ];
+        commands.push(Command::ChunkSizes { node: NodeId(1), sizes });
         commands.push(Command::Heartbeat {
             node: NodeId(1),
             capacity: Space::new(100 * GIB, 40 * GIB),
@@ -275,9 +353,11 @@ mod tests {
             longer.push(0);
             assert!(ClusterState::decode(&longer).is_err());
             let mut other_version = bytes.clone();
-            other_version[0] = 2;
+            other_version[0] = 9;
             let error = ClusterState::decode(&other_version).unwrap_err();
-            assert!(error.message().contains("unknown version 2"), "{error}");
+            assert!(error.message().contains("unknown version 9"), "{error}");
+            let error = Command::decode(&other_version).unwrap_err();
+            assert!(error.message().contains("unknown version 9"), "{error}");
         }
     }
 
@@ -290,5 +370,121 @@ mod tests {
         let stats = Command::ChunkStats { chunk: ChunkId(7 << 32 | 1), size: Space::new(1, MAX_FIGURE_BYTES) };
         state.apply(&stats).unwrap();
         state.check_invariants();
+    }
+
+    /// A version 1 snapshot, as the build before chunk sizes were optional wrote it (three
+    /// nodes, two chunks, one of them reported at 1 MiB logical / 256 KiB physical).
+    const SNAPSHOT_V1_HEX: &str = "0103000000000000e83f9a9999999999b93f01009a9999999999b93f9a9999999999b93f400210030100808080800480808080020000020080808080048080808002000003008080808004808080800200000280808080708080408080408080408080100301020300818080807080804080804000000301020300";
+
+    fn v1_bytes() -> Vec<u8> {
+        (0..SNAPSHOT_V1_HEX.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&SNAPSHOT_V1_HEX[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The state the version 1 snapshot holds, built by commands.
+    fn v1_state() -> ClusterState {
+        let mut state = ClusterState::new(ManagerConfig::paper(Policy::CompressionAware)).unwrap();
+        for node in 1..=3 {
+            state.apply(&Command::AddNode { node: NodeId(node), capacity: Space::new(1 << 30, 1 << 29) }).unwrap();
+        }
+        state.apply(&Command::PlaceChunk { chunk: ChunkId(7 << 32), expected_logical_bytes: 1 << 20 }).unwrap();
+        state.apply(&Command::PlaceChunk { chunk: ChunkId(7 << 32 | 1), expected_logical_bytes: 1 << 20 }).unwrap();
+        state.apply(&Command::ChunkStats { chunk: ChunkId(7 << 32), size: Space::new(1 << 20, 1 << 18) }).unwrap();
+        state
+    }
+
+    #[test]
+    fn a_version_1_snapshot_still_decodes() {
+        let decoded = ClusterState::decode(&v1_bytes()).unwrap();
+        decoded.check_invariants();
+        assert_eq!(decoded, v1_state());
+        assert_eq!(decoded.chunk(ChunkId(7 << 32)).unwrap().reported, Some(Space::new(1 << 20, 1 << 18)));
+        assert_eq!(decoded.chunk(ChunkId(7 << 32 | 1)).unwrap().reported, None);
+        // Written again, it is version 2, and decodes to the same state.
+        let again = decoded.encode();
+        assert_eq!(again[0], SNAPSHOT_VERSION);
+        assert_eq!(ClusterState::decode(&again).unwrap(), decoded);
+    }
+
+    /// Twin of the test above: the same bytes read as the current version are refused (the
+    /// version byte is what tells the two layouts apart).
+    #[test]
+    fn version_1_bytes_read_as_version_2_are_refused() {
+        let mut bytes = v1_bytes();
+        bytes[0] = SNAPSHOT_VERSION;
+        assert!(ClusterState::decode(&bytes).is_err());
+    }
+
+    /// Log entries an older build wrote (version 1) decode as they did; a version 1 entry
+    /// cannot be a command added in version 2.
+    #[test]
+    fn version_1_commands_still_decode() {
+        let (_, commands) = state();
+        for command in &commands {
+            let mut old = command.encode();
+            assert_eq!(old[0], COMMAND_VERSION);
+            old[0] = COMMAND_VERSION_1;
+            match command {
+                Command::ChunkSizes { .. } => assert!(Command::decode(&old).is_err(), "{command:?}"),
+                _ => assert_eq!(&Command::decode(&old).unwrap(), command),
+            }
+        }
+        // A heartbeat as version 1 wrote it: the bytes fixed here, not re-encoded.
+        let heartbeat =
+            Command::Heartbeat { node: NodeId(2), capacity: Space::new(1 << 20, 1 << 19), used: Space::new(5, 3) };
+        let v1 = [1u8, 2, 2, 0x80, 0x80, 0x40, 0x80, 0x80, 0x20, 5, 3];
+        assert_eq!(Command::decode(&v1).unwrap(), heartbeat);
+    }
+
+    #[test]
+    fn chunk_sizes_round_trip_and_count() {
+        let (mut state, _) = state();
+        let chunk = ChunkId(7 << 32 | 2);
+        let holder = *state.chunk(chunk).unwrap().replicas.iter().next().unwrap();
+        let size = Space::new(GIB, GIB / 5);
+        let command = Command::ChunkSizes { node: holder, sizes: vec![ReportedSize { chunk, size }] };
+        assert_eq!(Command::decode(&command.encode()).unwrap(), command);
+        state.apply(&command).unwrap();
+        state.check_invariants();
+        assert_eq!(state.chunk(chunk).unwrap().reported, Some(size));
+        assert_eq!(state.chunk(chunk).unwrap().size, size);
+        let decoded = ClusterState::decode(&state.encode()).unwrap();
+        assert_eq!(decoded, state);
+        assert_eq!(decoded.chunk(chunk).unwrap().reported, Some(size));
+    }
+
+    /// A report refused in part changes nothing: a chunk the node holds no replica of, a chunk
+    /// twice, a move's target still catching up, too many sizes.
+    #[test]
+    fn a_bad_chunk_sizes_command_changes_nothing() {
+        let (state, _) = state();
+        let chunk = ChunkId(7 << 32 | 3);
+        let replicas = state.chunk(chunk).unwrap().replicas.clone();
+        let holder = *replicas.iter().next().unwrap();
+        let stranger = (1..=5).map(NodeId).find(|n| !replicas.contains(n)).unwrap();
+        let good = ReportedSize { chunk, size: Space::new(GIB, GIB / 2) };
+        let other = ReportedSize { chunk: ChunkId(7 << 32 | 4), size: Space::new(GIB, GIB / 2) };
+        let moving = ReportedSize { chunk: ChunkId(8 << 32), size: Space::new(GIB, GIB / 2) };
+        let unknown = ReportedSize { chunk: ChunkId(99 << 32), size: Space::new(GIB, GIB / 2) };
+        let bad = [
+            Command::ChunkSizes { node: stranger, sizes: vec![good] },
+            Command::ChunkSizes { node: holder, sizes: vec![good, good] },
+            Command::ChunkSizes { node: holder, sizes: vec![good, unknown] },
+            Command::ChunkSizes { node: NodeId(4), sizes: vec![moving] },
+            Command::ChunkSizes { node: holder, sizes: vec![good; MAX_SIZES_PER_COMMAND + 1] },
+        ];
+        for command in &bad {
+            let mut copy = state.clone();
+            assert!(copy.apply(command).is_err(), "{command:?} was applied");
+            assert_eq!(copy, state, "{command:?} changed the state");
+        }
+        // Twin: the same entries, well formed, are applied.
+        let mut copy = state.clone();
+        let holds_other = copy.chunk(other.chunk).unwrap().replicas.contains(&holder);
+        let sizes = if holds_other { vec![good, other] } else { vec![good] };
+        copy.apply(&Command::ChunkSizes { node: holder, sizes }).unwrap();
+        assert_ne!(copy, state);
     }
 }

@@ -22,7 +22,10 @@ pub mod usage;
 pub use config::{Band, ManagerConfig, Policy, Throttle};
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{Move, MoveReason, Plan, Thresholds};
-pub use state::{Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, NodeState, NodeStatus};
+pub use state::{
+    Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, NodeState, NodeStatus,
+    ReportedSize,
+};
 pub use summary::ClusterSummary;
 pub use tundra_store::ids::ChunkId;
 pub use usage::{NodeId, Space, Zone};

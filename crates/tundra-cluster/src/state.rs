@@ -71,8 +71,8 @@ pub struct ChunkState {
     pub size: Space,
     /// The placement's expectation.
     pub expected: Space,
-    /// What the chunk's last stats reported.
-    pub reported: Space,
+    /// What the chunk's last stats reported; `None` until a report arrives.
+    pub reported: Option<Space>,
     /// The nodes it will be on once its move (if any) finishes.
     pub replicas: BTreeSet<NodeId>,
     /// The one membership change under way.
@@ -147,7 +147,29 @@ pub enum Command {
         #[serde(with = "crate::codec::chunk_id")]
         chunk: ChunkId,
     },
+    /// `node`'s periodic report: the logical and physical bytes of chunks whose groups it
+    /// leads, measured on its replica (seed 000 §4.2.2: the per-chunk ratios the scheduler
+    /// reads), at most [`MAX_SIZES_PER_COMMAND`], each chunk once. `node` must hold a replica
+    /// of each and not be the target of its move in flight (a learner still catching up holds
+    /// part of the chunk). Refused whole if any entry is. Added after the other variants, so
+    /// that their encodings are unchanged.
+    ChunkSizes {
+        node: NodeId,
+        sizes: Vec<ReportedSize>,
+    },
 }
+
+/// One chunk's size in a [`Command::ChunkSizes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReportedSize {
+    #[serde(with = "crate::codec::chunk_id")]
+    pub chunk: ChunkId,
+    pub size: Space,
+}
+
+/// The most sizes one [`Command::ChunkSizes`] carries: a node with more chunks to report sends
+/// the rest in its next reports, so that one command stays a few tens of KiB.
+pub const MAX_SIZES_PER_COMMAND: usize = 1024;
 
 /// The largest byte figure a command or a snapshot may carry (1 PiB, far past any drive or
 /// chunk): a command past it is refused, so no figure the state adds can overflow.
@@ -160,6 +182,15 @@ impl Command {
             Command::AddNode { capacity, .. } => vec![*capacity],
             Command::Heartbeat { capacity, used, .. } => vec![*capacity, *used],
             Command::ChunkStats { size, .. } => vec![*size],
+            Command::ChunkSizes { sizes, .. } => {
+                if sizes.len() > MAX_SIZES_PER_COMMAND {
+                    return Err(Error::invalid(format!(
+                        "{} chunk sizes in one command, past {MAX_SIZES_PER_COMMAND}",
+                        sizes.len()
+                    )));
+                }
+                sizes.iter().map(|s| s.size).collect()
+            }
             Command::PlaceChunk { expected_logical_bytes, .. } | Command::AdoptChunk { expected_logical_bytes, .. } => {
                 vec![Space::new(*expected_logical_bytes, 0)]
             }
@@ -255,6 +286,7 @@ impl ClusterState {
             Command::AddNode { node, capacity } => self.add_node(*node, *capacity)?,
             Command::Heartbeat { node, capacity, used } => self.heartbeat(*node, *capacity, *used)?,
             Command::ChunkStats { chunk, size } => self.chunk_stats(*chunk, *size)?,
+            Command::ChunkSizes { node, sizes } => self.chunk_sizes(*node, sizes)?,
             Command::PlaceChunk { chunk, expected_logical_bytes } => {
                 return self.place_chunk(*chunk, *expected_logical_bytes).map(Applied::Placed);
             }
@@ -331,7 +363,34 @@ impl ClusterState {
         self.chunk_total = self.chunk_total.minus(old).plus(size);
         let state = self.chunks.get_mut(&chunk).expect("checked above");
         state.size = size;
-        state.reported = reported;
+        state.reported = Some(reported);
+        Ok(())
+    }
+
+    /// A node's report of the chunks it leads: every entry checked before any is applied.
+    fn chunk_sizes(&mut self, node: NodeId, sizes: &[ReportedSize]) -> Result<()> {
+        let mut seen = BTreeSet::new();
+        for s in sizes {
+            let chunk = self.chunk_ref(s.chunk)?;
+            if !seen.insert(s.chunk) {
+                return Err(Error::invalid(format!("chunk {} reported twice in one command", s.chunk.0)));
+            }
+            if !chunk.replicas.contains(&node) {
+                return Err(Error::invalid(format!(
+                    "{node} reports chunk {}, of which it holds no replica",
+                    s.chunk.0
+                )));
+            }
+            if chunk.moving.is_some_and(|m| m.to == node) {
+                return Err(Error::invalid(format!(
+                    "{node} reports chunk {} while it is still moving there",
+                    s.chunk.0
+                )));
+            }
+        }
+        for s in sizes {
+            self.chunk_stats(s.chunk, s.size).expect("every entry checked above");
+        }
         Ok(())
     }
 
@@ -348,7 +407,7 @@ impl ClusterState {
         }
         self.chunk_total = self.chunk_total.plus(size);
         let replicas = chosen.iter().copied().collect();
-        self.chunks.insert(chunk, ChunkState { size, expected: size, reported: Space::ZERO, replicas, moving: None });
+        self.chunks.insert(chunk, ChunkState { size, expected: size, reported: None, replicas, moving: None });
         Ok(chosen)
     }
 
@@ -369,8 +428,7 @@ impl ClusterState {
             n.chunk_space = n.chunk_space.plus(size);
         }
         self.chunk_total = self.chunk_total.plus(size);
-        let state =
-            ChunkState { size, expected: size, reported: Space::ZERO, replicas: replicas.clone(), moving: None };
+        let state = ChunkState { size, expected: size, reported: None, replicas: replicas.clone(), moving: None };
         self.chunks.insert(chunk, state);
         Ok(())
     }
@@ -517,7 +575,8 @@ impl ClusterState {
         let mut total = Space::ZERO;
         for (id, chunk) in &self.chunks {
             assert!(!chunk.replicas.is_empty(), "chunk {} has no replica", id.0);
-            assert_eq!(chunk.size, counted_size(chunk.expected, chunk.reported), "chunk {} counted size", id.0);
+            let reported = chunk.reported.unwrap_or(Space::ZERO);
+            assert_eq!(chunk.size, counted_size(chunk.expected, reported), "chunk {} counted size", id.0);
             total = total.plus(chunk.size);
             for node in &chunk.replicas {
                 let n = &self.nodes[node];

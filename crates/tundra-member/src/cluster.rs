@@ -58,6 +58,17 @@ pub struct ClusterNode {
     pub(crate) manager_turn: tokio::sync::Mutex<()>,
     /// `[cluster]`'s rebalancing keys (rebalance.rs).
     pub(crate) rebalance: crate::rebalance::RebalanceSettings,
+    /// On the manager's leader: each node's usage as last reported, to heartbeat a node again
+    /// when chunk sizes change what its usage beyond its chunks is (manager.rs).
+    pub(crate) usage_seen: Mutex<BTreeMap<u64, NodeUsage>>,
+    /// On the manager's leader: who may make moves, until when (manager.rs's `Claim`).
+    pub(crate) move_claim: Mutex<Option<(crate::manager::MoveOwner, std::time::Instant)>>,
+    /// The background rebalancer's record (background.rs).
+    pub(crate) background: Mutex<crate::background::BackgroundStatus>,
+    /// Set at shutdown: background work stops at its next check.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// The background rebalancer's thread, joined at shutdown.
+    pub(crate) rebalancer: Mutex<Option<std::thread::JoinHandle<()>>>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -122,6 +133,11 @@ impl ClusterNode {
             next_request: AtomicU64::new(random_u64()? | 1),
             manager_turn: tokio::sync::Mutex::new(()),
             rebalance,
+            usage_seen: Mutex::new(BTreeMap::new()),
+            move_claim: Mutex::new(None),
+            background: Mutex::new(Default::default()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            rebalancer: Mutex::new(None),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -172,8 +188,10 @@ impl ClusterNode {
         self.host.raft(chunk).ok().and_then(|raft| raft.metrics().borrow().current_leader)
     }
 
-    /// Stops every group and the log writer (what they had not flushed stays unflushed).
+    /// Stops the background rebalancer (after the move it is making, if any), then every group
+    /// and the log writer (what they had not flushed stays unflushed).
     pub fn shutdown(&self) {
+        crate::background::stop(self);
         self.block_on(self.host.shutdown());
     }
 

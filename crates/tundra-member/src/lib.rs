@@ -14,11 +14,14 @@
 //! - [`manager`]: the cluster manager's Raft group on its members, the nodes' reports to its
 //!   leader, placement and moves through it.
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
+//! - [`rebalance`]: `tundra cluster rebalance`'s steps, planned from the manager's chunk sizes.
+//! - [`background`]: the manager leader's background rebalance rounds (`rebalance_every`).
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
 
+pub mod background;
 pub mod catalog;
 pub mod cluster;
 mod io;

@@ -29,12 +29,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{Command, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, Space};
+use tundra_cluster::{
+    Command, MAX_SIZES_PER_COMMAND, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, ReportedSize, Space,
+};
 use tundra_raft::manager_machine::{ManagerBug, SnapshotStore, manager_group};
 use tundra_store::ids::{ChunkId, VolumeId};
 
 use crate::cluster::{ClusterNode, chunk_spans};
-use crate::messages::{Answer, ChunkMove, Forward, NodeUsage, Refusal};
+use crate::messages::{Answer, ChunkMove, ChunkSize, Forward, NodeUsage, Refusal};
 
 /// The manager member's snapshot, in the data directory.
 pub const SNAPSHOT_FILE: &str = "manager.snapshot";
@@ -48,6 +50,18 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(5);
 const LOGS_PER_SNAPSHOT: u64 = 1024;
 /// How long a status waits for the manager.
 const STATUS_WAIT: Duration = Duration::from_secs(2);
+/// A node measures the chunks it leads every this many reports: measuring a chunk reads every
+/// index entry of it, so not every second.
+const SIZES_EVERY_REPORTS: u64 = 5;
+/// Every this many reports a node sends its usage and every chunk size again, acknowledged or
+/// not: a manager state rebuilt from the catalogs, or a leader that missed a report, has them
+/// again within this bound.
+const FULL_REPORT_EVERY: u64 = 60;
+/// How long a claim on moves lasts after its last renewal: past the longest move (a catch-up
+/// of [`crate::migrate::CATCH_UP_LIMIT`] and its pacing), so a holder that died frees it.
+pub const CLAIM_TTL: Duration = Duration::from_secs(120);
+/// How long a mover waits for another's claim to end before it is refused.
+const CLAIM_WAIT: Duration = Duration::from_secs(60);
 
 /// The snapshot file: replaced whole (written beside, synced, renamed, the directory synced).
 pub struct FileSnapshots {
@@ -100,6 +114,58 @@ pub enum ManagerCall {
         node: u64,
     },
     Status,
+    /// The sizes of chunks whose groups `node` leads that changed since the manager last
+    /// acknowledged them (at most [`tundra_cluster::MAX_SIZES_PER_COMMAND`]).
+    Sizes {
+        node: u64,
+        sizes: Vec<ChunkSize>,
+    },
+    /// Every chunk size the manager's state holds from the nodes' reports.
+    ChunkSizes,
+    /// Take (or renew) the right to make moves, held for [`CLAIM_TTL`] after the last renewal:
+    /// one mover at a time across the cluster (a background round, a `tundra cluster
+    /// rebalance` run, a drain, a single move).
+    Claim {
+        owner: MoveOwner,
+    },
+    /// Give the right back (nothing happens when `owner` does not hold it).
+    Release {
+        owner: MoveOwner,
+    },
+}
+
+/// Who makes moves, for [`ManagerCall::Claim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveOwner {
+    /// The manager leader's background rebalancer on `node` (background.rs).
+    Background { node: u64 },
+    /// A `tundra cluster rebalance` run: a number the command line drew, and the node it asks.
+    Rebalance { node: u64, run: u64 },
+    /// A drain of `node` (`tundra cluster drain`).
+    Drain { node: u64 },
+    /// `tundra cluster move`, coordinated by `node`.
+    Move { node: u64 },
+}
+
+impl std::fmt::Display for MoveOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MoveOwner::Background { node } => write!(f, "the background rebalancer on node {node}"),
+            MoveOwner::Rebalance { node, run } => {
+                write!(f, "a `tundra cluster rebalance` run ({run:x}) through node {node}")
+            }
+            MoveOwner::Drain { node } => write!(f, "a drain of node {node}"),
+            MoveOwner::Move { node } => write!(f, "a `tundra cluster move` through node {node}"),
+        }
+    }
+}
+
+/// One chunk's size as the manager's state holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagedSize {
+    pub chunk: u64,
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
 }
 
 /// The manager leader's answer.
@@ -108,7 +174,15 @@ pub enum ManagerReply {
     Done,
     Replicas(Vec<u64>),
     Status(ManagerStatus),
-    DrainPlan { held: Vec<u64>, next: Option<Move> },
+    DrainPlan {
+        held: Vec<u64>,
+        next: Option<Move>,
+    },
+    ChunkSizes(Vec<ManagedSize>),
+    /// The claim was taken or renewed.
+    Claimed,
+    /// Another owner holds the claim (said in words).
+    Busy(String),
 }
 
 /// The manager as `tundra cluster status --json` shows it (`manager`).
@@ -122,6 +196,11 @@ pub struct ManagerStatus {
     pub nodes: Vec<ManagedNode>,
     pub chunks: usize,
     pub moves_in_flight: Vec<ChunkMoveView>,
+    /// How many chunks the state holds a reported size for (`ChunkSizes` from the nodes'
+    /// reports).
+    pub chunks_sized: usize,
+    /// The background rebalancer of the leader that answered (background.rs).
+    pub background_rebalance: Box<crate::background::BackgroundStatus>,
     /// Why the manager did not answer (then every other figure is empty).
     pub error: Option<String>,
 }
@@ -167,24 +246,42 @@ impl ClusterNode {
         }
         let weak = Arc::downgrade(self);
         self.spawn(async move {
-            let mut last: Option<NodeUsage> = None;
+            let mut reporter = Reporter::default();
             loop {
                 tokio::time::sleep(REPORT_EVERY).await;
                 let Some(node) = weak.upgrade() else { return };
-                node.report_once(&mut last).await;
+                node.report_once(&mut reporter).await;
             }
         });
+        crate::background::start(self);
         Ok(())
     }
 
-    /// One round of the reporter: this node's usage if it changed, and on the leader the moves
-    /// its state holds in flight that the catalogs ended already.
-    async fn report_once(&self, last: &mut Option<NodeUsage>) {
+    /// One round of the reporter: the sizes of the chunks this node leads that changed (every
+    /// [`SIZES_EVERY_REPORTS`] rounds), then this node's usage if it changed, and on the leader
+    /// the moves its state holds in flight that the catalogs ended already. Sizes go first,
+    /// so that the usage's part beyond the chunks (the overhead) is counted against them.
+    async fn report_once(&self, reporter: &mut Reporter) {
+        reporter.round += 1;
+        if reporter.round % FULL_REPORT_EVERY == 1 {
+            reporter.usage = None;
+            reporter.sizes.clear();
+        }
+        if reporter.round % SIZES_EVERY_REPORTS == 1 {
+            let led = self.led_chunk_sizes();
+            let changed = reporter.changed(&led);
+            if !changed.is_empty() {
+                let call = ManagerCall::Sizes { node: self.me, sizes: changed.clone() };
+                if self.to_manager_within(call, REPORT_EVERY * 3).await.is_ok() {
+                    reporter.acknowledged(&changed);
+                }
+            }
+        }
         let usage = self.usage();
-        if *last != Some(usage) {
+        if reporter.usage != Some(usage) {
             let call = ManagerCall::Report { node: self.me, usage };
             if self.to_manager_within(call, REPORT_EVERY * 3).await.is_ok() {
-                *last = Some(usage);
+                reporter.usage = Some(usage);
             }
         }
         if self.local_leader(manager_group()) == Some(self.me) {
@@ -252,27 +349,36 @@ impl ClusterNode {
                 _ => Ok(Answer::Manager(ManagerReply::Status(self.manager_status_here()))),
             };
         }
+        if let ManagerCall::ChunkSizes = call {
+            return match self.local_leader(group) {
+                Some(leader) if leader == self.me => {
+                    self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
+                    Ok(Answer::Manager(ManagerReply::ChunkSizes(managed_sizes(&view.lock().state))))
+                }
+                leader => Err(Refusal::NotLeader { leader }),
+            };
+        }
         let _turn = self.manager_turn.lock().await;
         self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
         if view.lock().state.nodes().is_empty() {
             self.reconcile().await?;
         }
         let reply = match call {
-            ManagerCall::Status => unreachable!("answered above"),
+            ManagerCall::Status | ManagerCall::ChunkSizes => unreachable!("answered above"),
             ManagerCall::Report { node, usage } => {
-                let (capacity, used) = spaces(&usage);
-                let state = view.lock().state.clone();
-                match state.node(NodeId(node)) {
-                    None => {
-                        self.propose(Command::AddNode { node: NodeId(node), capacity }).await?;
-                        self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
-                    }
-                    Some(n) => {
-                        let overhead = used.saturating_minus(n.actual_chunk_space());
-                        if n.capacity != capacity || n.overhead != overhead {
-                            self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
-                        }
-                    }
+                self.usage_seen.lock().insert(node, usage);
+                self.heartbeat_if_changed(node, usage).await?;
+                ManagerReply::Done
+            }
+            ManagerCall::Sizes { node, sizes } => {
+                self.take_sizes(node, &sizes).await?;
+                ManagerReply::Done
+            }
+            ManagerCall::Claim { owner } => self.claim_here(owner),
+            ManagerCall::Release { owner } => {
+                let mut claim = self.move_claim.lock();
+                if claim.is_some_and(|(holder, _)| holder == owner) {
+                    *claim = None;
                 }
                 ManagerReply::Done
             }
@@ -308,6 +414,157 @@ impl ClusterNode {
             }
         };
         Ok(Answer::Manager(reply))
+    }
+
+    /// As the leader: a `Heartbeat` of `node`'s usage when a figure the state keeps moved (an
+    /// unknown node is added first).
+    async fn heartbeat_if_changed(&self, node: u64, usage: NodeUsage) -> Result<(), Refusal> {
+        let Some(view) = self.host.manager_view() else { return Ok(()) };
+        let (capacity, used) = spaces(&usage);
+        let known = view.lock().state.node(NodeId(node)).map(|n| (n.capacity, n.overhead, n.actual_chunk_space()));
+        match known {
+            None => {
+                self.propose(Command::AddNode { node: NodeId(node), capacity }).await?;
+                self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await
+            }
+            Some((known_capacity, overhead, chunk_space)) => {
+                if known_capacity != capacity || overhead != used.saturating_minus(chunk_space) {
+                    self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// As the leader: the sizes `node` measured of the chunks it leads, proposed as one
+    /// `ChunkSizes` command (seed 000 §4.2.2: the per-chunk ratios the scheduler reads). Only
+    /// sizes that changed, of chunks the state knows with a replica on `node` that is not a
+    /// move's target still catching up. Then each replica's node whose usage this leader heard
+    /// is heartbeat again if its overhead (usage beyond its chunks) moved with the new sizes.
+    async fn take_sizes(&self, node: u64, sizes: &[ChunkSize]) -> Result<(), Refusal> {
+        let Some(view) = self.host.manager_view() else { return Ok(()) };
+        if sizes.len() > MAX_SIZES_PER_COMMAND {
+            return Err(Refusal::Invalid(format!(
+                "{} chunk sizes in one report, past {MAX_SIZES_PER_COMMAND}",
+                sizes.len()
+            )));
+        }
+        let (changed, touched) = {
+            let state = &view.lock().state;
+            let mut changed = Vec::new();
+            let mut touched = std::collections::BTreeSet::new();
+            for s in sizes {
+                let chunk = ChunkId::new(VolumeId(s.volume), s.chunk);
+                let size = Space::new(s.logical_bytes, s.physical_bytes);
+                let Some(c) = state.chunk(chunk) else { continue };
+                let catching_up = c.moving.is_some_and(|m| m.to == NodeId(node));
+                if !c.replicas.contains(&NodeId(node)) || catching_up || c.reported == Some(size) {
+                    continue;
+                }
+                if changed.iter().any(|r: &ReportedSize| r.chunk == chunk) {
+                    continue;
+                }
+                changed.push(ReportedSize { chunk, size });
+                touched.extend(c.replicas.iter().map(|n| n.0));
+                if let Some(m) = c.moving {
+                    touched.insert(m.from.0);
+                }
+            }
+            (changed, touched)
+        };
+        if changed.is_empty() {
+            return Ok(());
+        }
+        self.propose(Command::ChunkSizes { node: NodeId(node), sizes: changed }).await?;
+        for other in touched {
+            let seen = self.usage_seen.lock().get(&other).copied();
+            if let Some(usage) = seen {
+                self.heartbeat_if_changed(other, usage).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// As the leader: the claim on moves for `owner`, unless another holds it.
+    fn claim_here(&self, owner: MoveOwner) -> ManagerReply {
+        let mut claim = self.move_claim.lock();
+        let now = std::time::Instant::now();
+        match *claim {
+            Some((holder, until)) if holder != owner && until > now => {
+                let left = until.duration_since(now).as_secs();
+                ManagerReply::Busy(format!("{holder} is making moves (its claim lasts {left} s more unless renewed)"))
+            }
+            _ => {
+                *claim = Some((owner, now + CLAIM_TTL));
+                ManagerReply::Claimed
+            }
+        }
+    }
+
+    /// Takes the claim on moves for `owner`, waiting up to [`CLAIM_WAIT`] for another owner's
+    /// to end.
+    pub(crate) async fn claim_moves(&self, owner: MoveOwner) -> Result<(), Refusal> {
+        let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
+        loop {
+            match self.to_manager(ManagerCall::Claim { owner }).await? {
+                ManagerReply::Claimed => return Ok(()),
+                ManagerReply::Busy(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                ManagerReply::Busy(why) => {
+                    return Err(Refusal::Unavailable(format!(
+                        "one mover at a time: {why}; waited {} s, try again later",
+                        CLAIM_WAIT.as_secs()
+                    )));
+                }
+                other => return Err(Refusal::Unavailable(format!("a claim on moves answered {other:?}"))),
+            }
+        }
+    }
+
+    /// Gives the claim on moves back (a lost answer leaves it to expire).
+    pub(crate) async fn release_moves(&self, owner: MoveOwner) {
+        let _ = self.to_manager(ManagerCall::Release { owner }).await;
+    }
+
+    /// The chunk sizes the manager's state holds, by chunk.
+    pub(crate) async fn manager_sizes(&self) -> Result<std::collections::BTreeMap<ChunkId, Space>, Refusal> {
+        match self.to_manager(ManagerCall::ChunkSizes).await? {
+            ManagerReply::ChunkSizes(list) => Ok(list
+                .into_iter()
+                .map(|s| (ChunkId(s.chunk), Space::new(s.logical_bytes, s.physical_bytes)))
+                .collect()),
+            other => Err(Refusal::Unavailable(format!("the manager's chunk sizes answered {other:?}"))),
+        }
+    }
+
+    /// The space of every chunk whose group this node leads (not the volumes' redo groups nor
+    /// the manager's).
+    fn led_chunk_sizes(&self) -> Vec<ChunkSize> {
+        let led: Vec<ChunkId> = self
+            .host
+            .groups()
+            .into_iter()
+            .filter(|&group| {
+                tundra_raft::redo_machine::redo_volume(group).is_none()
+                    && group != manager_group()
+                    && self.local_leader(group) == Some(self.me)
+            })
+            .collect();
+        tokio::task::block_in_place(|| {
+            led.into_iter()
+                .map(|chunk| {
+                    let space = self.node.chunk_space(chunk);
+                    ChunkSize {
+                        volume: chunk.volume().0,
+                        chunk: chunk.index(),
+                        pages: space.pages,
+                        logical_bytes: space.logical_bytes,
+                        physical_bytes: space.physical_bytes,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// Proposes one command here, as the leader; a refusal is the state's.
@@ -448,6 +705,8 @@ impl ClusterNode {
             })
             .collect();
         status.chunks = state.chunks().len();
+        status.chunks_sized = state.chunks().values().filter(|c| c.reported.is_some()).count();
+        status.background_rebalance = Box::new(self.background.lock().clone());
         status.moves_in_flight = state
             .moves_in_flight()
             .map(|m| ChunkMoveView {
@@ -478,6 +737,50 @@ impl ClusterNode {
     }
 }
 
+/// What a node's reporter remembers between rounds.
+#[derive(Default)]
+struct Reporter {
+    round: u64,
+    /// The usage the manager acknowledged last.
+    usage: Option<NodeUsage>,
+    /// The chunk sizes it acknowledged, by chunk id: (logical, physical bytes).
+    sizes: std::collections::BTreeMap<u64, (u64, u64)>,
+}
+
+impl Reporter {
+    /// The sizes in `led` not acknowledged as they are, at most [`MAX_SIZES_PER_COMMAND`] (the
+    /// rest go in later rounds); forgets the chunks no longer led, so that a chunk whose
+    /// leadership comes back is reported again.
+    fn changed(&mut self, led: &[ChunkSize]) -> Vec<ChunkSize> {
+        let id = |s: &ChunkSize| ChunkId::new(VolumeId(s.volume), s.chunk).0;
+        let ids: std::collections::BTreeSet<u64> = led.iter().map(id).collect();
+        self.sizes.retain(|chunk, _| ids.contains(chunk));
+        led.iter()
+            .filter(|s| self.sizes.get(&id(s)) != Some(&(s.logical_bytes, s.physical_bytes)))
+            .take(MAX_SIZES_PER_COMMAND)
+            .copied()
+            .collect()
+    }
+
+    fn acknowledged(&mut self, sent: &[ChunkSize]) {
+        for s in sent {
+            self.sizes.insert(ChunkId::new(VolumeId(s.volume), s.chunk).0, (s.logical_bytes, s.physical_bytes));
+        }
+    }
+}
+
+/// The sizes `state` holds from reports, in chunk order.
+fn managed_sizes(state: &tundra_cluster::ClusterState) -> Vec<ManagedSize> {
+    state
+        .chunks()
+        .iter()
+        .filter_map(|(chunk, c)| {
+            let size = c.reported?;
+            Some(ManagedSize { chunk: chunk.0, logical_bytes: size.logical_bytes, physical_bytes: size.physical_bytes })
+        })
+        .collect()
+}
+
 fn spaces(u: &NodeUsage) -> (Space, Space) {
     (
         Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
@@ -498,5 +801,34 @@ mod tests {
         store.save(b"second, longer").unwrap();
         assert_eq!(store.load().unwrap().as_deref(), Some(&b"second, longer"[..]));
         assert!(!dir.path().join("manager.next").exists());
+    }
+
+    fn size(chunk: u32, physical_bytes: u64) -> ChunkSize {
+        ChunkSize { volume: 3, chunk, pages: 1, logical_bytes: 8192, physical_bytes }
+    }
+
+    /// A report carries only what changed since the last acknowledgement, at most
+    /// `MAX_SIZES_PER_COMMAND`; an unacknowledged report is sent again, and a chunk no longer
+    /// led is forgotten, so that it is sent again if its leadership comes back.
+    #[test]
+    fn reports_carry_only_changed_sizes_and_are_bounded() {
+        let mut reporter = Reporter::default();
+        let led: Vec<ChunkSize> = (0..3).map(|c| size(c, 100)).collect();
+        assert_eq!(reporter.changed(&led), led);
+        // Not acknowledged: the same again.
+        assert_eq!(reporter.changed(&led), led);
+        reporter.acknowledged(&led);
+        assert!(reporter.changed(&led).is_empty());
+        let moved = vec![size(0, 100), size(1, 120), size(2, 100)];
+        assert_eq!(reporter.changed(&moved), vec![size(1, 120)]);
+        reporter.acknowledged(&[size(1, 120)]);
+        // Chunk 2 no longer led, then led again: reported again.
+        assert!(reporter.changed(&moved[..2]).is_empty());
+        assert_eq!(reporter.changed(&moved), vec![size(2, 100)]);
+        let many: Vec<ChunkSize> = (0..(MAX_SIZES_PER_COMMAND as u32 + 10)).map(|c| size(c, 7)).collect();
+        let first = reporter.changed(&many);
+        assert_eq!(first.len(), MAX_SIZES_PER_COMMAND);
+        reporter.acknowledged(&first);
+        assert_eq!(reporter.changed(&many).len(), 10);
     }
 }

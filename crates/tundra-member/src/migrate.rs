@@ -56,6 +56,9 @@ pub enum AdminRequest {
         dry_run: bool,
         #[serde(default)]
         skip: Vec<crate::rebalance::SkippedMove>,
+        /// The command line's run: its steps share the claim on moves (manager.rs).
+        #[serde(default)]
+        run: u64,
     },
 }
 
@@ -79,8 +82,9 @@ impl ClusterNode {
                 self.move_replica(&volume, chunk, from, to)?;
                 Ok(serde_json::json!({ "moved": true }))
             }
-            AdminRequest::RebalanceStep { policy, dry_run, skip } => {
-                serde_json::to_value(self.rebalance_step(&policy, dry_run, &skip)?)
+            AdminRequest::RebalanceStep { policy, dry_run, skip, run } => {
+                let owner = crate::manager::MoveOwner::Rebalance { node: self.me, run };
+                serde_json::to_value(self.rebalance_step(&policy, dry_run, &skip, owner)?)
             }
         };
         answer.map(|v| v.to_string()).map_err(|e| Refusal::Invalid(e.to_string()))
@@ -92,6 +96,20 @@ impl ClusterNode {
         if !self.membership.ids().contains(&node) {
             return Err(Refusal::Invalid(format!("node {node} is not a member of this cluster")));
         }
+        // One mover at a time (manager.rs): a background round or a rebalance run waits. The
+        // claim is given back when the node is empty or a step fails; between steps the
+        // command line's next one renews it.
+        let owner = crate::manager::MoveOwner::Drain { node };
+        self.block_on(self.claim_moves(owner))?;
+        let step = self.claimed_drain_step(node);
+        if !matches!(&step, Ok(progress) if progress.chunks_left > 0) {
+            self.block_on(self.release_moves(owner));
+        }
+        step
+    }
+
+    /// [`ClusterNode::drain_step`] once it holds the claim on moves.
+    fn claimed_drain_step(&self, node: u64) -> Result<DrainProgress, Refusal> {
         self.block_on(self.settle_all());
         // The manager's leader marks the node draining and plans the move (manager.rs).
         let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
@@ -119,6 +137,15 @@ impl ClusterNode {
         if chunk as usize >= chunk_spans(def.size_bytes).len() {
             return Err(Refusal::Invalid(format!("volume {volume:?} has no chunk {chunk}")));
         }
+        let owner = crate::manager::MoveOwner::Move { node: self.me };
+        self.block_on(self.claim_moves(owner))?;
+        let done = self.claimed_move(def, chunk, from, to);
+        self.block_on(self.release_moves(owner));
+        done
+    }
+
+    /// [`ClusterNode::move_replica`] once it holds the claim on moves.
+    fn claimed_move(&self, def: VolumeDef, chunk: u32, from: u64, to: u64) -> Result<(), Refusal> {
         self.block_on(self.settle_all());
         let mut state = self.manager_state()?;
         let planned = Move {
@@ -141,7 +168,7 @@ impl ClusterNode {
     fn manager_state(&self) -> Result<ClusterState, Refusal> {
         let mut config = ManagerConfig::paper(Policy::Logical);
         config.throttle.max_moves = 1;
-        self.decision_state(config)
+        self.decision_state(config).map(|(state, _)| state)
     }
 
     /// Carries out a move the decision core accepted: finished, or rolled back and refused.

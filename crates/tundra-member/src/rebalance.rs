@@ -2,11 +2,13 @@
 //! zones A–D and the band [c_l, c_h]) carried out on a running cluster, one move at a time.
 //!
 //! Every decision reads one [`ClusterState`], built by [`ClusterNode::decision_state`] from the
-//! catalog (`AdoptChunk`), each chunk's measured size (`ChunkStats`, from the replicas'
-//! [`ChunkSize`] reports) and each node's drive usage (`Heartbeat`). That function is the only
-//! source of decisions, so a replicated manager's state can take its place without changing the
-//! rest. A step settles moves left half done, plans, and carries out the plan's first move with
-//! migrate.rs's `execute` (rolled back on failure); the command line repeats steps, so every
+//! catalog (`AdoptChunk`), each chunk's size as the cluster manager's replicated state holds it
+//! from the nodes' reports (`ChunkStats`; a chunk the manager has no size for yet is measured
+//! on its replicas there and then, [`ChunkSize`], and the answer says so) and each node's drive
+//! usage (`Heartbeat`). That function is the only source of decisions. The manager leader's
+//! background rounds (background.rs) take the same steps. A step settles moves left half done,
+//! plans, and carries out the plan's first move with migrate.rs's `execute` (rolled back on
+//! failure); the command line repeats steps, so every
 //! move is planned from the cluster as the previous ones left it. A dry run also simulates the
 //! whole sequence on the decision state (each plan's first move begun and finished, then
 //! planned again), which is what the steps would do if no size changed meanwhile: the
@@ -20,6 +22,7 @@ use tundra_node::ClusterConfig;
 use tundra_store::ids::{ChunkId, VolumeId};
 
 use crate::cluster::{ClusterNode, chunk_spans};
+use crate::manager::MoveOwner;
 use crate::messages::{Answer, ChunkSize, Forward, Refusal};
 
 /// How many moves a dry run simulates at most.
@@ -33,6 +36,11 @@ pub struct RebalanceSettings {
     pub logical_margin: f64,
     /// 0: unlimited.
     pub move_bytes_per_sec: u64,
+    /// `rebalance_every`: the period of the manager leader's background rounds (background.rs);
+    /// `None`: no background rounds.
+    pub every: Option<std::time::Duration>,
+    /// `rebalance_policy`: the background rounds' policy.
+    pub policy: Policy,
 }
 
 impl RebalanceSettings {
@@ -43,6 +51,18 @@ impl RebalanceSettings {
             band_above: config.rebalance_band_above.unwrap_or(0.10),
             logical_margin: config.rebalance_logical_margin.unwrap_or(ManagerConfig::PAPER_LOGICAL_MARGIN),
             move_bytes_per_sec: config.move_bytes_per_sec.unwrap_or(tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC),
+            every: match config.rebalance_every.as_deref() {
+                None => None,
+                Some(text) => {
+                    parse_period(text).map_err(|why| format!("[cluster] rebalance_every = {text:?}: {why}"))?
+                }
+            },
+            policy: match config.rebalance_policy.as_deref() {
+                None => Policy::CompressionAware,
+                Some(name) => {
+                    Policy::parse(name).map_err(|e| format!("[cluster] rebalance_policy: {}", e.message()))?
+                }
+            },
         };
         settings.manager_config(Policy::CompressionAware).validate().map_err(|e| {
             format!("[cluster] rebalance_band_below/above or rebalance_logical_margin: {}", e.message())
@@ -66,8 +86,44 @@ impl Default for RebalanceSettings {
             band_above: 0.10,
             logical_margin: ManagerConfig::PAPER_LOGICAL_MARGIN,
             move_bytes_per_sec: tundra_node::config::DEFAULT_MOVE_BYTES_PER_SEC,
+            every: None,
+            policy: Policy::CompressionAware,
         }
     }
+}
+
+/// The shortest period `rebalance_every` takes: a round plans from every node's usage, so
+/// rounds closer than this would mostly measure the previous round's moves in flight.
+pub const REBALANCE_EVERY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `rebalance_every`'s text: "off", or a whole number followed by `ms`, `s`, `m` or `h`, at
+/// least [`REBALANCE_EVERY_MIN`].
+pub fn parse_period(text: &str) -> Result<Option<std::time::Duration>, String> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(None);
+    }
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 =
+        number.parse().map_err(|_| "write \"off\" or a number with ms, s, m or h, as \"60s\"".to_string())?;
+    let millis_per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "" => return Err("the number needs a unit: ms, s, m or h".into()),
+        other => return Err(format!("unknown unit {other:?}: write ms, s, m or h")),
+    };
+    let millis = number.checked_mul(millis_per).ok_or("a period too long")?;
+    let period = std::time::Duration::from_millis(millis);
+    if period < REBALANCE_EVERY_MIN {
+        return Err(format!(
+            "shorter than {} ms (write \"off\" to turn the rounds off)",
+            REBALANCE_EVERY_MIN.as_millis()
+        ));
+    }
+    Ok(Some(period))
 }
 
 /// A move a plan holds, in the terms the command line prints.
@@ -128,6 +184,21 @@ pub struct RebalanceProgress {
     /// A dry run's simulation of the whole sequence from this state: the moves in order and
     /// the zones they would leave.
     pub simulated: Option<Simulation>,
+    /// Where the decisions' chunk sizes came from.
+    #[serde(default)]
+    pub sizes: SizeSources,
+}
+
+/// Where the chunk sizes a plan counted came from: the manager's replicated state (the nodes'
+/// reports), or, for a chunk the manager holds no size of yet, the replicas asked there and
+/// then; a chunk neither knows counts at the size placement expected for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeSources {
+    pub from_manager: usize,
+    pub from_nodes: usize,
+    pub unknown: usize,
+    /// Said when any size did not come from the manager.
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -142,11 +213,13 @@ fn invalid(e: tundra_cluster::Error) -> Refusal {
 
 impl ClusterNode {
     /// The decision core's view, the one source of decisions: every member with its drive's
-    /// capacity, every catalogued chunk on its replicas with the size its replicas measured
-    /// (a replica with the most pages speaks for it), then the members' usage.
-    pub(crate) fn decision_state(&self, config: ManagerConfig) -> Result<ClusterState, Refusal> {
+    /// capacity, every catalogued chunk on its replicas at the size the manager's replicated
+    /// state holds from the nodes' reports (seed 000 §4.2.2), then the members' usage. Only for
+    /// chunks the manager holds no size of are the replicas asked (one with the most pages
+    /// speaks for the chunk), and the answer says so.
+    pub(crate) fn decision_state(&self, config: ManagerConfig) -> Result<(ClusterState, SizeSources), Refusal> {
         let nodes = self.membership.ids();
-        let usage = self.block_on(async {
+        let (usage, managed) = self.block_on(async {
             let mut usage = Vec::new();
             for &node in &nodes {
                 match self.ask(node, Forward::Usage).await? {
@@ -154,9 +227,16 @@ impl ClusterNode {
                     other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
                 }
             }
-            Ok(usage)
+            Ok((usage, self.manager_sizes().await?))
         })?;
-        let sizes = self.all_chunk_sizes();
+        let defs: Vec<crate::messages::VolumeDef> = self.catalog.lock().volumes().to_vec();
+        let unsized_chunk = defs.iter().any(|def| {
+            (0..chunk_spans(def.size_bytes).len() as u32)
+                .any(|index| !managed.contains_key(&ChunkId::new(VolumeId(def.id), index)))
+        });
+        // Asked only when the manager lacks a size.
+        let asked = if unsized_chunk { self.all_chunk_sizes() } else { BTreeMap::new() };
+        let mut sources = SizeSources::default();
         let mut state = ClusterState::new(config).map_err(invalid)?;
         let space = |u: &crate::messages::NodeUsage| {
             (
@@ -167,7 +247,7 @@ impl ClusterNode {
         for (node, u) in &usage {
             state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
         }
-        for def in self.catalog.lock().volumes() {
+        for def in &defs {
             for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
                 let index = index as u32;
                 let replicas = def.replicas_of(index).iter().map(|&n| NodeId(n)).collect();
@@ -175,8 +255,22 @@ impl ClusterNode {
                 state
                     .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
                     .map_err(invalid)?;
-                if let Some(size) = measured(&sizes, def.replicas_of(index), def.id, index) {
-                    let size = Space::new(size.logical_bytes, size.physical_bytes);
+                let size = match managed.get(&chunk) {
+                    Some(&size) => {
+                        sources.from_manager += 1;
+                        Some(size)
+                    }
+                    None => {
+                        let measured = measured(&asked, def.replicas_of(index), def.id, index)
+                            .map(|s| Space::new(s.logical_bytes, s.physical_bytes));
+                        match measured {
+                            Some(_) => sources.from_nodes += 1,
+                            None => sources.unknown += 1,
+                        }
+                        measured
+                    }
+                };
+                if let Some(size) = size {
                     state.apply(&Command::ChunkStats { chunk, size }).map_err(invalid)?;
                 }
             }
@@ -185,20 +279,53 @@ impl ClusterNode {
             let (capacity, used) = space(u);
             state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
         }
-        Ok(state)
+        if sources.from_nodes + sources.unknown > 0 {
+            sources.note = Some(format!(
+                "the cluster manager holds no size yet for {} of {} chunks (nodes report the chunks they lead \
+                 every few seconds): {} measured on their replicas now, {} counted at their expected size",
+                sources.from_nodes + sources.unknown,
+                sources.from_manager + sources.from_nodes + sources.unknown,
+                sources.from_nodes,
+                sources.unknown
+            ));
+        }
+        Ok((state, sources))
     }
 
     /// One step of `tundra cluster rebalance`: plan under `policy` and, unless `dry_run`, carry
     /// out the plan's first move not in `skip`.
+    /// A step that moves holds the claim on moves for `owner` (manager.rs), waiting for another
+    /// mover's to end; a command-line run gives it back once its plan is empty or a step fails
+    /// (a background round gives it back at the round's end).
     pub fn rebalance_step(
         &self,
         policy: &str,
         dry_run: bool,
         skip: &[SkippedMove],
+        owner: MoveOwner,
     ) -> Result<RebalanceProgress, Refusal> {
         let policy = Policy::parse(policy).map_err(invalid)?;
+        if dry_run {
+            return self.claimed_rebalance_step(policy, dry_run, skip);
+        }
+        self.block_on(self.claim_moves(owner))?;
+        let step = self.claimed_rebalance_step(policy, dry_run, skip);
+        let ended = !matches!(&step, Ok(progress) if !progress.plan.is_empty());
+        if ended && matches!(owner, MoveOwner::Rebalance { .. }) {
+            self.block_on(self.release_moves(owner));
+        }
+        step
+    }
+
+    /// [`ClusterNode::rebalance_step`] once it holds the claim on moves (or for a dry run).
+    fn claimed_rebalance_step(
+        &self,
+        policy: Policy,
+        dry_run: bool,
+        skip: &[SkippedMove],
+    ) -> Result<RebalanceProgress, Refusal> {
         self.block_on(self.settle_all());
-        let mut state = self.decision_state(self.rebalance.manager_config(policy))?;
+        let (mut state, sizes) = self.decision_state(self.rebalance.manager_config(policy))?;
         let before = zones(&state);
         let skipped = |m: &Move| {
             skip.iter().any(|s| s.volume_id == m.chunk.volume().0 && s.chunk == m.chunk.index() && s.to == m.to.0)
@@ -207,7 +334,15 @@ impl ClusterNode {
         let plan: Vec<PlannedMove> = moves.iter().map(|m| self.planned(&state, m)).collect();
         if dry_run || moves.is_empty() {
             let simulated = dry_run.then(|| self.simulate(state.clone(), skip));
-            return Ok(RebalanceProgress { plan, moved: None, failed: None, after: before.clone(), before, simulated });
+            return Ok(RebalanceProgress {
+                plan,
+                moved: None,
+                failed: None,
+                after: before.clone(),
+                before,
+                simulated,
+                sizes,
+            });
         }
         let first = moves[0];
         let planned = plan[0].clone();
@@ -231,7 +366,7 @@ impl ClusterNode {
                 (None, Some((planned, format!("{why:?}"))))
             }
         };
-        Ok(RebalanceProgress { plan, moved, failed, before, after: zones(&state), simulated: None })
+        Ok(RebalanceProgress { plan, moved, failed, before, after: zones(&state), simulated: None, sizes })
     }
 
     /// Pacing in the executor (pace.rs): a move that took less than its chunk's physical bytes
@@ -242,9 +377,14 @@ impl ClusterNode {
         if rate == 0 {
             return;
         }
-        let due = std::time::Duration::from_secs_f64(physical_bytes as f64 / rate as f64);
-        if let Some(left) = due.checked_sub(started.elapsed()) {
-            std::thread::sleep(left);
+        let due = started + std::time::Duration::from_secs_f64(physical_bytes as f64 / rate as f64);
+        // In slices, so that shutdown does not wait out a long pause.
+        while !self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            let now = std::time::Instant::now();
+            if now >= due {
+                break;
+            }
+            std::thread::sleep((due - now).min(std::time::Duration::from_millis(100)));
         }
     }
 
@@ -314,5 +454,50 @@ pub fn zones(state: &ClusterState) -> Zones {
         ratio_high: thresholds.ratio_high,
         nodes_in_band_fraction: summary.nodes_in_band_fraction,
         nodes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rebalance_every_parses_and_bad_text_is_refused() {
+        assert_eq!(parse_period("off").unwrap(), None);
+        assert_eq!(parse_period("60s").unwrap(), Some(Duration::from_secs(60)));
+        assert_eq!(parse_period("500ms").unwrap(), Some(Duration::from_millis(500)));
+        assert_eq!(parse_period(" 5m ").unwrap(), Some(Duration::from_secs(300)));
+        assert_eq!(parse_period("2h").unwrap(), Some(Duration::from_secs(7200)));
+        for (bad, why) in [
+            ("60", "needs a unit"),
+            ("s", "write \"off\""),
+            ("10x", "unknown unit"),
+            ("100ms", "shorter than 500 ms"),
+            ("-5s", "write \"off\""),
+            ("99999999999999999999h", "write \"off\""),
+            ("9999999999999999h", "too long"),
+        ] {
+            let error = parse_period(bad).unwrap_err();
+            assert!(error.contains(why), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_background_keys_are_read_and_checked() {
+        let config = ClusterConfig {
+            rebalance_every: Some("2s".into()),
+            rebalance_policy: Some("logical".into()),
+            ..ClusterConfig::default()
+        };
+        let settings = RebalanceSettings::from_config(&config).unwrap();
+        assert_eq!(settings.every, Some(Duration::from_secs(2)));
+        assert_eq!(settings.policy, Policy::Logical);
+        let default = RebalanceSettings::from_config(&ClusterConfig::default()).unwrap();
+        assert_eq!((default.every, default.policy), (None, Policy::CompressionAware));
+        let bad = ClusterConfig { rebalance_policy: Some("size".into()), ..ClusterConfig::default() };
+        assert!(RebalanceSettings::from_config(&bad).unwrap_err().contains("rebalance_policy"));
+        let bad = ClusterConfig { rebalance_every: Some("1".into()), ..ClusterConfig::default() };
+        assert!(RebalanceSettings::from_config(&bad).unwrap_err().contains("rebalance_every"));
     }
 }

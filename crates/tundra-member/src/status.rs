@@ -7,8 +7,8 @@
 //! counts the bytes the answering node sent its peers: Raft messages and everything else;
 //! `repair` what repair of bad pages and the scrub did there; `manager` the cluster manager's
 //! group (`members`, `leader`, `term`, `applied_index`) and its state's summary (`nodes` with
-//! each one's `status` and `chunks`, `chunks`, `moves_in_flight`), or `error` when it has no
-//! leader. Each chunk (and each node's `chunks[]` entry) carries its `logical_bytes` and
+//! each one's `status` and `chunks`, `chunks`, `moves_in_flight`, `chunks_sized`, and the
+//! leader's `background_rebalance` record), or `error` when it has no leader. Each chunk (and each node's `chunks[]` entry) carries its `logical_bytes` and
 //! `physical_bytes`, counted as the node's usage is.
 
 use std::collections::BTreeMap;

@@ -98,6 +98,11 @@ pub struct ClusterConfig {
     /// may take on the sending node ([`DEFAULT_MOVE_BYTES_PER_SEC`] when absent; 0 is
     /// unlimited).
     pub move_bytes_per_sec: Option<u64>,
+    /// How often the cluster manager's leader runs a background rebalance round ("60s",
+    /// "500ms", "5m"; "off" or absent: never, only `tundra cluster rebalance` moves chunks).
+    pub rebalance_every: Option<String>,
+    /// The policy of the background rounds: "compression-aware" (when absent) or "logical".
+    pub rebalance_policy: Option<String>,
 }
 
 /// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under

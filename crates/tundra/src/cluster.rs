@@ -171,5 +171,26 @@ fn status(json: bool, connect: &Connect) -> Result<()> {
             manager["moves_in_flight"].as_array().map_or(0, Vec::len),
         ),
     }
+    let background = &manager["background_rebalance"];
+    if let Some(every) = background["every_ms"].as_u64() {
+        let last = &background["last_round"];
+        let last = if last.is_null() {
+            "no round yet".to_string()
+        } else {
+            format!(
+                "last round: {} moves, {} failures{}",
+                last["moves"],
+                last["failures"],
+                last["skipped"].as_str().map_or(String::new(), |why| format!(", skipped ({why})"))
+            )
+        };
+        println!(
+            "background rebalance	every {:.1} s	{}	rounds {}	moves {}	{last}",
+            every as f64 / 1000.0,
+            background["policy"].as_str().unwrap_or("?"),
+            background["rounds"],
+            background["moves_total"],
+        );
+    }
     Ok(())
 }

@@ -18,6 +18,9 @@ pub fn run(policy: &str, dry_run: bool, max_moves: Option<u64>, json_out: bool, 
     }
     let mut client = connect.client()?;
     let started = Instant::now();
+    // The run's steps share the claim on moves (one mover at a time across the cluster).
+    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()) << 32;
     let mut skip: Vec<Value> = Vec::new();
     let mut moves: Vec<Value> = Vec::new();
     let mut failed: Vec<Value> = Vec::new();
@@ -27,7 +30,7 @@ pub fn run(policy: &str, dry_run: bool, max_moves: Option<u64>, json_out: bool, 
         if !dry_run && max_moves.is_some_and(|max| moves.len() as u64 >= max) {
             break;
         }
-        let request = json!({ "rebalance_step": { "policy": policy, "dry_run": dry_run, "skip": skip } });
+        let request = json!({ "rebalance_step": { "policy": policy, "dry_run": dry_run, "skip": skip, "run": run } });
         let answer = client.cluster_admin(&request.to_string())?;
         let step: Value = serde_json::from_str(&answer).context("the node's answer is not JSON")?;
         if first.is_none() {
@@ -74,10 +77,14 @@ pub fn run(policy: &str, dry_run: bool, max_moves: Option<u64>, json_out: bool, 
         "simulated_moves": first["simulated"]["moves"],
         "zones_before": first["before"],
         "zones_after": after,
+        "chunk_sizes": first["sizes"],
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
+    }
+    if let Some(note) = first["sizes"]["note"].as_str() {
+        println!("note: {note}");
     }
     if dry_run {
         let simulated = first["simulated"]["moves"].as_array().cloned().unwrap_or_default();

@@ -270,9 +270,16 @@ fn chunk_drift(
     drift
 }
 
-#[test]
-fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
-    let data = Arc::new(Data::load());
+/// Five nodes configured with the band, the margin, the move pace and `extra` (more `[cluster]`
+/// keys), holding the ten volumes written one after the other: skewed ratios (see the module
+/// comment). `after_volume(v, cluster, ids)` runs once volume `v` is written. Answers the
+/// cluster, the volumes' ids and the log of the initial writes.
+fn skewed_cluster(
+    data: &Data,
+    extra: &str,
+    test_started: Instant,
+    mut after_volume: impl FnMut(usize, &Cluster, &[u32]),
+) -> (Cluster, Vec<u32>, WriterLog) {
     let mut cluster = Cluster::of_size(5, |_| None, DRIVE);
     for member in &cluster.members {
         // Small devices: five nodes share the machine's disk.
@@ -281,11 +288,10 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
             .replace("volumes = \"64MiB\"", "volumes = \"16MiB\"");
         config.push_str(&format!(
             "rebalance_band_below = {BAND}\nrebalance_band_above = {BAND}\nrebalance_logical_margin = {LOGICAL_MARGIN}\n\
-             move_bytes_per_sec = {MOVE_BYTES_PER_SEC}\n"
+             move_bytes_per_sec = {MOVE_BYTES_PER_SEC}\n{extra}"
         ));
         std::fs::write(&member.config, config).expect("config");
     }
-    let test_started = Instant::now();
     cluster.start_all();
     println!("[{:.1} s] five nodes up", test_started.elapsed().as_secs_f64());
     let addr = cluster.member(1).addr();
@@ -302,9 +308,27 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
             .id;
         ids.push(id);
         // Written before the next volume is placed, so placement counts it.
-        log.extend(write_all(cluster.member(1).native, v, id, &data));
+        log.extend(write_all(cluster.member(1).native, v, id, data));
+        after_volume(v, &cluster, &ids);
     }
     println!("[{:.1} s] ten volumes written", test_started.elapsed().as_secs_f64());
+    (cluster, ids, log)
+}
+
+/// One five-node cluster at a time: the tests of this file share two cores with the rest.
+static ONE_CLUSTER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_cluster_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_CLUSTER_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[test]
+fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
+    let _one = one_cluster_at_a_time();
+    let data = Arc::new(Data::load());
+    let test_started = Instant::now();
+    let (cluster, ids, mut log) = skewed_cluster(&data, "", test_started, |_, _, _| {});
+    let addr = cluster.member(1).addr();
     let before = cluster.status(2);
     let used_before = usage(&before);
     let (low, average, high) = band(&used_before);
@@ -470,4 +494,141 @@ fn an_unknown_policy_is_refused_before_anything_moves() {
         &["cluster", "rebalance", "--policy", "size", "--addr", "127.0.0.1:1"],
         "write logical or compression-aware",
     );
+}
+
+/// How long the background rebalancer has, once the last volume is written, to bring every
+/// node into the band; the twin with the loop off waits as long.
+const BACKGROUND_WAIT: Duration = Duration::from_secs(15);
+
+/// Every node's ratio inside the band, from status: `Ok` or the first node outside.
+fn all_in_band(status: &Value) -> Result<(), String> {
+    let used = usage(status);
+    let (low, _, high) = band(&used);
+    match used.iter().find(|(_, u)| !(low..=high).contains(&ratio(**u))) {
+        None => Ok(()),
+        Some((id, u)) => Err(format!("node {id} ratio {:.2} outside [{low:.2}, {high:.2}]", ratio(*u))),
+    }
+}
+
+/// The background rebalancer's record as the manager's leader shows it in status.
+fn background(status: &Value) -> &Value {
+    &status["manager"]["background_rebalance"]
+}
+
+/// The writer of the tests below, running.
+struct Running {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Writer>,
+}
+
+/// Starts the writer on the compressible volumes, which must all exist in `ids`.
+fn start_writer(cluster: &Cluster, ids: &[u32], data: &Arc<Data>) -> Running {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let (addr, ids, data, stopped) = (cluster.member(3).native, ids.to_vec(), data.clone(), stop.clone());
+    Running { stop, handle: std::thread::spawn(move || writer(addr, ids, data, stopped, count)) }
+}
+
+/// The writer started once the compressible volumes exist, so that it writes while the last
+/// volumes are placed and written (and the background rounds, if on, move chunks).
+fn writer_from_the_last_compressible<'a>(
+    running: &'a mut Option<Running>,
+    data: &'a Arc<Data>,
+) -> impl FnMut(usize, &Cluster, &[u32]) + 'a {
+    move |v, cluster, ids| {
+        if Some(&v) == COMPRESSIBLE.iter().max() {
+            *running = Some(start_writer(cluster, ids, data));
+        }
+    }
+}
+
+/// Lets the writer run for up to [`BACKGROUND_WAIT`] more, asking status every second, and
+/// stops it early once `done(status)`; answers the writer's log, the last status and how long
+/// it waited.
+fn stop_when(cluster: &Cluster, running: Running, done: impl Fn(&Value) -> bool) -> (Writer, Value, Duration) {
+    let started = Instant::now();
+    let last = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let status = cluster.status(2);
+        if done(&status) || started.elapsed() >= BACKGROUND_WAIT {
+            break status;
+        }
+    };
+    let waited = started.elapsed();
+    running.stop.store(true, Ordering::Relaxed);
+    let written = running.handle.join().expect("the writer");
+    assert!(written.writes > 0, "the writer wrote");
+    (written, last, waited)
+}
+
+/// Seed 000 §4.2: the manager migrates chunks on its own while a writer keeps writing. Five
+/// nodes with `rebalance_every = "2s"`, the skewed data of the test above, and no `tundra
+/// cluster rebalance` at all. The writer starts once the compressible volumes exist, so the
+/// rounds move chunks while it writes; within [`BACKGROUND_WAIT`] of the last volume's writes
+/// every node's ratio is inside the band, the manager's status shows the background rounds' moves, and
+/// every page checks against the writer's log through every node.
+#[test]
+fn the_managers_background_rounds_bring_every_node_into_the_band_under_writes() {
+    let _one = one_cluster_at_a_time();
+    let data = Arc::new(Data::load());
+    let test_started = Instant::now();
+    let extra = "rebalance_every = \"2s\"\nrebalance_policy = \"compression-aware\"\n";
+    let mut running = None;
+    let (cluster, ids, mut log) =
+        skewed_cluster(&data, extra, test_started, writer_from_the_last_compressible(&mut running, &data));
+    let running = running.expect("the writer started");
+    let (written, last, ran) = stop_when(&cluster, running, |status| all_in_band(status).is_ok());
+    println!(
+        "[{:.1} s] in the band {:.1} s after the last volume ({} writes); background: {:#}",
+        test_started.elapsed().as_secs_f64(),
+        ran.as_secs_f64(),
+        written.writes,
+        background(&last)
+    );
+    all_in_band(&last).unwrap_or_else(|why| panic!("after {ran:?} of background rounds, {why}: {last:#}"));
+    let record = background(&last);
+    assert_eq!(record["every_ms"].as_u64(), Some(2000), "{record:#}");
+    assert_eq!(record["policy"].as_str(), Some("compression-aware"), "{record:#}");
+    assert!(record["moves_total"].as_u64().is_some_and(|moves| moves > 0), "no background move: {record:#}");
+    assert!(record["last_round"]["started_unix_ms"].as_u64().is_some_and(|ms| ms > 0), "{record:#}");
+    assert!(last["manager"]["chunks_sized"].as_u64().is_some_and(|n| n > 0), "no chunk size reported: {last:#}");
+
+    for (&key, &write) in &written.log {
+        log.insert(key, write);
+    }
+    std::thread::scope(|scope| {
+        let (shared, ids, data, log) = (&cluster, &ids, &*data, &log);
+        let checks: Vec<_> =
+            (1..=5).map(|node| (node, scope.spawn(move || verify(shared, node, ids, data, log)))).collect();
+        for (node, check) in checks {
+            let result = check.join().expect("a check thread");
+            result.unwrap_or_else(|e| panic!("through node {node}: {e}\n{}", cluster.logs()));
+        }
+    });
+    // Twin: one altered log entry is caught.
+    let mut wrong = log.clone();
+    *wrong.values_mut().next().expect("a page") += 1;
+    assert!(verify(&cluster, 4, &ids, &data, &wrong).is_err(), "the read-back check missed a wrong page");
+    println!("[{:.1} s] every page checked through every node", test_started.elapsed().as_secs_f64());
+}
+
+/// Twin of the test above: the same cluster and writer with the background rounds off (the
+/// default) leave the nodes outside the band for the whole wait, so the band reached above is
+/// the background rounds' doing.
+#[test]
+fn without_background_rounds_the_nodes_stay_outside_the_band() {
+    let _one = one_cluster_at_a_time();
+    let data = Arc::new(Data::load());
+    let test_started = Instant::now();
+    let mut running = None;
+    let (cluster, _, _) =
+        skewed_cluster(&data, "", test_started, writer_from_the_last_compressible(&mut running, &data));
+    let running = running.expect("the writer started");
+    let (_, last, ran) = stop_when(&cluster, running, |status| all_in_band(status).is_ok());
+    println!("[{:.1} s] waited {:.1} s", test_started.elapsed().as_secs_f64(), ran.as_secs_f64());
+    assert!(ran >= BACKGROUND_WAIT, "the nodes came into the band without background rounds: {last:#}");
+    assert!(all_in_band(&last).is_err(), "{last:#}");
+    let record = background(&last);
+    assert!(record["every_ms"].is_null(), "{record:#}");
+    assert_eq!(record["rounds"].as_u64(), Some(0), "{record:#}");
 }

@@ -292,10 +292,9 @@ impl<'a> Simulation<'a> {
         self.state.check_invariants();
         for (node, held) in &self.ledger {
             let state = self.state.node(*node).expect("a member");
-            let reported = state
-                .chunks
-                .iter()
-                .fold(Space::ZERO, |sum, c| sum.plus(self.state.chunk(*c).expect("placed").reported));
+            let reported = state.chunks.iter().fold(Space::ZERO, |sum, c| {
+                sum.plus(self.state.chunk(*c).expect("placed").reported.unwrap_or(Space::ZERO))
+            });
             assert_eq!(reported, *held, "{node}: manager and ledger disagree");
         }
     }
