@@ -15,6 +15,8 @@
 //!   leader, placement and moves through it.
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
+//! - [`leaders`]: the background leader balancer: a node leading fewer than its share of its
+//!   chunk groups campaigns for some, from nodes leading more.
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
@@ -22,6 +24,7 @@
 pub mod catalog;
 pub mod cluster;
 mod io;
+pub mod leaders;
 pub mod manager;
 pub mod messages;
 pub mod migrate;

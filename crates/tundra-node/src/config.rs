@@ -98,6 +98,10 @@ pub struct ClusterConfig {
     /// may take on the sending node ([`DEFAULT_MOVE_BYTES_PER_SEC`] when absent; 0 is
     /// unlimited).
     pub move_bytes_per_sec: Option<u64>,
+    /// How often this node's leader balancer runs (tundra-member's `leaders.rs`), as "5s",
+    /// "500ms" or "1m" ("5s" when absent); "off" or "0s" turns it off. A node leading fewer
+    /// than its share of the chunk groups it is a replica of campaigns for a few of them.
+    pub leader_balance_every: Option<String>,
 }
 
 /// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under
