@@ -8,8 +8,9 @@
 //! and sees the restarted node lead nothing after the same wait: the balance check fails.
 //!
 //! `TUNDRA_LEADERS_RAW=PATH` appends the run's figures (the time from the restart until
-//! balanced, the writer's rate before the kill, while node 3 was down, during balancing and
-//! after) to PATH, for docs/measurements.md (bench/results/2026-11-28-leader-balance/run.sh).
+//! balanced, the campaigns, and per phase (before the kill, the failover, node 3 down, during
+//! balancing, 3 s after) its length, the writer's rate and its longest stall) to PATH, for
+//! docs/measurements.md (bench/results/2026-11-28-leader-balance/run.sh).
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -161,16 +162,35 @@ fn rate(acks: &[Instant], from: Instant, to: Instant) -> f64 {
     count as f64 / (to - from).as_secs_f64().max(1e-3)
 }
 
-/// Kills node 3, waits until the survivors lead all its groups, restarts it; answers when it
-/// was restarted (ready to answer).
-fn fail_over_and_restart(cluster: &mut Cluster) -> Instant {
+/// When each phase of a failover and restart ended.
+struct Phases {
+    /// The survivors led every group (and the counts then).
+    failed_over: Instant,
+    leaders_after_failover: Vec<usize>,
+    /// Node 3 answered again.
+    restarted: Instant,
+}
+
+/// Kills node 3, waits until the survivors lead all its groups, restarts it.
+fn fail_over_and_restart(cluster: &mut Cluster) -> Phases {
     cluster.kill9(3);
     let failover = wait_for(cluster, 1, FAILOVER_LIMIT, |led, leaderless| led[2] == 0 && leaderless == 0);
     if let Err((led, leaderless)) = failover {
         panic!("the survivors did not take node 3's groups: {led:?}, {leaderless} leaderless\n{}", cluster.logs());
     }
+    let failed_over = Instant::now();
+    let leaders_after_failover = leaders(cluster, 1).0;
     cluster.start(3);
-    Instant::now()
+    Phases { failed_over, leaders_after_failover, restarted: Instant::now() }
+}
+
+/// The longest time between two acknowledged writes, or between a bound and the nearest one,
+/// from `from` to `to`: the longest stall the writer saw then.
+fn longest_stall(acks: &[Instant], from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = vec![from];
+    times.extend(acks.iter().copied().filter(|&t| t >= from && t < to));
+    times.push(to);
+    times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
 }
 
 #[test]
@@ -189,8 +209,8 @@ fn a_restarted_node_takes_its_share_of_leaders_back_under_writes() {
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
     let killed = Instant::now();
-    let restarted = fail_over_and_restart(&mut cluster);
-    let down = leaders(&cluster, 1).0;
+    let phases = fail_over_and_restart(&mut cluster);
+    let (restarted, down) = (phases.restarted, phases.leaders_after_failover.clone());
     let took = match wait_for(&cluster, 1, BALANCE_LIMIT, |led, leaderless| balanced(led, leaderless).is_ok()) {
         Ok(took) => took,
         Err((led, leaderless)) => panic!(
@@ -210,13 +230,21 @@ fn a_restarted_node_takes_its_share_of_leaders_back_under_writes() {
     assert!(written.error.is_none(), "the writer saw an error: {:?}\n{}", written.error, cluster.logs());
     let acks = acks.lock().expect("acks").clone();
     let end = Instant::now();
-    let figures = [
-        ("before_kill", rate(&acks, started, killed)),
-        ("node_down", rate(&acks, killed, restarted)),
-        ("balancing", rate(&acks, restarted, balanced_at)),
-        ("after", rate(&acks, balanced_at, end)),
+    let windows = [
+        ("before_kill", started, killed),
+        ("failover", killed, phases.failed_over),
+        ("node_down", phases.failed_over, restarted),
+        ("balancing", restarted, balanced_at),
+        ("after", balanced_at, end),
     ];
-    println!("writes/s: {figures:?}; {} pages written", written.log.len());
+    let figures: Vec<(&str, f64, f64, f64)> = windows
+        .iter()
+        .map(|&(name, from, to)| {
+            let stall = longest_stall(&acks, from, to).as_secs_f64() * 1e3;
+            (name, (to - from).as_secs_f64(), rate(&acks, from, to), stall)
+        })
+        .collect();
+    println!("(phase, seconds, writes/s, longest stall ms): {figures:?}; {} pages written", written.log.len());
     assert_eq!(written.log.len(), CHUNKS * PAGES_WRITTEN_PER_CHUNK as usize, "the writer reached every page");
     for node in [2, 3] {
         verify(&cluster, node, id, &written.log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
@@ -233,14 +261,19 @@ fn a_restarted_node_takes_its_share_of_leaders_back_under_writes() {
     if let Ok(path) = std::env::var("TUNDRA_LEADERS_RAW") {
         use std::io::Write;
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("raw file");
-        let rates: Vec<String> = figures.iter().map(|(name, r)| format!("{name}_writes_per_sec={r:.1}")).collect();
+        let rates: Vec<String> = figures
+            .iter()
+            .map(|(name, secs, r, stall)| {
+                format!("{name}_s={secs:.2} {name}_writes_per_sec={r:.1} {name}_longest_stall_ms={stall:.0}")
+            })
+            .collect();
         writeln!(
             file,
             "restart_to_balanced_s={:.2} campaigns={campaigns} leaders_after_failover={down:?} leaders_at_end={after:?} {} \
              balancing_over_before={:.3}",
             took.as_secs_f64(),
             rates.join(" "),
-            figures[2].1 / figures[0].1
+            figures[3].2 / figures[0].2
         )
         .expect("write raw");
     }
