@@ -21,7 +21,9 @@
 //!   from excess `d` to excess `t` changes Σ excess² by 2(t − d + 1), so it happens only when
 //!   the sum falls, and balancing ends with every node within one group of the others'
 //!   excess (so, with equal shares, within one of its share) and never flaps back;
-//! - at most [`TAKES_PER_ROUND`] groups a round, each from the node of highest excess then.
+//! - at most [`TAKES_PER_ROUND`] groups a round, each from the node of highest excess then;
+//! - a chunk the catalog lists a move of is left alone (migrate.rs changes its membership
+//!   through its leader).
 //!
 //! The taker takes a group by campaigning (`raft.trigger().elect()`): openraft 0.9.25 has no
 //! leadership transfer. A campaign wins only with a vote from a majority, and a voter grants
@@ -150,13 +152,10 @@ pub fn plan(
 ) -> Vec<Take> {
     let mut counts = shares(groups, live);
     let excess = |counts: &BTreeMap<u64, (usize, f64)>, n: u64| counts.get(&n).map(|&(led, share)| led as f64 - share);
-    let lowest = counts
-        .keys()
-        .copied()
-        .min_by(|&a, &b| {
-            let (ea, eb) = (excess(&counts, a).unwrap_or(0.0), excess(&counts, b).unwrap_or(0.0));
-            if (ea - eb).abs() < EPSILON { a.cmp(&b) } else { ea.total_cmp(&eb) }
-        });
+    let lowest = counts.keys().copied().min_by(|&a, &b| {
+        let (ea, eb) = (excess(&counts, a).unwrap_or(0.0), excess(&counts, b).unwrap_or(0.0));
+        if (ea - eb).abs() < EPSILON { a.cmp(&b) } else { ea.total_cmp(&eb) }
+    });
     if lowest != Some(me) {
         return Vec::new();
     }
@@ -292,7 +291,16 @@ impl ClusterNode {
     async fn balance_round(&self, memory: &mut GroupReady) {
         let views = self.live_views().await;
         let live: BTreeSet<u64> = views.keys().copied().collect();
-        let groups = merge_views(&views);
+        // A chunk being moved is left alone: its move's membership changes run on its leader.
+        let moving: BTreeSet<u64> = self
+            .catalog
+            .lock()
+            .volumes()
+            .iter()
+            .flat_map(|def| def.moves.iter().map(|m| ChunkId::new(tundra_store::ids::VolumeId(def.id), m.chunk).0))
+            .collect();
+        let mut groups = merge_views(&views);
+        groups.retain(|g| !moving.contains(&g.group));
         let now = Instant::now();
         memory.observe(&groups, now);
         let ready = |g: &GroupSeen| {
@@ -468,7 +476,8 @@ mod tests {
         settle(&mut groups, &live);
         let counts = shares(&groups, &live);
         let excesses: Vec<f64> = counts.values().map(|&(l, s)| l as f64 - s).collect();
-        let spread = excesses.iter().cloned().fold(f64::MIN, f64::max) - excesses.iter().cloned().fold(f64::MAX, f64::min);
+        let spread =
+            excesses.iter().cloned().fold(f64::MIN, f64::max) - excesses.iter().cloned().fold(f64::MAX, f64::min);
         assert!(spread <= 1.0 + EPSILON, "{counts:?}");
     }
 
