@@ -80,6 +80,7 @@ impl ClusterNode {
     pub fn start(config: &ClusterConfig, node: Arc<Node>) -> Result<Arc<ClusterNode>, String> {
         let membership = Membership::from_config(config)?;
         let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
+        let leader_balance = crate::leaders::LeaderBalanceSettings::from_config(config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tundra-member")
@@ -150,6 +151,7 @@ impl ClusterNode {
         cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });
         cluster.start_manager()?;
         cluster.start_redo_upkeep();
+        cluster.start_leader_balance(leader_balance);
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
         if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {

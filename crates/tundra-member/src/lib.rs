@@ -17,6 +17,8 @@
 //! - [`rebalance`]: `tundra cluster rebalance`'s steps, planned from the manager's chunk sizes.
 //! - [`background`]: the manager leader's background rebalance rounds (`rebalance_every`).
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
+//! - [`leaders`]: the background leader balancer: a node leading fewer than its share of its
+//!   chunk groups campaigns for some, from nodes leading more.
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
@@ -25,6 +27,7 @@ pub mod background;
 pub mod catalog;
 pub mod cluster;
 mod io;
+pub mod leaders;
 pub mod manager;
 pub mod messages;
 pub mod migrate;

@@ -103,6 +103,10 @@ pub struct ClusterConfig {
     pub rebalance_every: Option<String>,
     /// The policy of the background rounds: "compression-aware" (when absent) or "logical".
     pub rebalance_policy: Option<String>,
+    /// How often this node's leader balancer runs (tundra-member's `leaders.rs`), as "5s",
+    /// "500ms" or "1m" ("5s" when absent); "off" or "0s" turns it off. A node leading fewer
+    /// than its share of the chunk groups it is a replica of campaigns for a few of them.
+    pub leader_balance_every: Option<String>,
 }
 
 /// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under
