@@ -534,6 +534,7 @@ mod tests {
                     commit_index: Some(5),
                     applied_index: Some(5),
                     voters: vec![1, 2, 3],
+                    purged_index: None,
                 })
                 .collect(),
             usage: Default::default(),
