@@ -1,9 +1,13 @@
 //! The connections between nodes: one TCP connection per pair of nodes, dialed by the node of
 //! the lower id and redialed whenever it drops, carrying every group's Raft messages and the
 //! forwarded page I/O in both directions, each request tagged with an id its response names.
-//! A request on a pair with no connection fails at once (openraft retries on its heartbeat; a
-//! forwarding node waits and asks again), so a dead node costs its peers nothing but a
-//! redial every [`REDIAL`].
+//! A forwarded request on a pair with no connection fails at once (the forwarding node waits
+//! and asks again). A Raft message on such a pair first waits one [`REDIAL`] for the link to
+//! come back, then fails: openraft's replication task sends a failed append again at once,
+//! and failing at once made each leader spin on its dead peer (some 50,000 failed appends a
+//! second per node, which cut the live groups' writes twelvefold while a node was down). So
+//! a dead node costs its peers a redial every [`REDIAL`] and a few failed messages per group
+//! per [`REDIAL`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,12 +160,23 @@ impl Transport for PeerTransport {
                 let bytes = tundra_raft::codec::encode(&envelope).len() as u64;
                 tokio::time::sleep(inner.pace.reserve(bytes)).await;
             }
+            let unlinked = |inner: &Inner| inner.links.get(&to).is_some_and(|link| link.conn.lock().is_none());
+            if unlinked(&inner) && !fails_at_once() {
+                tokio::time::sleep(REDIAL).await;
+            }
             match call(&inner, to, &PeerRequest::Raft(envelope), RAFT_TIMEOUT).await? {
                 PeerResponse::Raft(reply) => reply,
                 PeerResponse::Forward(_) => Err(format!("node {to} answered a Raft message with another kind")),
             }
         })
     }
+}
+
+/// A test-only hook: `TUNDRA_TEST_RAFT_FAILS_AT_ONCE=1` takes the wait out of a Raft message
+/// on a pair with no connection, so that the test of a dead peer's cost can show it spin.
+fn fails_at_once() -> bool {
+    static AT_ONCE: OnceLock<bool> = OnceLock::new();
+    *AT_ONCE.get_or_init(|| std::env::var("TUNDRA_TEST_RAFT_FAILS_AT_ONCE").is_ok_and(|v| v == "1"))
 }
 
 async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {

@@ -291,3 +291,68 @@ fn with_the_balancer_off_the_restarted_node_leads_nothing() {
     assert_eq!(led[2], 0, "node 3 led groups again with the balancer off: {led:?}");
     assert!(balanced(&led, leaderless).is_err(), "the balance check passed {led:?}");
 }
+
+/// The writer's rate with every node up and then with node 3 dead (its groups led by the
+/// others), three seconds each, with `env` in every node's environment.
+fn rate_with_a_node_down(env: &[(&str, &str)]) -> (f64, f64) {
+    let mut cluster = Cluster::with_drive(|_| None, &drive());
+    for member in &cluster.members {
+        let mut config = std::fs::read_to_string(&member.config).expect("config");
+        config.push_str("leader_balance_every = \"off\"\n");
+        std::fs::write(&member.config, config).expect("config");
+    }
+    cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    cluster.start_all();
+    let size = format!("{CHUNKS}GiB");
+    succeeds(&["volume", "create", "lb", "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let id = tundra_client::Client::connect(cluster.member(1).native)
+        .expect("connect")
+        .volume_lookup("lb")
+        .expect("the volume")
+        .id;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(Mutex::new(Vec::new()));
+    let writing = {
+        let (stop, acks, addr) = (stop.clone(), acks.clone(), cluster.member(1).native);
+        std::thread::spawn(move || writer(addr, id, stop, acks))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let up_from = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let up_to = Instant::now();
+    cluster.kill9(3);
+    if let Err((led, leaderless)) =
+        wait_for(&cluster, 1, FAILOVER_LIMIT, |led, leaderless| led[2] == 0 && leaderless == 0)
+    {
+        panic!("the survivors did not take node 3's groups: {led:?}, {leaderless} leaderless");
+    }
+    let down_from = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let down_to = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    let written = writing.join().expect("the writer");
+    assert!(written.error.is_none(), "a write failed: {:?}", written.error);
+    let acks = acks.lock().expect("acks").clone();
+    let rate = |from: Instant, to: Instant| {
+        acks.iter().filter(|&&t| t >= from && t < to).count() as f64 / (to - from).as_secs_f64()
+    };
+    (rate(up_from, up_to), rate(down_from, down_to))
+}
+
+/// A dead node costs its peers little: with node 3 killed and its groups led by the others, the
+/// writer keeps at least half its rate (it was a twelfth when a Raft message to a peer with no
+/// connection failed at once and each leader's replication task spun on it).
+#[test]
+fn a_dead_node_does_not_slow_its_peers_writes() {
+    let (up, down) = rate_with_a_node_down(&[]);
+    println!("writes/s: {up:.0} with every node up, {down:.0} with node 3 dead ({:.2})", down / up);
+    assert!(down >= up / 2.0, "{down:.0} writes/s with a node dead against {up:.0} with all up");
+}
+
+/// The twin: with the wait taken out (the hook), the same check fails.
+#[test]
+fn a_raft_message_that_fails_at_once_on_a_dead_link_is_caught() {
+    let (up, down) = rate_with_a_node_down(&[("TUNDRA_TEST_RAFT_FAILS_AT_ONCE", "1")]);
+    println!("writes/s: {up:.0} with every node up, {down:.0} with node 3 dead ({:.2})", down / up);
+    assert!(down < up / 2.0, "the spin on a dead link went unnoticed: {down:.0} against {up:.0} writes/s");
+}
