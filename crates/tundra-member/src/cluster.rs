@@ -249,25 +249,29 @@ impl ClusterNode {
         }
     }
 
-    /// The space of every chunk replica this node runs (not the volumes' redo groups).
+    /// The space of every chunk replica this node runs (not the volumes' redo groups nor the
+    /// manager's).
     pub(crate) fn chunk_sizes(&self) -> Vec<ChunkSize> {
         let groups = self.host.groups();
         tokio::task::block_in_place(|| {
             groups
                 .into_iter()
-                .filter(|&group| tundra_raft::redo_machine::redo_volume(group).is_none())
-                .map(|chunk| {
-                    let space = self.node.chunk_space(chunk);
-                    ChunkSize {
-                        volume: chunk.volume().0,
-                        chunk: chunk.index(),
-                        pages: space.pages,
-                        logical_bytes: space.logical_bytes,
-                        physical_bytes: space.physical_bytes,
-                    }
-                })
+                .filter(|&group| tundra_raft::manager_machine::is_chunk_group(group))
+                .map(|chunk| self.chunk_size(chunk))
                 .collect()
         })
+    }
+
+    /// The space of one chunk replica this node runs (it reads the chunk's index entries).
+    pub(crate) fn chunk_size(&self, chunk: ChunkId) -> ChunkSize {
+        let space = self.node.chunk_space(chunk);
+        ChunkSize {
+            volume: chunk.volume().0,
+            chunk: chunk.index(),
+            pages: space.pages,
+            logical_bytes: space.logical_bytes,
+            physical_bytes: space.physical_bytes,
+        }
     }
 
     /// This node's drive space: the drive's logical and physical capacity, the logical bytes

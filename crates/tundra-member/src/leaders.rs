@@ -197,7 +197,7 @@ pub fn merge_views(views: &BTreeMap<u64, LocalStatus>) -> Vec<GroupSeen> {
     let mut by_group: BTreeMap<u64, GroupSeen> = BTreeMap::new();
     for (&node, view) in views {
         for g in &view.groups {
-            if !is_chunk_group(g.chunk) || g.leader != Some(node) {
+            if !tundra_raft::manager_machine::is_chunk_group(ChunkId(g.chunk)) || g.leader != Some(node) {
                 continue;
             }
             let seen = GroupSeen {
@@ -217,12 +217,6 @@ pub fn merge_views(views: &BTreeMap<u64, LocalStatus>) -> Vec<GroupSeen> {
         }
     }
     by_group.into_values().collect()
-}
-
-/// A chunk's group: not a volume's redo group, not the manager's.
-fn is_chunk_group(group: u64) -> bool {
-    tundra_raft::redo_machine::redo_volume(ChunkId(group)).is_none()
-        && ChunkId(group) != tundra_raft::manager_machine::manager_group()
 }
 
 /// What the acting node knows of its own replica of a group, for [`GroupReady::ready`].

@@ -546,25 +546,10 @@ impl ClusterNode {
             .groups()
             .into_iter()
             .filter(|&group| {
-                tundra_raft::redo_machine::redo_volume(group).is_none()
-                    && group != manager_group()
-                    && self.local_leader(group) == Some(self.me)
+                tundra_raft::manager_machine::is_chunk_group(group) && self.local_leader(group) == Some(self.me)
             })
             .collect();
-        tokio::task::block_in_place(|| {
-            led.into_iter()
-                .map(|chunk| {
-                    let space = self.node.chunk_space(chunk);
-                    ChunkSize {
-                        volume: chunk.volume().0,
-                        chunk: chunk.index(),
-                        pages: space.pages,
-                        logical_bytes: space.logical_bytes,
-                        physical_bytes: space.physical_bytes,
-                    }
-                })
-                .collect()
-        })
+        tokio::task::block_in_place(|| led.into_iter().map(|chunk| self.chunk_size(chunk)).collect())
     }
 
     /// Proposes one command here, as the leader; a refusal is the state's.

@@ -174,9 +174,7 @@ impl ClusterNode {
                                 // A volume's redo group is reported in `redo[]`, the manager's
                                 // group in `manager`, not as chunks.
                                 .filter(|g| {
-                                    let group = tundra_store::ids::ChunkId(g.chunk);
-                                    tundra_raft::redo_machine::redo_volume(group).is_none()
-                                        && group != tundra_raft::manager_machine::manager_group()
+                                    tundra_raft::manager_machine::is_chunk_group(tundra_store::ids::ChunkId(g.chunk))
                                 })
                                 .map(|g| {
                                     let chunk = tundra_store::ids::ChunkId(g.chunk).index();

@@ -40,6 +40,11 @@ pub fn manager_group() -> GroupId {
     ChunkId(REDO_GROUP_BIT | MANAGER_GROUP_BIT)
 }
 
+/// Whether `group` is a chunk's group: neither a volume's redo group nor the manager's.
+pub fn is_chunk_group(group: GroupId) -> bool {
+    crate::redo_machine::redo_volume(group).is_none() && group != manager_group()
+}
+
 /// The configuration a member's state starts from before any `Configure`: the same on every
 /// member, so that the first commands apply alike.
 pub fn genesis_config() -> ManagerConfig {

@@ -47,10 +47,11 @@ fn drive() -> String {
     format!("physical = \"256MiB\"\nlogical = \"{}MiB\"\novercommit = true", (CHUNKS + 1) * 512)
 }
 
-/// A cluster with `leader_balance_every` set to `every`, started, with the volume `lb`
-/// created; answers the volume's id.
-fn cluster_with_volume(every: &str) -> (Cluster, u32) {
+/// A cluster with `leader_balance_every` set to `every` and `env` in every node's environment,
+/// started, with the volume `lb` created; answers the volume's id.
+fn cluster_with_volume(every: &str, env: &[(&str, &str)]) -> (Cluster, u32) {
     let mut cluster = Cluster::with_drive(|_| None, &drive());
+    cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     for member in &cluster.members {
         let mut config = std::fs::read_to_string(&member.config).expect("config");
         // `[cluster]` is the config's last section.
@@ -162,6 +163,27 @@ fn rate(acks: &[Instant], from: Instant, to: Instant) -> f64 {
     count as f64 / (to - from).as_secs_f64().max(1e-3)
 }
 
+/// The writer started through node 1: its stop flag, its acknowledgements' times, its thread.
+fn start_writer(cluster: &Cluster, id: u32) -> (Arc<AtomicBool>, Acks, std::thread::JoinHandle<Written>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks: Acks = Arc::new(Mutex::new(Vec::new()));
+    let writing = {
+        let (stop, acks, addr) = (stop.clone(), acks.clone(), cluster.member(1).native);
+        std::thread::spawn(move || writer(addr, id, stop, acks))
+    };
+    (stop, acks, writing)
+}
+
+/// The tests take turns: each measures a writer's rate or a stall, which another three-node
+/// cluster on the same two cores would distort.
+fn one_cluster_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// When each acknowledged write came back.
+type Acks = Arc<Mutex<Vec<Instant>>>;
+
 /// When each phase of a failover and restart ended.
 struct Phases {
     /// The survivors led every group (and the counts then).
@@ -195,15 +217,11 @@ fn longest_stall(acks: &[Instant], from: Instant, to: Instant) -> Duration {
 
 #[test]
 fn a_restarted_node_takes_its_share_of_leaders_back_under_writes() {
-    let (mut cluster, id) = cluster_with_volume("1s");
+    let _alone = one_cluster_at_a_time();
+    let (mut cluster, id) = cluster_with_volume("1s", &[]);
     let (led, leaderless) = leaders(&cluster, 1);
     balanced(&led, leaderless).expect("a fresh volume's leaders are spread");
-    let stop = Arc::new(AtomicBool::new(false));
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let writing = {
-        let (stop, acks, addr) = (stop.clone(), acks.clone(), cluster.member(1).native);
-        std::thread::spawn(move || writer(addr, id, stop, acks))
-    };
+    let (stop, acks, writing) = start_writer(&cluster, id);
     // A second to warm up, then three of the balanced cluster's rate.
     std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
@@ -283,7 +301,8 @@ fn a_restarted_node_takes_its_share_of_leaders_back_under_writes() {
 /// and a wait longer than balancing took, and the balance check says so.
 #[test]
 fn with_the_balancer_off_the_restarted_node_leads_nothing() {
-    let (mut cluster, _) = cluster_with_volume("off");
+    let _alone = one_cluster_at_a_time();
+    let (mut cluster, _) = cluster_with_volume("off", &[]);
     fail_over_and_restart(&mut cluster);
     std::thread::sleep(TWIN_WAIT);
     let (led, leaderless) = leaders(&cluster, 1);
@@ -295,27 +314,8 @@ fn with_the_balancer_off_the_restarted_node_leads_nothing() {
 /// The writer's rate with every node up and then with node 3 dead (its groups led by the
 /// others), three seconds each, with `env` in every node's environment.
 fn rate_with_a_node_down(env: &[(&str, &str)]) -> (f64, f64) {
-    let mut cluster = Cluster::with_drive(|_| None, &drive());
-    for member in &cluster.members {
-        let mut config = std::fs::read_to_string(&member.config).expect("config");
-        config.push_str("leader_balance_every = \"off\"\n");
-        std::fs::write(&member.config, config).expect("config");
-    }
-    cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    cluster.start_all();
-    let size = format!("{CHUNKS}GiB");
-    succeeds(&["volume", "create", "lb", "--size", &size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-    let id = tundra_client::Client::connect(cluster.member(1).native)
-        .expect("connect")
-        .volume_lookup("lb")
-        .expect("the volume")
-        .id;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let writing = {
-        let (stop, acks, addr) = (stop.clone(), acks.clone(), cluster.member(1).native);
-        std::thread::spawn(move || writer(addr, id, stop, acks))
-    };
+    let (mut cluster, id) = cluster_with_volume("off", env);
+    let (stop, acks, writing) = start_writer(&cluster, id);
     std::thread::sleep(Duration::from_secs(1));
     let up_from = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
@@ -344,6 +344,7 @@ fn rate_with_a_node_down(env: &[(&str, &str)]) -> (f64, f64) {
 /// connection failed at once and each leader's replication task spun on it).
 #[test]
 fn a_dead_node_does_not_slow_its_peers_writes() {
+    let _alone = one_cluster_at_a_time();
     let (up, down) = rate_with_a_node_down(&[]);
     println!("writes/s: {up:.0} with every node up, {down:.0} with node 3 dead ({:.2})", down / up);
     assert!(down >= up / 2.0, "{down:.0} writes/s with a node dead against {up:.0} with all up");
@@ -352,6 +353,7 @@ fn a_dead_node_does_not_slow_its_peers_writes() {
 /// The twin: with the wait taken out (the hook), the same check fails.
 #[test]
 fn a_raft_message_that_fails_at_once_on_a_dead_link_is_caught() {
+    let _alone = one_cluster_at_a_time();
     let (up, down) = rate_with_a_node_down(&[("TUNDRA_TEST_RAFT_FAILS_AT_ONCE", "1")]);
     println!("writes/s: {up:.0} with every node up, {down:.0} with node 3 dead ({:.2})", down / up);
     assert!(down < up / 2.0, "the spin on a dead link went unnoticed: {down:.0} against {up:.0} writes/s");
