@@ -28,7 +28,11 @@ under the database was killed and the database recovered, `verify` checks
 
 The sent file doubles as the oracle's injected-bug twin: read as if it were the acked file, it
 is the log of a client that acknowledges a commit before COMMIT returns, and `verify` must find
-the transaction that was in flight when the storage died missing.
+a transaction missing. The transaction in flight when the storage died may well have committed
+(its commit record reached the volume, only the flush failed), so `run` also holds one
+transaction open on a second connection from the start: T = first-txn + HELD_OFFSET, logged as
+sent, its rows inserted, its COMMIT never sent. It cannot survive the crash, so the twin is
+caught in every round, not only when the kill happens to land before a commit record.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import time
 
 PARTS = 4
 SLOTS = 64
+HELD_OFFSET = 500_000_000
 
 
 def payload(txn: int, part: int) -> str:
@@ -73,6 +78,16 @@ class Postgres:
                                 [(txn, p, payload(txn, p)) for p in range(PARTS)])
                 cur.execute("UPDATE crash_counters SET txns = txns + 1 WHERE slot = %s", (txn % SLOTS,))
 
+    def hold(self, txn: int):
+        """Inserts T's rows inside a transaction that is left open (no COMMIT)."""
+        self.conn.execute("BEGIN")
+        with self.conn.cursor() as cur:
+            cur.executemany("INSERT INTO crash_commits VALUES (%s, %s, %s)",
+                            [(txn, p, payload(txn, p)) for p in range(PARTS)])
+
+    def rollback(self):
+        self.conn.execute("ROLLBACK")
+
     def rows(self):
         return self.conn.execute("SELECT txn, part, payload FROM crash_commits").fetchall()
 
@@ -104,6 +119,15 @@ class Mariadb:
             cur.execute("UPDATE crash_counters SET txns = txns + 1 WHERE slot = %s", (txn % SLOTS,))
         self.conn.commit()
 
+    def hold(self, txn: int):
+        """Inserts T's rows inside a transaction that is left open (no COMMIT)."""
+        with self.conn.cursor() as cur:
+            cur.executemany("INSERT INTO crash_commits VALUES (%s, %s, %s)",
+                            [(txn, p, payload(txn, p)) for p in range(PARTS)])
+
+    def rollback(self):
+        self.conn.rollback()
+
     def rows(self):
         with self.conn.cursor() as cur:
             cur.execute("SELECT txn, part, payload FROM crash_commits")
@@ -128,10 +152,17 @@ def append_synced(f, txn: int) -> None:
 def run(a) -> int:
     """Commits until the server fails (the expected end: its storage was killed) or the time is
     up. Prints what it did; exit 0 either way, 1 only when not one transaction committed."""
-    db = connect(a)
+    db, held = connect(a), connect(a)
     deadline = time.monotonic() + a.seconds
     txn, acked, error = a.first_txn, 0, "time up"
+    held_txn = a.first_txn + HELD_OFFSET
     with open(a.sent, "a") as sent, open(a.acked, "a") as ack:
+        append_synced(sent, held_txn)
+        try:
+            held.hold(held_txn)
+        except db.errors as e:
+            print(f"crash_commits: could not open the held transaction {held_txn}: {e}")
+            return 1
         while time.monotonic() < deadline:
             append_synced(sent, txn)
             try:
@@ -142,7 +173,10 @@ def run(a) -> int:
             append_synced(ack, txn)
             acked += 1
             txn += 1
-    print(f"crash_commits: {acked} transaction(s) acknowledged from {a.first_txn}; stopped by {error}")
+    if error == "time up":
+        held.rollback()
+    print(f"crash_commits: {acked} transaction(s) acknowledged from {a.first_txn} (transaction {held_txn} held "
+          f"open, never committed); stopped by {error}")
     return 0 if acked > 0 else 1
 
 
