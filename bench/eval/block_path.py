@@ -46,7 +46,7 @@ if __package__ in (None, ""):
 from bench.eval import common  # noqa: E402
 from bench.eval.common import REPO, BenchError, log, run  # noqa: E402
 
-STEPS = ["ext4", "tundra-off-nbdfuse-serial", "tundra-off-nbdfuse", "tundra-off", "tundra-drive-inline", "tundra"]
+STEPS = ["ext4", "fuse-null", "tundra-off-nbdfuse-serial", "tundra-off-nbdfuse", "tundra-off", "tundra-drive-inline", "tundra"]
 # Each step's predecessor, for the step-over-step ratio.
 PREVIOUS = {"tundra-off-nbdfuse": "tundra-off-nbdfuse-serial", "tundra-off": "tundra-off-nbdfuse",
             "tundra-drive-inline": "tundra-off", "tundra": "tundra-drive-inline"}
@@ -64,11 +64,13 @@ def loadavg() -> str:
     return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
 
 
-def fio(directory: pathlib.Path, name: str, args: list[str], seconds: int, size: str) -> dict:
-    """One fio job on a file in DIRECTORY; its JSON report's job."""
-    cmd = ["fio", f"--name={name}", f"--directory={directory}", f"--size={size}", "--bs=8k", "--time_based",
-           f"--runtime={seconds}", "--output-format=json", "--buffer_compress_percentage=50",
-           "--buffer_compress_chunk=4096", "--refill_buffers", "--randrepeat=0", *args]
+def fio(directory: pathlib.Path, name: str, args: list[str], seconds: int, size: str, bs: str = "8k") -> dict:
+    """One fio job on the file `bench.dat` in DIRECTORY (laid out by the first job, shared by
+    the rest); its JSON report's job."""
+    cmd = ["fio", f"--name={name}", f"--directory={directory}", "--filename=bench.dat", f"--size={size}",
+           f"--bs={bs}", "--time_based", f"--runtime={seconds}", "--output-format=json",
+           "--buffer_compress_percentage=50", "--buffer_compress_chunk=4096", "--refill_buffers", "--randrepeat=0",
+           *args]
     p = run(cmd, what=f"fio {name}", timeout=seconds + 600)
     report = json.loads(p.stdout[p.stdout.index("{"):])
     job = report["jobs"][0]
@@ -82,17 +84,87 @@ def p99_ms(section: dict, key: str = "clat_ns") -> float | None:
     return None if value is None else value / 1e6
 
 
-def fio_workloads(mount: pathlib.Path, size: dict) -> dict:
+# The fio jobs: (name, block size, arguments). `write-sync` and `read` are the jobs of the
+# earlier runs (bench/results/2026-11-28-block-path); the rest split them by request size and
+# queue depth. Writes without fdatasync are direct random writes (what a database's background
+# writer sends); `write-sync-qd1` is one writer committing, as a single client's COMMIT.
+AIO = ["--ioengine=libaio", "--direct=1"]
+FIO_JOBS = [
+    ("write-sync", "8k", ["--rw=randwrite", "--ioengine=psync", "--fdatasync=1", "--numjobs=2", "--group_reporting"]),
+    ("write-sync-qd1", "8k", ["--rw=randwrite", "--ioengine=psync", "--fdatasync=1"]),
+    ("read", "8k", ["--rw=randread", *AIO, "--iodepth=16"]),
+    ("read-8k-qd1", "8k", ["--rw=randread", *AIO, "--iodepth=1"]),
+    ("read-4k-qd1", "4k", ["--rw=randread", *AIO, "--iodepth=1"]),
+    ("read-4k-qd16", "4k", ["--rw=randread", *AIO, "--iodepth=16"]),
+    ("write-8k-qd1", "8k", ["--rw=randwrite", *AIO, "--iodepth=1"]),
+    ("write-8k-qd16", "8k", ["--rw=randwrite", *AIO, "--iodepth=16"]),
+    ("write-4k-qd1", "4k", ["--rw=randwrite", *AIO, "--iodepth=1"]),
+    ("write-4k-qd16", "4k", ["--rw=randwrite", *AIO, "--iodepth=16"]),
+]
+# The jobs `--perf` profiles the serving processes during.
+PERF_JOBS = ("write-sync-qd1", "read-8k-qd1", "write-8k-qd16")
+
+
+def cpu_ticks(pids: list[int]) -> int | None:
+    """User plus system CPU of the processes PIDS (every thread), in clock ticks."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+class Profiler:
+    """`perf record -g` on the serving processes for one fio job; `perf report` (self time,
+    the top symbols) is kept beside the logs, the raw data removed."""
+
+    def __init__(self, pids: list[int], out: pathlib.Path, job: str):
+        self.data = out / f"perf-{job}.data"
+        self.text = out / f"perf-{job}.txt"
+        self.proc = subprocess.Popen(["perf", "record", "-g", "-o", str(self.data), "-p",
+                                      ",".join(str(p) for p in pids)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, 2)  # SIGINT: perf writes its data out and exits
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            common.stop_pid(self.proc.pid, "perf record", timeout=10)
+        p = subprocess.run(["perf", "report", "-i", str(self.data), "--stdio", "--no-children", "-g", "none",
+                            "--percent-limit", "0.5", "--sort", "dso,symbol"], capture_output=True, text=True,
+                           timeout=600)
+        self.text.write_text(p.stdout + p.stderr[-2000:])
+        self.data.unlink(missing_ok=True)
+
+
+def fio_workloads(mount: pathlib.Path, size: dict, pids: list[int], perf_dir: pathlib.Path | None) -> dict:
+    """Every job of FIO_JOBS; with the serving processes' PIDS, their CPU per fio I/O (µs)."""
     d = mount / "fio"
     d.mkdir(exist_ok=True)
     out = {"loadavg": loadavg()}
-    w = fio(d, "write-sync", ["--rw=randwrite", "--ioengine=psync", "--fdatasync=1", "--numjobs=2",
-                              "--group_reporting"], size["fio_seconds"], size["fio_file"])
-    out["write_sync"] = {"iops": w["write"]["iops"], "write_p99_ms": p99_ms(w["write"]),
-                         "sync_p99_ms": p99_ms(w.get("sync") or {}, "lat_ns"), "command": w["command"]}
-    r = fio(d, "read", ["--rw=randread", "--ioengine=libaio", "--direct=1", "--iodepth=16"],
-            size["fio_seconds"], size["fio_file"])
-    out["read"] = {"iops": r["read"]["iops"], "read_p99_ms": p99_ms(r["read"]), "command": r["command"]}
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    for name, bs, args in FIO_JOBS:
+        profiler = Profiler(pids, perf_dir, name) if perf_dir is not None and pids and name in PERF_JOBS else None
+        before = cpu_ticks(pids) if pids else None
+        j = fio(d, name, args, size["fio_seconds"], size["fio_file"], bs)
+        after = cpu_ticks(pids) if pids else None
+        if profiler is not None:
+            profiler.finish()
+        direction = "read" if "randread" in " ".join(args) else "write"
+        section = j[direction]
+        ios = section.get("total_ios") or 0
+        r = {"iops": section["iops"], f"{direction}_p99_ms": p99_ms(section), "command": j["command"],
+             "ios": ios, "cpu_us_per_io": None}
+        if before is not None and after is not None and ios:
+            r["cpu_us_per_io"] = (after - before) * tick_us / ios
+        if "fdatasync" in " ".join(args):
+            r["sync_p99_ms"] = p99_ms(j.get("sync") or {}, "lat_ns")
+        out[name.replace("-", "_")] = r
     return out
 
 
@@ -179,7 +251,9 @@ class Bench:
 
     def step_run(self, name: str, rep: int) -> dict:
         def body(stack, db):
-            r = {"fio": fio_workloads(stack.data_mount, self.size)}
+            pids = stack.server_pids() if hasattr(stack, "server_pids") else []
+            perf_dir = self.out / "logs" / f"{name}.{rep}" if self.a.perf else None
+            r = {"fio": fio_workloads(stack.data_mount, self.size, pids, perf_dir)}
             db.init()
             db.start()
             r["pgbench"] = pgbench(db, self.size)
@@ -254,20 +328,25 @@ def summarize(runs: list[dict]) -> dict:
         "drive_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("drive_seconds"),
         "host_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("host_seconds"),
     }
+    for job, _, _ in FIO_JOBS:
+        key = job.replace("-", "_")
+        for field in ("iops", "cpu_us_per_io"):
+            metrics[f"{key}_{field}"] = (lambda k, f: lambda r: (r["fio"].get(k) or {}).get(f))(key, field)
     out = {}
     for stack, rs in by_stack.items():
         out[stack] = {m: median_spread([f(r) for r in rs]) for m, f in metrics.items()}
     # Ratios per repetition (same repetition, same conditions), then their median and spread.
     ratios: dict = {}
+    matrix = [f"{job.replace('-', '_')}_iops" for job, _, _ in FIO_JOBS]
     for stack in out:
-        for base_name, base in (("ext4", "ext4"), ("previous", PREVIOUS.get(stack))):
+        for base_name, base in (("ext4", "ext4"), ("previous", PREVIOUS.get(stack)), ("fuse_null", "fuse-null")):
             if base is None or base not in by_stack or stack == base:
                 continue
-            for m in ("write_sync_iops", "read_iops", "pgbench_tps", "write_sync_sync_p99_ms"):
+            for m in ("write_sync_iops", "read_iops", "pgbench_tps", "write_sync_sync_p99_ms", *matrix):
                 per_rep = []
                 for r in by_stack[stack]:
                     b = next((x for x in by_stack[base] if x["rep"] == r["rep"]), None)
-                    if b is not None and metrics[m](b):
+                    if b is not None and metrics[m](b) and metrics[m](r) is not None:
                         per_rep.append(metrics[m](r) / metrics[m](b))
                 ratios.setdefault(stack, {})[f"{m}_vs_{base_name}"] = median_spread(per_rep)
     return {"per_stack": out, "ratios": ratios}
@@ -301,10 +380,11 @@ def report(results: dict) -> str:
             f"{fmt(rt.get('write_sync_iops_vs_ext4'), 2)} | {fmt(rt.get('write_sync_sync_p99_ms_vs_previous'), 2)} |")
     lines += ["", "CPU of the node process during a repetition (median s): the emulated drive's (what a "
               "hardware drive does) and the rest.", "", "| step | drive CPU s | host software CPU s |", "|---|---|---|"]
-    for stack in STEPS[1:]:
+    for stack in STEPS[2:]:
         m = s["per_stack"].get(stack)
         if m:
             lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} |")
+    lines += matrix_report(s)
     if results.get("rechoose"):
         lines += ["", "## Pages written while the host was busy, chosen again", "",
                   f"{results.get('rechoose_dataset', 'nycflights13:quick')} loaded into PostgreSQL with Algorithm 1 "
@@ -339,6 +419,44 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def matrix_report(s: dict) -> list[str]:
+    """The fio jobs by request size and queue depth: IOPS, the ratio to ext4 and to fuse-null
+    (what the store costs on top of FUSE and the loop device), the serving processes' CPU per
+    I/O."""
+    present = [st for st in STEPS if st in s["per_stack"]
+               and any((s["per_stack"][st].get(f"{j.replace('-', '_')}_iops") or {}) for j, _, _ in FIO_JOBS if j not in ("write-sync", "read"))]
+    if not present:
+        return []
+    lines = ["", "## fio by request size and queue depth", "",
+             "IOPS median [min–max]; `/ext4` and `/null` are per-repetition ratios to ext4 on a loop file and to "
+             "fuse-null (the same FUSE export and loop device over a plain O_DIRECT file); CPU µs per I/O is the "
+             "user plus system time of the serving processes (the node, or the null exports) over fio's I/Os "
+             "(for write+fdatasync, per write and its fdatasync).", "",
+             "| job | " + " | ".join(present) + " |", "|---" * (len(present) + 1) + "|"]
+    for job, _, _ in FIO_JOBS:
+        key = job.replace("-", "_")
+        cells = []
+        for st in present:
+            m = s["per_stack"][st]
+            rt = s["ratios"].get(st, {})
+            cell = fmt(m.get(f"{key}_iops"), 0)
+            extra = []
+            if rt.get(f"{key}_iops_vs_ext4"):
+                extra.append(f"/ext4 {rt[f'{key}_iops_vs_ext4']['median']:.2f}")
+            if rt.get(f"{key}_iops_vs_fuse_null"):
+                extra.append(f"/null {rt[f'{key}_iops_vs_fuse_null']['median']:.2f}")
+            cpu = m.get(f"{key}_cpu_us_per_io")
+            if cpu:
+                extra.append(f"{cpu['median']:.0f} µs CPU")
+            cells.append(cell + (" (" + ", ".join(extra) + ")" if extra else ""))
+        lines.append(f"| {job} | " + " | ".join(cells) + " |")
+    tps = [(st, s["ratios"].get(st, {}).get("pgbench_tps_vs_fuse_null")) for st in present]
+    tps = [f"{st} {fmt(r, 2)}" for st, r in tps if r]
+    if tps:
+        lines += ["", "pgbench tps against fuse-null in the same repetition: " + "; ".join(tps) + "."]
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/block-path", description=__doc__.split("\n\n")[0])
     g = p.add_mutually_exclusive_group()
@@ -346,6 +464,8 @@ def main(argv=None) -> int:
     g.add_argument("--full", dest="size", action="store_const", const="full")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=lambda x: x.split(","), default=STEPS)
+    p.add_argument("--perf", action="store_true",
+                   help="perf record -g the serving processes during some fio jobs (perf-JOB.txt in the logs)")
     p.add_argument("--rechoose", action="store_true", help="also the re-choice experiment")
     p.add_argument("--rechoose-dataset", default="nycflights13:quick", metavar="NAME[:SCALE]",
                    help="the dataset the re-choice experiment loads (default nycflights13:quick; "
