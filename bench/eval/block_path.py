@@ -212,6 +212,7 @@ class Bench:
         self.rechoose_dataset = rechoose_dataset(a.rechoose_dataset)
         self.work = pathlib.Path(a.work_dir) / f"tundra-block-path.{os.getpid()}"
         self.tundra_bin = self.work / "bin" / "tundra"
+        self.before_bin = self.work / "bin" / "tundra-before"
         self.ports = {}
         port = 24000 + os.getpid() % 1000 * 10
         for name in ("nbd", "native", "metrics", "db"):
@@ -226,8 +227,12 @@ class Bench:
         work, logs = self.work / tag, self.out / "logs" / tag
         work.mkdir(parents=True)
         logs.mkdir(parents=True)
-        stack = make_stack(name, work_dir=work / "stack", size_bytes=common.parse_size(self.size["stack"]),
-                           tundra_bin=self.tundra_bin, ports=self.ports, log_dir=logs, page_size=8192)
+        # `STACK@before`: the stack with the binary of --before-bin (a change measured against
+        # the build before it, in the same repetitions).
+        stack_name, _, variant = name.partition("@")
+        tundra_bin = self.before_bin if variant == "before" else self.tundra_bin
+        stack = make_stack(stack_name, work_dir=work / "stack", size_bytes=common.parse_size(self.size["stack"]),
+                           tundra_bin=tundra_bin, ports=self.ports, log_dir=logs, page_size=8192)
         result: dict = {"stack": name}
         cgroup = db = None
         try:
@@ -313,6 +318,15 @@ def rechoose_dataset(spec: str) -> tuple:
     return name, scale
 
 
+def register_before_steps(names: list[str]) -> None:
+    """Places each `STEP@before` among STEPS just before STEP, as STEP's previous step."""
+    for name in names:
+        base = name.removesuffix("@before")
+        if name != base and name not in STEPS and base in STEPS:
+            STEPS.insert(STEPS.index(base), name)
+            PREVIOUS[base] = name
+
+
 def median_spread(values: list[float]) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
@@ -390,7 +404,7 @@ def report(results: dict) -> str:
             f"{fmt(rt.get('write_sync_iops_vs_ext4'), 2)} | {fmt(rt.get('write_sync_sync_p99_ms_vs_previous'), 2)} |")
     lines += ["", "CPU of the node process during a repetition (median s): the emulated drive's (what a "
               "hardware drive does) and the rest.", "", "| step | drive CPU s | host software CPU s |", "|---|---|---|"]
-    for stack in STEPS[2:]:
+    for stack in [st for st in STEPS if st not in ("ext4", "fuse-null")]:
         m = s["per_stack"].get(stack)
         if m:
             lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} |")
@@ -474,6 +488,8 @@ def main(argv=None) -> int:
     g.add_argument("--full", dest="size", action="store_const", const="full")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=lambda x: x.split(","), default=STEPS)
+    p.add_argument("--before-bin", metavar="PATH",
+                   help="a tundra binary built before a change: steps named STEP@before use it")
     p.add_argument("--perf", action="store_true",
                    help="perf record -g the serving processes during some fio jobs (perf-JOB.txt in the logs)")
     p.add_argument("--rechoose", action="store_true", help="also the re-choice experiment")
@@ -489,6 +505,7 @@ def main(argv=None) -> int:
     if a.report_only:
         d = pathlib.Path(a.report_only)
         results = json.loads((d / "results.json").read_text())
+        register_before_steps([r["stack"] for r in results["runs"]])
         results["summary"] = summarize(results["runs"])
         results.setdefault("loadavg_end", "not recorded")
         (d / "results.json").write_text(json.dumps(results, indent=1))
@@ -503,9 +520,14 @@ def main(argv=None) -> int:
     bench = Bench(a, out)
     bench.tundra_bin.parent.mkdir(parents=True)
     subprocess.run(["cp", str(REPO / "target" / "release" / "tundra"), str(bench.tundra_bin)], check=True)
+    if a.before_bin:
+        subprocess.run(["cp", a.before_bin, str(bench.before_bin)], check=True)
     results = {"size": a.size, "reps": a.reps, "command": "bench/block-path " + " ".join(argv or sys.argv[1:]),
                "machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "loadavg_start": loadavg(),
                "runs": [], "rechoose": [], "rechoose_dataset": ":".join(bench.rechoose_dataset)}
+    if any(s.endswith("@before") for s in a.steps) and not a.before_bin:
+        p.error("a STEP@before step needs --before-bin")
+    register_before_steps(a.steps)
     steps = [] if a.skip_steps else [s for s in STEPS if s in a.steps]
     for rep in range(a.reps):
         order = steps[rep % len(steps):] + steps[:rep % len(steps)] if steps else []
