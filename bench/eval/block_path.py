@@ -3,6 +3,8 @@ throughput and latency, against ext4 on a loop file measured in the same run.
 
 Steps (each a stack of bench/eval/stacks.py, compression off unless said):
 
+0. `fuse-null`: the in-process FUSE export with a plain O_DIRECT host file behind it instead of
+   the store (`tundra bench null-export`, hidden): what FUSE and the loop device cost alone;
 1. `tundra-off-nbdfuse-serial`: NBD through nbdfuse, one request in flight per connection (the
    server as it was);
 2. `tundra-off-nbdfuse`: the same with requests side by side and out-of-order replies;
@@ -11,8 +13,9 @@ Steps (each a stack of bench/eval/stacks.py, compression off unless said):
 5. `tundra`: both layers, the drive deflating on its own thread (the default).
 
 Each stack is built fresh for each repetition, in an order rotated between repetitions, and
-measured with: fio random 8 KiB writes each followed by fdatasync (a commit-like write, its
-sync latency is the write path's), fio random 8 KiB direct reads at queue depth 16, then
+measured with fio on one file written whole first (FIO_JOBS: random 8 KiB writes each followed
+by fdatasync, by two writers and by one, its sync latency the write path's; random direct reads
+and writes of 4 and 8 KiB at queue depth 1 and 16), the serving processes' CPU per fio I/O, then
 PostgreSQL 15 in a 256 MiB memory cgroup: `pgbench -i` and a `pgbench` run. Every figure is the
 median of the repetitions with its min and max; /proc/loadavg is recorded before each
 measurement. For Tundra stacks, `tundra stats --json` after the run gives the drive's CPU apart
@@ -23,6 +26,10 @@ nycflights13 by default; `tpch:full` is the TPC-H sf 1 run where 59% of the page
 `tundra-busy` and `tundra-busy-rechoose` (Algorithm 1 told the host is always busy, so every page
 is written with lz4 without a comparison; the second runs the pass that chooses them again), then
 pgbench runs while the pass works; the space after the pass settles and the tps are compared.
+
+`--perf` records `perf record -g` of the serving processes during PERF_JOBS (perf-JOB.txt in
+the step's logs); `--before-bin PATH` runs each step named `STEP@before` with that tundra binary,
+just before STEP in the same repetitions, to measure a change against the build before it.
 
 Usage (root, from the repository): bench/block-path [--quick|--full] [--reps N] [--rechoose] [--out DIR];
 `bench/block-path --report-only DIR` rewrites DIR/report.md from DIR/results.json.

@@ -135,8 +135,8 @@ pub fn run(args: NullExportArgs) -> Result<()> {
     }
     let device: Arc<dyn BlockDevice> = match &args.backing {
         Some(path) => {
-            let device =
-                FileDevice::create(path, size).with_context(|| format!("creating the backing file {}", path.display()))?;
+            let device = FileDevice::create(path, size)
+                .with_context(|| format!("creating the backing file {}", path.display()))?;
             eprintln!("tundra: null export backed by {} (O_DIRECT: {})", path.display(), device.is_direct());
             Arc::new(device)
         }
