@@ -85,6 +85,9 @@ STACKS: dict[str, str] = {
                            "(its deferred mode off)",
     "tundra-off-nbdfuse-serial": "Tundra with compression off through NBD and nbdfuse, one request in flight "
                                  "per connection (the NBD server before requests ran side by side)",
+    "fuse-null": "ext4 on a loop device over the in-process FUSE export of `tundra mount` with a plain O_DIRECT "
+                 "host file behind it instead of a volume (`tundra bench null-export`): what FUSE and the loop "
+                 "device cost without the store; WAL on a second such export, as tundra-off's WAL volume",
     "tundra-busy": "Tundra, both layers, Algorithm 1 told the host is always busy (lz4 without comparing), "
                    "the idle-host pass off",
     "tundra-busy-rechoose": "Tundra, both layers, Algorithm 1 told the host is always busy, the pass that "
@@ -516,6 +519,11 @@ class TundraStack(Stack):
         self._nbdfuse: dict[str, subprocess.Popen] = {}
         self._clean_stop: bool | None = None
 
+    def server_pids(self) -> list[int]:
+        """The processes that serve the stack's block path (their CPU is the stack's)."""
+        pids = [self._node.pid] if self._node is not None and self._node.poll() is None else []
+        return pids + [p.pid for p in self._nbdfuse.values() if p.poll() is None]
+
     def volume_file(self, vol: str) -> Path:
         """The file the node mounts a volume on (the in-process mount)."""
         return self.work_dir / "files" / vol
@@ -866,6 +874,89 @@ class TundraStack(Stack):
         return v
 
 
+class NullFuseStack(Stack):
+    """`fuse-null`: each volume of `tundra-off` (data, and a WAL half its size) as a plain host
+    file behind the in-process FUSE export (`tundra bench null-export`, one process per file),
+    then a loop device (direct I/O) and ext4 made as on the Tundra stacks: the block path with
+    the store taken out."""
+
+    def __init__(self, name: str, *, tundra_bin: Path, **kw):
+        super().__init__(name, **kw)
+        self.tundra_bin = Path(tundra_bin)
+        self.compresses = False
+        self.volumes = {"data": round_down(self.size_bytes, 4096), "wal": round_down(self.size_bytes // 2, 4096)}
+        self.wal_mount = self.work_dir / "mnt" / "wal"
+        self._exports: dict[str, subprocess.Popen] = {}
+
+    def volume_file(self, vol: str) -> Path:
+        return self.work_dir / "files" / vol
+
+    def backing_file(self, vol: str) -> Path:
+        return self.work_dir / "backing" / f"{vol}.img"
+
+    def server_pids(self) -> list[int]:
+        return [p.pid for p in self._exports.values() if p.poll() is None]
+
+    def _build(self) -> None:
+        if not os.access(self.tundra_bin, os.X_OK):
+            raise BenchError(f"{self.tundra_bin} is not an executable tundra binary "
+                             "(cargo build --release -p tundra)")
+        (self.work_dir / "files").mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "backing").mkdir(parents=True, exist_ok=True)
+        for vol, size in self.volumes.items():
+            f = self.volume_file(vol)
+            cmd = [str(self.tundra_bin), "bench", "null-export", "--file", str(f), "--size", str(size),
+                   "--backing", str(self.backing_file(vol))]
+            with open(self.log_dir / f"null-export-{vol}.log", "ab") as out:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            self._exports[vol] = proc
+            with open(self.log_file, "a") as lf:
+                lf.write(f"+ {' '.join(cmd)} (pid {proc.pid})\n")
+            deadline = time.monotonic() + NODE_START_SECONDS
+            while not mounted(f):
+                if proc.poll() is not None:
+                    text = (self.log_dir / f"null-export-{vol}.log").read_text(errors="replace").strip()
+                    raise BenchError(f"tundra bench null-export for {vol} exited with status {proc.returncode}: "
+                                     f"{' | '.join(text.splitlines()[-5:]) or 'no output'}")
+                if time.monotonic() > deadline:
+                    raise BenchError(f"tundra bench null-export did not mount {f} within {NODE_START_SECONDS} s")
+                time.sleep(0.1)
+            dev = self._attach_loop(vol, f)
+            self._run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev],
+                      f"mkfs.ext4 on {vol}")
+            self._mount(dev, self.data_mount if vol == "data" else self.wal_mount, None)
+
+    def sizes(self) -> dict:
+        physical = sum(allocated_bytes(self.backing_file(v)) for v in self.volumes if self.backing_file(v).exists())
+        fs_used = self._fs_used()
+        return {"physical_bytes": physical, "data_physical_bytes": None, "wal_physical_bytes": None,
+                "fs_used_bytes": fs_used, "live_bytes": fs_used, "allocated_bytes": physical,
+                "details": {"loops": self._loop_details(), "fstrim_bytes": dict(self._fstrim_bytes)}}
+
+    def teardown(self) -> None:
+        """Unmounts ext4, detaches the loop devices, stops each export (SIGTERM, by its PID; it
+        unmounts its own file), removes the backing files."""
+        problems: list[str] = []
+        self._unmount_all(problems)
+        if not self._mounts:
+            self._detach_loops(problems)
+        for vol, proc in list(self._exports.items()):
+            stop_pid(proc.pid, f"tundra bench null-export for {vol}", timeout=NODE_STOP_SECONDS)
+            if pid_alive(proc.pid):
+                problems.append(f"tundra bench null-export (pid {proc.pid}) is still running")
+                continue
+            del self._exports[vol]
+            if mounted(self.volume_file(vol)):
+                self._attempt(["umount", "-l", self.volume_file(vol)], f"umount -l {self.volume_file(vol)}", problems)
+                problems.append(f"{self.volume_file(vol)} was still mounted after its export stopped")
+        if not self._exports and not mounts_under(self.work_dir):
+            for vol in self.volumes:
+                self.backing_file(vol).unlink(missing_ok=True)
+        if problems:
+            raise BenchError(f"{self.name}: teardown: " + "; ".join(problems))
+
+
 def round_down(n: int, unit: int) -> int:
     """N rounded down to a multiple of UNIT."""
     return n // unit * unit
@@ -879,6 +970,8 @@ def make_stack(name: str, *, work_dir: Path, size_bytes: int, tundra_bin: Path, 
     shared = dict(work_dir=Path(work_dir), size_bytes=size_bytes, log_dir=Path(log_dir))
     if name in LOOP_FILESYSTEMS:
         return LoopFsStack(name, **shared)
+    if name == "fuse-null":
+        return NullFuseStack(name, tundra_bin=Path(tundra_bin), **shared)
     if name in TUNDRA_SETTINGS:
         missing = [k for k in ("nbd", "native", "metrics") if k not in ports]
         if missing:

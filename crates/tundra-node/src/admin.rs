@@ -176,7 +176,7 @@ impl Node {
         let _one = self.admin.lock();
         let current = self.volume_by_name(name)?;
         current.live.store(false, Ordering::Release);
-        let _no_flush = self.writeback.flushing();
+        let _no_flush = self.writeback.flushing(current.volume.id);
         self.writeback.discard_volume(current.volume.id);
         if let Err(error) = self.store(current.device).delete_volume(current.volume.id) {
             // The journal refused the delete (the store has stopped): the volume stays.

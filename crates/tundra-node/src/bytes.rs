@@ -38,7 +38,7 @@ impl Node {
             if self.writeback_enabled {
                 self.cache_piece(volume, &span, piece)?;
             } else if span.is_whole() {
-                let _no_flush = self.writeback.direct();
+                let _no_flush = self.writeback.direct(volume.volume.id);
                 self.store_page(volume, span.index, self.block_write_mode(volume, span.index), piece)?;
             } else {
                 let (chunk, page) = volume.volume.locate(span.index)?;

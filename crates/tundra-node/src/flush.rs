@@ -48,19 +48,29 @@ impl Node {
         self.flush_dirty_of(None)
     }
 
-    /// Writes the pages dirty when it was called (of one volume, or all) to the store, several
-    /// at a time so that their journal records share group commits. One flush runs at a time.
+    /// Writes the pages dirty when it was called (of one volume, or of every volume, one volume
+    /// after another) to the store.
     fn flush_dirty_of(&self, only: Option<VolumeId>) -> Result<()> {
         if self.writeback.is_empty() {
             return Ok(());
         }
-        let _exclusive = self.writeback.flushing();
-        let dirty = self.writeback.snapshot(only);
+        match only {
+            Some(volume) => self.flush_volume_dirty(volume),
+            None => self.writeback.dirty_volumes().into_iter().try_for_each(|volume| self.flush_volume_dirty(volume)),
+        }
+    }
+
+    /// Writes the pages of `volume` dirty when it was called to the store, several at a time so
+    /// that their journal records share group commits. One flush of a volume runs at a time;
+    /// flushes of different volumes run side by side (writeback.rs).
+    fn flush_volume_dirty(&self, volume_id: VolumeId) -> Result<()> {
+        let _exclusive = self.writeback.flushing(volume_id);
+        let dirty = self.writeback.snapshot(volume_id);
         if dirty.is_empty() {
             return Ok(());
         }
         // Batches of pages of one chunk, each stored with one journal commit; trims alone. The
-        // snapshot is in volume order: each volume is looked up once.
+        // snapshot is of one volume, in page order: the volume is looked up once.
         let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
         let mut volume: Option<(VolumeId, Option<VolumeRef>)> = None;
         let mut chunk_of = |d: &Snapshot| {

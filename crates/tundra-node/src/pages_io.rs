@@ -45,7 +45,7 @@ impl Node {
         check_len(volume, content.len())?;
         volume.volume.locate(index)?;
         self.check_not_redo(volume)?;
-        let _no_flush = self.writeback.direct();
+        let _no_flush = self.writeback.direct(volume.volume.id);
         // An older cached version must never overwrite this one later.
         let mut shard = self.writeback.lock((volume.volume.id, index));
         volume.check_live()?;
@@ -77,7 +77,7 @@ impl Node {
         volume.check_live()?;
         self.check_not_redo(volume)?;
         check_range(volume, first, count)?;
-        let _no_flush = self.writeback.direct();
+        let _no_flush = self.writeback.direct(volume.volume.id);
         for index in first..first + count {
             let (chunk, page) = volume.volume.locate(index)?;
             let mut shard = self.writeback.lock((volume.volume.id, index));
@@ -97,7 +97,7 @@ impl Node {
         // The range is archived as the store holds it: cached writes go there first. Writes
         // that arrive later stay cached and replace the archived pages when flushed.
         self.flush_dirty()?;
-        let _no_flush = self.writeback.direct();
+        let _no_flush = self.writeback.direct(volume.volume.id);
         let mut total = HeavyReport::default();
         let per_chunk = volume.volume.pages_per_chunk();
         let mut index = first;
