@@ -285,7 +285,10 @@ impl Node {
         }
         out(&head.encode()).map_err(Error::Io)?;
         let store = volume.pages.store();
-        for chunk in volume_chunks(&volume) {
+        // Only a stream that took redo has folded pages; a volume written through its chunk
+        // groups keeps its pages out of its redo group's copies.
+        let chunks = volume_chunks(&volume).filter(|_| head.durable_lsn > 0);
+        for chunk in chunks {
             for (page, entry, slots) in store.snapshot_plan(chunk) {
                 let Some(image) = store.snapshot_image(chunk, page, &entry, slots).map_err(Error::from)? else {
                     continue;
@@ -303,6 +306,12 @@ impl Node {
         Ok(head)
     }
 
+    /// Drops volume `id`'s redo stream on this node (its replica moved away) and frees its
+    /// slot; the volume's images stay for the caller to free.
+    pub fn drop_redo_stream(&self, id: VolumeId) -> Result<()> {
+        self.redo.forget(id)
+    }
+
     /// Replaces volume `id`'s redo stream here with the copy of `len` bytes that `read` gives
     /// (`read(offset, len)`), checked whole first: a copy that fails a check is an error and
     /// changes nothing. `empty_mark` is the chunk mark given to a chunk whose images the copy
@@ -316,6 +325,10 @@ impl Node {
     ) -> Result<CopyHead> {
         let volume = self.volume(id)?;
         let checked = check_copy(&volume, len, read)?;
+        if checked.head.durable_lsn == 0 && checked.head.fence == 0 {
+            // A stream that never took redo: nothing to install.
+            return Ok(checked.head);
+        }
         let old = self.redo.stream(id);
         // No fold, spill or read of the old stream while its images and log are replaced.
         let _upkeep = old.as_ref().map(|s| s.upkeep.lock());
