@@ -549,9 +549,9 @@ impl ClusterNode {
         match tokio::time::timeout(limit, self.to_leader(group, add)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(why)) => Err(why),
-            Err(_) => {
-                Err(Refusal::Unavailable(format!("node {to} did not catch up with volume id {volume}'s redo within {limit:?}")))
-            }
+            Err(_) => Err(Refusal::Unavailable(format!(
+                "node {to} did not catch up with volume id {volume}'s redo within {limit:?}"
+            ))),
         }
     }
 
@@ -650,7 +650,11 @@ impl ClusterNode {
     }
 
     /// A membership change of a volume's redo group, here as its leader.
-    pub(crate) async fn change_redo_membership(&self, volume: u32, change: MembershipChange) -> Result<Answer, Refusal> {
+    pub(crate) async fn change_redo_membership(
+        &self,
+        volume: u32,
+        change: MembershipChange,
+    ) -> Result<Answer, Refusal> {
         self.change_group_membership(tundra_raft::redo_machine::redo_group(volume), change).await
     }
 }

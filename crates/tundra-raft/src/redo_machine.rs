@@ -545,7 +545,9 @@ mod tests {
             }
             let batches = bytes
                 .chunks(16)
-                .map(|b| (u64::from_le_bytes(b[..8].try_into().unwrap()), u64::from_le_bytes(b[8..].try_into().unwrap())))
+                .map(|b| {
+                    (u64::from_le_bytes(b[..8].try_into().unwrap()), u64::from_le_bytes(b[8..].try_into().unwrap()))
+                })
                 .collect();
             *self.0.lock() = batches;
             Ok(())
@@ -565,7 +567,8 @@ mod tests {
         let stream = Arc::new(ModelStream::default());
         let files = Arc::new(SnapshotFiles::in_memory());
         let store = Arc::new(crate::manager_machine::MemSnapshotStore::default());
-        let mut machine = RedoStateMachine::open(redo_group(4), stream.clone(), store).unwrap().with_copies(files.clone());
+        let mut machine =
+            RedoStateMachine::open(redo_group(4), stream.clone(), store).unwrap().with_copies(files.clone());
         let entries: Vec<_> = (1..=batches).map(|i| entry(i, (i - 1) * 10, i * 10)).collect();
         machine.apply(entries).await.unwrap();
         (machine, stream, files)
@@ -602,8 +605,11 @@ mod tests {
     #[test]
     fn a_copy_round_trips_a_mark_still_decodes_and_damage_is_an_error() {
         let log_id = LogId::new(openraft::CommittedLeaderId::new(2, 1), 90);
-        let meta =
-            SnapshotMeta { last_log_id: Some(log_id), last_membership: Default::default(), snapshot_id: "copy-2-90".into() };
+        let meta = SnapshotMeta {
+            last_log_id: Some(log_id),
+            last_membership: Default::default(),
+            snapshot_id: "copy-2-90".into(),
+        };
         let copy = RedoCopy { mark: RedoMark { meta, held_by_all: 40 }, copy_len: 4096, copy_crc: 0xdead_beef };
         let bytes = copy.encode();
         assert_eq!(RedoSnapshot::decode(&bytes), Ok(RedoSnapshot::Copy(copy.clone())));

@@ -31,6 +31,9 @@ use tundra_store::store::{ChunkImage, HeavySlot, PageImage, Store};
 
 use crate::types::GroupId;
 
+/// Where [`SnapshotFiles::write_extents`] hands the bytes it is given, piece after piece.
+pub type ExtentsSink<'a> = dyn FnMut(&[u8]) -> Result<(), String> + 'a;
+
 /// The most bytes one piece carries.
 pub const PIECE_BYTES: usize = 1 << 20;
 
@@ -465,7 +468,7 @@ impl SnapshotFiles {
         &self,
         group: GroupId,
         id: &str,
-        fill: &mut dyn FnMut(&mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String>,
+        fill: &mut dyn FnMut(&mut ExtentsSink<'_>) -> Result<(), String>,
     ) -> Result<(u64, u32), String> {
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");

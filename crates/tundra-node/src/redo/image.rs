@@ -232,11 +232,15 @@ impl Items<'_> {
         let mut r = Fields { bytes: &header };
         let (kind, body_len, crc) = (r.u8()?, r.u32()?, r.u32()?);
         if body_len > MAX_ITEM_BYTES || u64::from(body_len) > self.len - offset - ITEM_HEADER_BYTES as u64 {
-            return Err(Error::Invalid(format!("a redo stream's copy with an item of {body_len} bytes at byte {offset}")));
+            return Err(Error::Invalid(format!(
+                "a redo stream's copy with an item of {body_len} bytes at byte {offset}"
+            )));
         }
         let body = self.exact(offset + ITEM_HEADER_BYTES as u64, body_len as usize)?;
         if crc32c::crc32c(&body) != crc {
-            return Err(Error::Corrupted(format!("a redo stream's copy whose item at byte {offset} fails its checksum")));
+            return Err(Error::Corrupted(format!(
+                "a redo stream's copy whose item at byte {offset} fails its checksum"
+            )));
         }
         self.at = offset + ITEM_HEADER_BYTES as u64 + u64::from(body_len);
         Ok(Some((offset, kind, body)))
@@ -266,7 +270,8 @@ impl Node {
         let volume = self.volume(id)?;
         let stream = self.redo.stream(id);
         let _upkeep = stream.as_ref().map(|s| s.upkeep.lock());
-        let mut head = CopyHead { volume: id, page_size: volume.volume.page_size, fence: 0, start_lsn: 0, durable_lsn: 0 };
+        let mut head =
+            CopyHead { volume: id, page_size: volume.volume.page_size, fence: 0, start_lsn: 0, durable_lsn: 0 };
         let mut batches: Vec<RedoBatch> = Vec::new();
         if let Some(stream) = &stream {
             head.fence = stream.log.fence().0;
@@ -350,8 +355,7 @@ impl Node {
         }
         let batches = checked.batches.iter().map(|&offset| {
             let mut at = Items { at: offset, ..items };
-            let (_, _, body) =
-                at.next_item()?.ok_or_else(|| Error::Invalid("a batch past the copy's end".into()))?;
+            let (_, _, body) = at.next_item()?.ok_or_else(|| Error::Invalid("a batch past the copy's end".into()))?;
             codec::decode_batch(&body, volume.volume.page_size).map_err(redo_error)
         });
         self.redo.install_stream(&volume, &checked.head, batches)?;
@@ -411,7 +415,9 @@ fn check_copy(
                 if checked.batches.is_empty() && checked.images.keys().next_back().is_none_or(|&last| last <= chunk) {
                     checked.images.entry(chunk).or_default().push(offset);
                 } else {
-                    return Err(Error::Invalid(format!("a redo stream's copy with an image out of order at byte {offset}")));
+                    return Err(Error::Invalid(format!(
+                        "a redo stream's copy with an image out of order at byte {offset}"
+                    )));
                 }
             }
             KIND_BATCH => {
@@ -493,8 +499,13 @@ impl super::Redo {
             append_all(&log, &batch)?;
         }
         if head.fence > last.1 {
-            let epoch_only =
-                RedoBatch { volume: volume.volume.id, epoch: WriterEpoch(head.fence), prev_lsn: last.0, end_lsn: last.0, records: vec![] };
+            let epoch_only = RedoBatch {
+                volume: volume.volume.id,
+                epoch: WriterEpoch(head.fence),
+                prev_lsn: last.0,
+                end_lsn: last.0,
+                records: vec![],
+            };
             append_all(&log, &epoch_only)?;
         }
         drop(log);
