@@ -442,9 +442,8 @@ impl RaftStateMachine<TypeConfig> for RedoStateMachine {
         let mark = received.mark().clone();
         if meta.last_log_id > self.applied {
             return Err(refuse(format!(
-                "this replica has applied up to {:?} and was sent a mark at {:?}: the batches between are in \
-                 no snapshot (a redo replica catches up only from the log, which is purged only below what \
-                 every voter holds)",
+                "this replica has applied up to {:?} and was sent a mark at {:?}: the batches between are not \
+                 in a mark alone (its sender could not copy its stream), so this replica cannot take it",
                 self.applied, meta.last_log_id
             )));
         }
