@@ -95,6 +95,10 @@ impl Catalog {
         if def.chunks.len() != count {
             def.chunks = (0..count as u32).map(|index| def.replicas_of(index).to_vec()).collect();
         }
+        // The redo group keeps its replicas whatever the chunks' become.
+        if def.redo.is_none() {
+            def.redo = Some(def.replicas.clone());
+        }
         def.chunks[chunk as usize] = replicas;
         def.moves.retain(|m| m.chunk != chunk);
         def.moves.extend(moving);
@@ -102,6 +106,30 @@ impl Catalog {
         all.sort_unstable();
         all.dedup();
         def.replicas = all;
+        self.write(&volumes)?;
+        self.volumes = volumes;
+        Ok(())
+    }
+
+    /// Enters the volume's redo replica set and the move of one under way, durably.
+    pub fn set_redo(
+        &mut self,
+        volume: u32,
+        mut replicas: Vec<u64>,
+        moving: Option<crate::messages::RedoMove>,
+    ) -> Result<(), String> {
+        let mut volumes = self.volumes.clone();
+        let def = volumes
+            .iter_mut()
+            .find(|v| v.id == volume)
+            .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
+        if replicas.is_empty() {
+            return Err(format!("the redo group of volume {:?} with no replica", def.name));
+        }
+        replicas.sort_unstable();
+        replicas.dedup();
+        def.redo = Some(replicas);
+        def.redo_move = moving;
         self.write(&volumes)?;
         self.volumes = volumes;
         Ok(())

@@ -246,6 +246,13 @@ impl ClusterNode {
             // Boxed: the manager's leader asks nodes (itself among them) in turn.
             Forward::Manager(call) => Box::pin(self.lead_manager(call)).await,
             Forward::ChunkSizes => Ok(Answer::ChunkSizes(self.chunk_sizes())),
+            Forward::SetRedo { volume, replicas, moving } => tokio::task::block_in_place(|| {
+                self.catalog.lock().set_redo(volume, replicas, moving).map(|()| Answer::Done)
+            })
+            .map_err(Refusal::Invalid),
+            Forward::StartRedo { volume } => self.start_redo(volume).await,
+            Forward::DropRedo { volume } => self.drop_redo(volume).await,
+            Forward::RedoMembership { volume, change } => self.change_redo_membership(volume, change).await,
         }
     }
 
@@ -383,6 +390,8 @@ impl ClusterNode {
                 replicas: all.clone(),
                 chunks: sets,
                 moves: Vec::new(),
+                redo: None,
+                redo_move: None,
             };
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;

@@ -220,7 +220,11 @@ impl ClusterNode {
     /// which answers with the leader it knows.
     fn replica_guess(&self, chunk: ChunkId, attempt: usize) -> Option<u64> {
         let catalog = self.catalog.lock();
-        let replicas = catalog.get(chunk.volume().0)?.replicas_of(chunk.index());
+        // A volume's redo group: its own replica set (a node that left it runs no replica).
+        let replicas = match tundra_raft::redo_machine::redo_volume(chunk) {
+            Some(volume) => catalog.get(volume)?.redo_replicas(),
+            None => catalog.get(chunk.volume().0)?.replicas_of(chunk.index()),
+        };
         let others: Vec<u64> = replicas.iter().copied().filter(|&node| node != self.me).collect();
         (!others.is_empty()).then(|| others[attempt % others.len()])
     }

@@ -45,6 +45,20 @@ pub struct VolumeDef {
     /// restarts finds it and settles it.
     #[serde(default)]
     pub moves: Vec<ChunkMove>,
+    /// The replicas of the volume's redo group, once a move changed them or a chunk's move
+    /// changed `replicas` (which then no longer names them); `None`: `replicas`.
+    #[serde(default)]
+    pub redo: Option<Vec<u64>>,
+    /// A move of a redo replica under way, entered in every catalog as a chunk's is.
+    #[serde(default)]
+    pub redo_move: Option<RedoMove>,
+}
+
+/// A replica of a volume's redo group moving from one node to another (migrate.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedoMove {
+    pub from: u64,
+    pub to: u64,
 }
 
 /// A chunk replica moving from one node to another.
@@ -69,6 +83,16 @@ impl VolumeDef {
     /// Whether `node` runs a group for chunk `index`: a replica, or the target of its move.
     pub fn runs(&self, node: u64, index: u32) -> bool {
         self.holds(node, index) || self.moves.iter().any(|m| m.chunk == index && m.to == node)
+    }
+
+    /// The nodes holding a replica of the volume's redo group, lowest id first.
+    pub fn redo_replicas(&self) -> &[u64] {
+        self.redo.as_deref().unwrap_or(&self.replicas)
+    }
+
+    /// Whether `node` runs the volume's redo group: a replica, or the target of its move.
+    pub fn runs_redo(&self, node: u64) -> bool {
+        self.redo_replicas().contains(&node) || self.redo_move.is_some_and(|m| m.to == node)
     }
 
     /// The move of chunk `index` under way, if any.
@@ -128,6 +152,16 @@ pub enum Forward {
     /// the scheduler's per-chunk ratios). Added after the other variants, so that their
     /// encodings are unchanged.
     ChunkSizes,
+    /// Enter the volume's redo replica set and the move of one under way (if any) in the
+    /// catalog (migrate.rs).
+    SetRedo { volume: u32, replicas: Vec<u64>, moving: Option<RedoMove> },
+    /// Start this node's replica of the volume's redo group (a move's target).
+    StartRedo { volume: u32 },
+    /// Stop this node's replica of the volume's redo group and drop its stream (a move's
+    /// source, or a target rolled back).
+    DropRedo { volume: u32 },
+    /// At the redo group's leader: a membership change of the group.
+    RedoMembership { volume: u32, change: MembershipChange },
 }
 
 /// A change of a chunk group's membership, done by its leader.

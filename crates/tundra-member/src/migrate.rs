@@ -69,6 +69,12 @@ pub struct DrainProgress {
     pub chunks_left: usize,
     /// The move made: volume name, chunk index, target node.
     pub moved: Option<(String, u32, u64)>,
+    /// The replicas of volumes' redo groups the node still holds.
+    #[serde(default)]
+    pub redo_left: usize,
+    /// The redo replica moved: volume name, target node.
+    #[serde(default)]
+    pub redo_moved: Option<(String, u64)>,
 }
 
 impl ClusterNode {
@@ -102,7 +108,7 @@ impl ClusterNode {
         let owner = crate::manager::MoveOwner::Drain { node };
         self.block_on(self.claim_moves(owner))?;
         let step = self.claimed_drain_step(node);
-        if !matches!(&step, Ok(progress) if progress.chunks_left > 0) {
+        if !matches!(&step, Ok(progress) if progress.chunks_left + progress.redo_left > 0) {
             self.block_on(self.release_moves(owner));
         }
         step
@@ -113,8 +119,13 @@ impl ClusterNode {
         self.block_on(self.settle_all());
         // The manager's leader marks the node draining and plans the move (manager.rs).
         let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
+        // The node's redo replicas move first, while its chunks are still there.
+        if let Some(redo_moved) = self.drain_redo_step(node)? {
+            let redo_left = self.redo_replicas_on(node);
+            return Ok(DrainProgress { chunks_left: held.len(), moved: None, redo_left, redo_moved: Some(redo_moved) });
+        }
         let Some(&first) = held.first() else {
-            return Ok(DrainProgress { chunks_left: 0, moved: None });
+            return Ok(DrainProgress { chunks_left: 0, moved: None, redo_left: 0, redo_moved: None });
         };
         let planned = planned.ok_or_else(|| {
             Refusal::Invalid(format!(
@@ -127,7 +138,7 @@ impl ClusterNode {
         let def = self.def_of(planned.chunk.volume().0)?;
         self.block_on(self.execute(&def, planned.chunk.index(), node, planned.to.0))?;
         let moved = Some((def.name.clone(), planned.chunk.index(), planned.to.0));
-        Ok(DrainProgress { chunks_left: held.len() - 1, moved })
+        Ok(DrainProgress { chunks_left: held.len() - 1, moved, redo_left: 0, redo_moved: None })
     }
 
     /// Moves chunk `chunk` of volume `volume` from node `from` to node `to`.
@@ -375,7 +386,12 @@ impl ClusterNode {
         chunk: u32,
         change: MembershipChange,
     ) -> Result<Answer, Refusal> {
-        let id = ChunkId::new(VolumeId(volume), chunk);
+        self.change_group_membership(ChunkId::new(VolumeId(volume), chunk), change).await
+    }
+
+    /// A membership change of group `id` (a chunk's, or a volume's redo group), here as its
+    /// leader.
+    async fn change_group_membership(&self, id: ChunkId, change: MembershipChange) -> Result<Answer, Refusal> {
         let leader = self.local_leader(id);
         if leader != Some(self.me) {
             return Err(Refusal::NotLeader { leader });
@@ -420,4 +436,225 @@ async fn test_catch_up_delay() {
 
 fn refused(answer: Result<Answer, Refusal>) -> Option<Refusal> {
     answer.err()
+}
+
+/// Moving a replica of a volume's redo group (its stream's Raft group) from one node to
+/// another, by the steps of a chunk's move: every catalog enters the move, the target starts
+/// the group's replica, the redo leader adds it as a learner and waits until it caught up
+/// (from the log, or from a copy of the stream: tundra-raft's `redo_machine`), makes the
+/// voters the old set without the source and with the target, the source stops its replica
+/// and drops its stream, and every catalog learns the new set. A move that fails before the
+/// voter change is rolled back.
+impl ClusterNode {
+    /// Moves one redo replica off a draining `node`, if it holds any; answers the volume's
+    /// name and the target, or `None` when the node holds no redo replica.
+    pub(crate) fn drain_redo_step(&self, node: u64) -> Result<Option<(String, u64)>, Refusal> {
+        let held: Vec<VolumeDef> =
+            self.catalog.lock().volumes().iter().filter(|def| def.redo_replicas().contains(&node)).cloned().collect();
+        let Some(def) = held.into_iter().next() else { return Ok(None) };
+        match self.redo_target(&def, node) {
+            Ok(to) => {
+                self.block_on(self.execute_redo_move(&def, node, to))?;
+                Ok(Some((def.name, to)))
+            }
+            // Every other node holds one already (the group runs on every node that held a
+            // chunk at the volume's creation): the node leaves it, if three stay.
+            Err(_) if def.redo_replicas().len() > 3 => {
+                self.block_on(self.leave_redo(&def, node))?;
+                Ok(Some((def.name, 0)))
+            }
+            Err(why) => Err(why),
+        }
+    }
+
+    /// Removes `from` from the volume's redo group, the others staying: the voters changed,
+    /// its replica dropped, every catalog told.
+    async fn leave_redo(&self, def: &VolumeDef, from: u64) -> Result<(), Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(def.id);
+        let voters: Vec<u64> = def.redo_replicas().iter().copied().filter(|&n| n != from).collect();
+        let change = MembershipChange::Voters(voters);
+        self.to_leader(group, Forward::RedoMembership { volume: def.id, change }).await?;
+        self.finish_redo(def.id, crate::messages::RedoMove { from, to: from }).await
+    }
+
+    /// The redo replicas a node holds.
+    pub(crate) fn redo_replicas_on(&self, node: u64) -> usize {
+        self.catalog.lock().volumes().iter().filter(|def| def.redo_replicas().contains(&node)).count()
+    }
+
+    /// Where a redo replica of `def` leaving `from` goes: a node without one that is neither
+    /// the source nor draining, the one holding the fewest redo replicas (lowest id on a tie).
+    fn redo_target(&self, def: &VolumeDef, from: u64) -> Result<u64, Refusal> {
+        let state = self.manager_state()?;
+        let draining: Vec<u64> = state
+            .nodes()
+            .iter()
+            .filter(|(_, n)| n.status != tundra_cluster::state::NodeStatus::Active)
+            .map(|(id, _)| id.0)
+            .collect();
+        let candidates = self
+            .membership
+            .ids()
+            .into_iter()
+            .filter(|n| *n != from && !def.redo_replicas().contains(n) && !draining.contains(n));
+        candidates.min_by_key(|&n| (self.redo_replicas_on(n), n)).ok_or_else(|| {
+            Refusal::Invalid(format!(
+                "no node can take node {from}'s replica of volume {:?}'s redo stream: every other active node holds \
+                 one; add nodes",
+                def.name
+            ))
+        })
+    }
+
+    /// Carries out a redo replica's move: finished, or rolled back and refused.
+    pub(crate) async fn execute_redo_move(&self, def: &VolumeDef, from: u64, to: u64) -> Result<(), Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(def.id);
+        let old: Vec<u64> = def.redo_replicas().to_vec();
+        let moving = crate::messages::RedoMove { from, to };
+        let begun = self.tell_all_redo(def.id, old.clone(), Some(moving)).await;
+        let caught_up = match begun {
+            Ok(()) => self.begin_redo_on_target(def.id, to).await,
+            Err(why) => Err(why),
+        };
+        if let Err(why) = caught_up {
+            self.roll_back_redo(def.id, moving, old).await;
+            return Err(why);
+        }
+        let voters: Vec<u64> = old.iter().copied().filter(|&n| n != from).chain([to]).collect();
+        let change = MembershipChange::Voters(voters);
+        match self.to_leader(group, Forward::RedoMembership { volume: def.id, change }).await {
+            Ok(_) => self.finish_redo(def.id, moving).await,
+            // The change may have committed unseen: the group's membership says.
+            Err(why) => match self.redo_members(def.id).await {
+                Ok((voters, _)) if voters.contains(&to) && !voters.contains(&from) => {
+                    self.finish_redo(def.id, moving).await
+                }
+                Ok((voters, _)) if !voters.contains(&to) => {
+                    self.roll_back_redo(def.id, moving, voters).await;
+                    Err(why)
+                }
+                _ => Err(why),
+            },
+        }
+    }
+
+    /// The target's replica started, added as a learner and caught up.
+    async fn begin_redo_on_target(&self, volume: u32, to: u64) -> Result<(), Refusal> {
+        if let Some(why) = refused(self.ask(to, Forward::StartRedo { volume }).await) {
+            return Err(why);
+        }
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        let add = Forward::RedoMembership { volume, change: MembershipChange::AddLearner(to) };
+        let limit = catch_up_limit();
+        match tokio::time::timeout(limit, self.to_leader(group, add)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(why)) => Err(why),
+            Err(_) => Err(Refusal::Unavailable(format!(
+                "node {to} did not catch up with volume id {volume}'s redo within {limit:?}"
+            ))),
+        }
+    }
+
+    /// The source's replica dropped and the new set entered everywhere.
+    async fn finish_redo(&self, volume: u32, moving: crate::messages::RedoMove) -> Result<(), Refusal> {
+        let (voters, _) = self.redo_members(volume).await?;
+        let _ = self.ask(moving.from, Forward::DropRedo { volume }).await;
+        self.tell_all_redo(volume, voters.clone(), None).await.map_err(|why| {
+            Refusal::Unavailable(format!(
+                "the move finished (volume id {volume}'s redo is on nodes {voters:?}), but not every node learned it \
+                 yet: {why:?}"
+            ))
+        })
+    }
+
+    /// The learner removed, the target's replica dropped, the old set entered everywhere.
+    async fn roll_back_redo(&self, volume: u32, moving: crate::messages::RedoMove, old: Vec<u64>) {
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        let remove = Forward::RedoMembership { volume, change: MembershipChange::RemoveLearner(moving.to) };
+        if self.to_leader(group, remove).await.is_err() {
+            return;
+        }
+        let _ = self.ask(moving.to, Forward::DropRedo { volume }).await;
+        let _ = self.tell_all_redo(volume, old, None).await;
+    }
+
+    async fn redo_members(&self, volume: u32) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        let query = Forward::RedoMembership { volume, change: MembershipChange::Query };
+        match self.to_leader(group, query).await? {
+            Answer::Members { voters, learners } => Ok((voters, learners)),
+            other => Err(Refusal::Unavailable(format!("a membership query answered {other:?}"))),
+        }
+    }
+
+    /// Enters the redo group's replica set and move in every node's catalog; every node must
+    /// answer.
+    async fn tell_all_redo(
+        &self,
+        volume: u32,
+        replicas: Vec<u64>,
+        moving: Option<crate::messages::RedoMove>,
+    ) -> Result<(), Refusal> {
+        let mut failed = None;
+        for node in self.membership.ids() {
+            let set = Forward::SetRedo { volume, replicas: replicas.clone(), moving };
+            if let Some(why) = refused(self.ask(node, set).await) {
+                failed = Some(Refusal::Unavailable(format!("node {node} did not enter the redo move: {why:?}")));
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// A move's target: starts the volume's redo replica here (its stream comes from the log
+    /// or a copy). A node that held one before refuses, as for a chunk.
+    pub(crate) async fn start_redo(&self, volume: u32) -> Result<Answer, Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        if self.host.raft(group).is_ok() {
+            return Ok(Answer::Done);
+        }
+        if self.host.has_log_of(group) {
+            return Err(Refusal::Invalid(format!(
+                "node {} held a replica of volume id {volume}'s redo stream before; moving it back to a node that \
+                 held it is not supported yet",
+                self.me
+            )));
+        }
+        let def = self.def_of(volume)?;
+        self.open_redo_group(&def).await.map_err(Refusal::Unavailable)?;
+        Ok(Answer::Done)
+    }
+
+    /// Stops this node's redo replica of the volume, drops its stream and mark, and frees the
+    /// volume's images of the chunks it runs no group of (its folds wrote them).
+    pub(crate) async fn drop_redo(&self, volume: u32) -> Result<Answer, Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        if self.host.raft(group).is_err() {
+            return Ok(Answer::Done);
+        }
+        self.host.drop_redo_group(group).await.map_err(Refusal::Unavailable)?;
+        let def = self.def_of(volume)?;
+        let me = self.me;
+        let node = self.node.clone();
+        tokio::task::block_in_place(|| -> Result<(), String> {
+            node.drop_redo_stream(VolumeId(volume)).map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_file(crate::redo::mark_file(node.data_dir(), volume));
+            let v = node.volume(VolumeId(volume)).map_err(|e| e.to_string())?;
+            let empty = tundra_raft::mark::ApplyMark::default().encode();
+            for chunk in crate::cluster::chunks(&v.volume).filter(|c| !def.runs(me, c.index())) {
+                v.pages().store().replace_chunk(chunk, &[], &empty).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+        .map_err(Refusal::Unavailable)?;
+        Ok(Answer::Done)
+    }
+
+    /// A membership change of a volume's redo group, here as its leader.
+    pub(crate) async fn change_redo_membership(
+        &self,
+        volume: u32,
+        change: MembershipChange,
+    ) -> Result<Answer, Refusal> {
+        self.change_group_membership(tundra_raft::redo_machine::redo_group(volume), change).await
+    }
 }

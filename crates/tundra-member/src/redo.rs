@@ -180,6 +180,18 @@ impl RedoApplier for NodeApplier {
         NodeApplier::held_by_all_of(entry)
     }
 
+    /// The volume's images and the stream's batches (tundra-node's `redo_copy`).
+    fn copy(&self, out: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> {
+        self.node.redo_copy(VolumeId(self.volume), out, test_copy_bug()).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    /// The copy replaces this node's stream and the volume's images (tundra-node's
+    /// `redo_install`); a chunk this node runs no group of gets an empty apply mark.
+    fn install(&self, len: u64, read: &dyn Fn(u64, usize) -> Result<Vec<u8>, String>) -> Result<(), String> {
+        let empty = tundra_raft::mark::ApplyMark::default().encode();
+        self.node.redo_install(VolumeId(self.volume), len, read, &empty).map(|_| ()).map_err(|e| e.to_string())
+    }
+
     fn apply(&self, entry: &[u8]) -> Result<Option<String>, String> {
         let entry = match RedoEntry::decode(entry) {
             Ok((entry, _)) if entry.volume == self.volume => entry,
@@ -226,6 +238,16 @@ impl RedoApplier for NodeApplier {
     }
 }
 
+/// A test-only hook: `TUNDRA_TEST_REDO_COPY_BUG=drop-last-batch` makes every copy of a redo
+/// stream this node sends leave out its last batch, for the twin of the drain test. Unset in
+/// production.
+fn test_copy_bug() -> tundra_node::CopyBug {
+    match std::env::var("TUNDRA_TEST_REDO_COPY_BUG").as_deref() {
+        Ok("drop-last-batch") => tundra_node::CopyBug::DropLastBatch,
+        _ => tundra_node::CopyBug::None,
+    }
+}
+
 /// One batch of a volume at a time on its leader: the check against the stream and the
 /// proposal are one step.
 #[derive(Default)]
@@ -267,12 +289,16 @@ impl ClusterNode {
     /// `Initialize` finds it done and leaves it).
     pub(crate) async fn open_redo_group(&self, def: &crate::messages::VolumeDef) -> Result<(), String> {
         let group = redo_group(def.id);
+        // A replica moved away (migrate.rs) stays stopped: its old log must not campaign.
+        if !def.runs_redo(self.me) && self.host.has_log_of(group) {
+            return Ok(());
+        }
         let applier = Arc::new(NodeApplier { node: self.node.clone(), volume: def.id });
         let marks = Arc::new(crate::manager::FileSnapshots { path: mark_file(self.node.data_dir(), def.id) });
         self.host.add_redo_group(group, applier, marks, LOGS_PER_MARK).await?;
         let empty = self.host.raft(group).map_err(|e| e.to_string())?.metrics().borrow().last_log_index.is_none();
-        if empty && def.replicas.first() == Some(&self.me) {
-            let voters = def.replicas.iter().copied().collect();
+        if empty && def.redo_replicas().first() == Some(&self.me) && def.redo_move.is_none() {
+            let voters = def.redo_replicas().iter().copied().collect();
             // Refused when the group has a log after all: then it has its membership.
             let _ = self.host.initialize(group, voters).await;
         }

@@ -206,7 +206,7 @@ impl ClusterNode {
                 }
                 chunks.push(status);
             }
-            redo.push(group_status(def, &def.replicas, &views, tundra_raft::redo_machine::redo_group(def.id), 0));
+            redo.push(group_status(def, def.redo_replicas(), &views, tundra_raft::redo_machine::redo_group(def.id), 0));
         }
         let repair = self.host.repair_stats();
         let manager = self.block_on(self.manager_status());

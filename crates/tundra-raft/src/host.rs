@@ -322,7 +322,7 @@ impl Host {
                 // (an install error stops the group).
                 let (files, group) = (self.files.clone(), envelope.group);
                 if crate::network::streams_extents(group) {
-                    let claim = || files.claim(group, &id, &data);
+                    let claim = || claim_stage(&files, group, &id, &data);
                     if self.files.on_disk() { tokio::task::block_in_place(claim) } else { claim() }?;
                 }
                 let snapshot = openraft::storage::Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(data)) };
@@ -503,7 +503,8 @@ impl Host {
             ..(*self.config).clone()
         };
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
-        let machine = crate::redo_machine::RedoStateMachine::open(group, applier, marks)?;
+        let machine =
+            crate::redo_machine::RedoStateMachine::open(group, applier, marks)?.with_copies(self.files.clone());
         let progress = machine.progress();
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);
@@ -740,6 +741,18 @@ impl Host {
         tokio::task::block_in_place(|| store.replace_chunk(group, &[], &empty)).map_err(|e| e.to_string())
     }
 
+    /// Stops this node's replica of redo group `group` (a move took it elsewhere). Its records
+    /// stay in the node's log, as a dropped chunk group's do.
+    pub async fn drop_redo_group(&self, group: GroupId) -> Result<(), String> {
+        assert!(crate::redo_machine::redo_volume(group).is_some(), "group {:#x} is not a redo group", group.0);
+        self.redo.lock().remove(&group);
+        let raft = self.groups.lock().remove(&group);
+        if let Some(raft) = raft {
+            raft.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     fn membership_error<E: std::fmt::Display>(&self, group: GroupId, error: RaftError<NodeId, E>) -> Error {
         match error {
             RaftError::APIError(api) => {
@@ -753,5 +766,17 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         }
+    }
+}
+
+/// Claims a snapshot's staged extents before openraft installs it: a chunk's against its
+/// manifest; a redo group's copy against its length and checksum (a mark alone has none).
+fn claim_stage(files: &SnapshotFiles, group: GroupId, id: &str, data: &[u8]) -> Result<(), String> {
+    if crate::redo_machine::redo_volume(group).is_none() {
+        return files.claim(group, id, data);
+    }
+    match crate::redo_machine::RedoSnapshot::decode(data)? {
+        crate::redo_machine::RedoSnapshot::Mark(_) => Ok(()),
+        crate::redo_machine::RedoSnapshot::Copy(copy) => files.claim_whole(group, id, copy.copy_len, copy.copy_crc),
     }
 }

@@ -215,11 +215,11 @@ const PIECE_TRIES: u32 = 8;
 /// Pushes snapshot `id`'s extents to the peer in pieces, from what the peer holds already
 /// (snapshot.rs): a transfer cut short resumes where it stopped. Answers the bytes of extents
 /// sent, for the tests.
-/// Whether a group's snapshots are a manifest plus streamed extents: a chunk's. The groups with
-/// the top bit set (a volume's redo stream, the cluster manager) send their snapshot whole in
-/// [`Rpc::Snapshot`].
+/// Whether a group's snapshots are a manifest plus streamed extents: a chunk's, and a volume's
+/// redo group's (its copy of the stream; a mark alone has no extents). The cluster manager's
+/// group sends its snapshot whole in [`Rpc::Snapshot`].
 pub fn streams_extents(group: GroupId) -> bool {
-    group.0 >> 63 == 0
+    group.0 >> 63 == 0 || crate::redo_machine::redo_volume(group).is_some()
 }
 
 pub async fn push_extents(link: &Link<'_>, files: &SnapshotFiles, id: &str) -> Result<u64, String> {

@@ -31,6 +31,9 @@ use tundra_store::store::{ChunkImage, HeavySlot, PageImage, Store};
 
 use crate::types::GroupId;
 
+/// Where [`SnapshotFiles::write_extents`] hands the bytes it is given, piece after piece.
+pub type ExtentsSink<'a> = dyn FnMut(&[u8]) -> Result<(), String> + 'a;
+
 /// The most bytes one piece carries.
 pub const PIECE_BYTES: usize = 1 << 20;
 
@@ -455,6 +458,97 @@ impl SnapshotFiles {
         }
         self.append(&name, data)?;
         Ok(held + data.len() as u64)
+    }
+
+    /// Writes snapshot `id`'s extents for `group` with `fill`, which hands its bytes in pieces
+    /// to the writer it is given: to a new file, renamed over any of the same id once whole
+    /// (as [`SnapshotFiles::capture`] does for a chunk). Answers their length and crc32c. A
+    /// redo group's copy of its stream (redo_machine.rs) is written this way.
+    pub fn write_extents(
+        &self,
+        group: GroupId,
+        id: &str,
+        fill: &mut dyn FnMut(&mut ExtentsSink<'_>) -> Result<(), String>,
+    ) -> Result<(u64, u32), String> {
+        let name = Self::extents_name(group, id);
+        let fresh = format!("{name}.new");
+        self.remove(&fresh);
+        let mut out = CaptureWriter::open(self, &fresh)?;
+        let mut crc = 0u32;
+        let filled = fill(&mut |bytes: &[u8]| {
+            crc = crc32c::crc32c_append(crc, bytes);
+            out.write(bytes)
+        });
+        if let Err(why) = filled {
+            drop(out);
+            self.remove(&fresh);
+            return Err(why);
+        }
+        let len = out.finish()?;
+        match (self.path(&fresh), self.path(&name)) {
+            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
+            _ => {
+                let mut memory = self.memory.lock();
+                let data = memory.remove(&fresh).unwrap_or_default();
+                memory.insert(name, data);
+            }
+        }
+        self.remove_other_extents(group, id);
+        Ok((len, crc))
+    }
+
+    /// Claims the group's stage of snapshot `id` whose extents are `len` bytes of crc32c
+    /// `crc` (a redo group's copy): the stage must be whole and match, read in pieces. As
+    /// [`SnapshotFiles::claim`], it then moves out of reach of later pieces.
+    pub fn claim_whole(&self, group: GroupId, id: &str, len: u64, crc: u32) -> Result<(), String> {
+        let mut stages = self.stages.lock();
+        let name = Self::stage_name(group, id);
+        let staged = if stages.get(&group).map(String::as_str) == Some(id) { self.len(&name)? } else { 0 };
+        if staged != len {
+            return Err(format!("snapshot {id}: {staged} of {len} bytes of its extents arrived"));
+        }
+        let mut at = 0u64;
+        let mut sum = 0u32;
+        while at < len {
+            let piece = self.read_at(&name, at, PIECE_BYTES)?;
+            if piece.is_empty() {
+                return Err(format!("snapshot {id}: its stage ends at {at} of {len} bytes"));
+            }
+            sum = crc32c::crc32c_append(sum, &piece);
+            at += piece.len() as u64;
+        }
+        if sum != crc {
+            stages.remove(&group);
+            self.remove(&name);
+            return Err(format!("snapshot {id}: its extents fail their checksum; staging again"));
+        }
+        stages.remove(&group);
+        let claimed = Self::claimed_name(group, id);
+        match (self.path(&name), self.path(&claimed)) {
+            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
+            _ => {
+                let mut memory = self.memory.lock();
+                let data = memory.remove(&name).unwrap_or_default();
+                memory.insert(claimed, data);
+            }
+        }
+        if let Some(old) = self.claimed.lock().insert(group, id.to_string()).filter(|old| old != id) {
+            self.remove(&Self::claimed_name(group, &old));
+        }
+        Ok(())
+    }
+
+    /// Bytes of the group's claimed stage of snapshot `id` (0 if none is claimed), and a piece
+    /// of them.
+    pub fn claimed_len(&self, group: GroupId, id: &str) -> Result<u64, String> {
+        if self.claimed.lock().get(&group).map(String::as_str) != Some(id) {
+            return Ok(0);
+        }
+        self.len(&Self::claimed_name(group, id))
+    }
+
+    pub fn claimed_piece(&self, group: GroupId, id: &str, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        self.read_at(&Self::claimed_name(group, id), offset, len)
     }
 
     /// Claims the group's stage of snapshot `id` for its install, once the manifest arrived:

@@ -92,8 +92,20 @@ fn drain(node: u64, connect: &Connect) -> Result<()> {
                 moved.get(2).unwrap_or(&serde_json::Value::Null),
             );
         }
-        if left == 0 {
-            println!("node {node} holds no chunk");
+        let redo_left = progress["redo_left"].as_u64().unwrap_or(0);
+        if let Some(moved) = progress["redo_moved"].as_array() {
+            let volume = moved.first().unwrap_or(&serde_json::Value::Null);
+            match moved.get(1).and_then(serde_json::Value::as_u64) {
+                Some(0) | None => {
+                    println!("node {node} left the redo group of {volume}; it holds {redo_left} redo replicas")
+                }
+                Some(to) => println!(
+                    "moved the redo stream of {volume} to node {to}; node {node} holds {redo_left} redo replicas"
+                ),
+            }
+        }
+        if left == 0 && redo_left == 0 {
+            println!("node {node} holds no chunk and no redo replica");
             return Ok(());
         }
     }

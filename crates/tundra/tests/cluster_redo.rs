@@ -372,3 +372,139 @@ fn the_redo_log_is_purged_only_behind_every_voter() {
     println!("after the follower's return and 100 more: purged {after:?}");
     assert_eq!(check_pages(&cluster, down, volume, &model, LATEST_LSN, lsn), PAGES as usize);
 }
+
+/// The durable LSN of volume `volume`'s stream on node `id` itself (its own replica's, from
+/// its stats; 0 when it has no stream).
+fn local_durable_lsn(cluster: &Cluster, id: u64, volume: &str) -> u64 {
+    let text = tundra_client::Client::connect(cluster.member(id).native)
+        .and_then(|mut c| c.stats(None))
+        .unwrap_or_else(|e| panic!("stats of node {id}: {e}"));
+    let stats: serde_json::Value = serde_json::from_str(&text).expect("stats are JSON");
+    let volumes = stats["volumes"].as_array().unwrap_or_else(|| panic!("no volumes in {stats:#}"));
+    let found = volumes.iter().find(|v| v["name"] == volume).unwrap_or_else(|| panic!("no {volume} in {stats:#}"));
+    found["redo"]["durable_lsn"].as_u64().unwrap_or(0)
+}
+
+/// Waits until every replica of `volume`'s redo group holds `lsn` in its own stream.
+fn replicas_hold(cluster: &Cluster, replicas: &[u64], volume: &str, lsn: u64) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let held: Vec<(u64, u64)> = replicas.iter().map(|&id| (id, local_durable_lsn(cluster, id, volume))).collect();
+        if held.iter().all(|&(_, at)| at == lsn) {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(format!("the replicas' own streams end at {held:?}; the writer's last batch ends at {lsn}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The replica set of `volume`'s redo group in `tundra cluster status`.
+fn redo_replicas(cluster: &Cluster, asked: u64, volume: &str) -> Vec<u64> {
+    let report = cluster.status(asked);
+    let group = report["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == volume).cloned());
+    let group = group.unwrap_or_else(|| panic!("no redo group of {volume}: {report:#}"));
+    group["replicas"].as_array().expect("replicas").iter().filter_map(serde_json::Value::as_u64).collect()
+}
+
+/// Drains a follower of a redo group whose log was purged (so its new replica is built from a
+/// copy of a replica's stream, not from the log) while the writer appends; `bug` is the
+/// copy's injected fault. Answers the drained node, the writer's model and last LSN, and how
+/// many batches it appended during the drain.
+fn drain_a_redo_follower(bug: Option<&str>) -> (Cluster, u32, u64, Model, u64, usize) {
+    let mut rng = Rng::new(seed_from_env(16));
+    let mut cluster = Cluster::of_size(4, |_| None, "physical = \"256MiB\"");
+    if let Some(bug) = bug {
+        cluster.env.push(("TUNDRA_TEST_REDO_COPY_BUG".into(), bug.into()));
+    }
+    cluster.start_all();
+    succeeds(&["volume", "create", "log", "--size", "16MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let volume = tundra_client::Client::connect(cluster.member(1).native)
+        .and_then(|mut c| c.volume_lookup("log"))
+        .expect("look the volume up")
+        .id;
+    let replicas = redo_replicas(&cluster, 1, "log");
+    assert_eq!(replicas.len(), 3, "a one-chunk volume's redo group on three of four nodes");
+    let mut model = Model::new();
+    let mut writer = Writer { volume, client: None };
+    let mut lsn = 0u64;
+    // 256 entries to a mark, 64 kept behind what all hold: 400 batches purge every replica,
+    // so a new replica cannot catch up from the log alone.
+    for _ in 0..400 {
+        let records = batch(&mut rng, lsn + 1);
+        writer.append(&cluster, &replicas, lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        lsn = records.last().expect("records").lsn.0;
+    }
+    let started = Instant::now();
+    while redo_purged(&cluster, 1, "log").0.iter().filter(|&&p| p > 0).count() < 3 {
+        assert!(started.elapsed() < FAILOVER, "the redo log was never purged");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let leader = redo_leader(&cluster, 1, "log");
+    let drained = *replicas.iter().find(|&&id| id != leader).expect("a follower");
+    let via = *replicas.iter().find(|&&id| id != drained).expect("another replica");
+
+    // The writer appends through `via` while the drain runs.
+    let drain = {
+        let (program, addr) = (env!("CARGO_BIN_EXE_tundra"), cluster.member(via).addr());
+        std::thread::spawn(move || {
+            std::process::Command::new(program)
+                .args(["cluster", "drain", &drained.to_string(), "--addr", &addr])
+                .output()
+                .expect("run the drain")
+        })
+    };
+    let mut during = 0;
+    while !drain.is_finished() {
+        let records = batch(&mut rng, lsn + 1);
+        writer.append(&cluster, &[via], lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        lsn = records.last().expect("records").lsn.0;
+        during += 1;
+    }
+    let out = drain.join().expect("the drain");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}\n{}", String::from_utf8_lossy(&out.stderr), cluster.logs());
+    assert!(text.contains("moved the redo stream of \"log\""), "{text}");
+    for _ in 0..20 {
+        let records = batch(&mut rng, lsn + 1);
+        writer.append(&cluster, &[via], lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        lsn = records.last().expect("records").lsn.0;
+    }
+    (cluster, volume, drained, model, lsn, during)
+}
+
+/// A drain moves a node's redo replica: the new replica is built from a copy of a replica's
+/// stream (the group's log was purged), the writer appends throughout, and afterwards the
+/// drained node holds nothing, every replica's own stream holds every acknowledged batch, and
+/// every page reads back through every node.
+#[test]
+fn a_drain_moves_a_redo_replica_built_from_a_copy_of_the_stream() {
+    let (cluster, volume, drained, model, lsn, during) = drain_a_redo_follower(None);
+    println!("the writer appended {during} batches during the drain");
+    assert!(during > 0, "the writer appended nothing during the drain");
+    let status = cluster.status(1);
+    let replicas = redo_replicas(&cluster, 1, "log");
+    assert_eq!(replicas.len(), 3, "{status:#}");
+    assert!(!replicas.contains(&drained), "{status:#}");
+    let node = status["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == drained).cloned());
+    assert_eq!(node.expect("the drained node")["chunks"].as_array().map(Vec::len), Some(0), "{status:#}");
+    replicas_hold(&cluster, &replicas, "log", lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(local_durable_lsn(&cluster, drained, "log"), 0, "the drained node still has its stream");
+    for id in 1..=4 {
+        assert_eq!(check_pages(&cluster, id, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+        check_pages(&cluster, id, volume, &model, lsn - 20, lsn);
+    }
+}
+
+/// Twin: a copy that leaves out its stream's last batch is caught by the same check (the new
+/// replica's own stream stops short of the writer's acknowledged batches).
+#[test]
+fn a_copy_without_its_last_batch_is_caught() {
+    let (cluster, _, _, _, lsn, _) = drain_a_redo_follower(Some("drop-last-batch"));
+    let replicas = redo_replicas(&cluster, 1, "log");
+    assert!(replicas_hold(&cluster, &replicas, "log", lsn).is_err(), "the short copy went unnoticed");
+}

@@ -62,6 +62,26 @@ impl Directory {
         Ok(())
     }
 
+    /// Names `owner` the owner of `slot` and frees `freed` (if any) in one durable write: a
+    /// volume's stream moves to another slot all at once (a copy installed, `image.rs`).
+    pub fn set_pair(
+        &mut self,
+        device: &dyn BlockDevice,
+        slot: u32,
+        owner: Option<VolumeId>,
+        freed: Option<u32>,
+    ) -> Result<()> {
+        let mut next = Directory { owners: self.owners.clone(), generation: self.generation + 1 };
+        if let Some(freed) = freed {
+            next.owners[freed as usize] = None;
+        }
+        next.owners[slot as usize] = owner;
+        device.write(Lba(next.generation % 2), &next.encode())?;
+        device.flush()?;
+        *self = next;
+        Ok(())
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut block = vec![0u8; BLOCK_SIZE];
         block[..8].copy_from_slice(MAGIC);

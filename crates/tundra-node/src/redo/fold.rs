@@ -47,6 +47,8 @@ impl Node {
                 folded += 1;
             }
         }
+        // Under the upkeep lock, so a copy of the stream (image.rs) sees one truncation point.
+        let _upkeep = stream.upkeep.lock();
         let through = stream.state.lock().versions.materialized_through();
         stream.log.truncate_through(through).map_err(redo_error)?;
         Ok(folded)

@@ -15,10 +15,12 @@
 
 mod directory;
 mod fold;
+mod image;
 mod io;
 mod spill;
 
 pub use fold::FOLD_PAGES_PER_PASS;
+pub use image::{CopyBug, CopyHead};
 pub use io::{LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage};
 
 use std::collections::BTreeMap;

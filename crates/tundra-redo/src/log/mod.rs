@@ -133,6 +133,13 @@ impl RedoLog {
     /// zeros, which recovery reads as never written), then both superblock copies are written.
     /// The stream starts at LSN 0.
     pub fn format(device: &dyn BlockDevice, geometry: LogGeometry) -> Result<()> {
+        RedoLog::format_at(device, geometry, Lsn(0))
+    }
+
+    /// [`RedoLog::format`] for a stream whose batches through `start_lsn` are elsewhere (a
+    /// replica's stream installed from another's copy: the records before are in its pages):
+    /// the first batch appended must carry `prev_lsn == start_lsn`.
+    pub fn format_at(device: &dyn BlockDevice, geometry: LogGeometry, start_lsn: Lsn) -> Result<()> {
         if let Some(problem) = geometry.problem() {
             return Err(Error::invalid(format!("a redo log with {problem}")));
         }
@@ -152,7 +159,7 @@ impl RedoLog {
             session: Session(0),
             fence: WriterEpoch(0),
             start: StreamOffset(0),
-            start_lsn: Lsn(0),
+            start_lsn,
             start_session: Session(0),
         };
         write_superblock_pair(device, &superblock)?;

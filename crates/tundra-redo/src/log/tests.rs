@@ -389,3 +389,25 @@ fn format_and_open_refuse_what_is_not_a_log() {
     let error = RedoLog::open(device).err().unwrap();
     assert!(error.message().contains("format version 2; this build reads version 1"), "{error}");
 }
+
+/// A log laid at a start LSN (a stream copied from another replica): the first batch must
+/// follow that LSN, the stream reads back from it across a reopen, and an empty batch carries
+/// the writer's epoch alone.
+#[test]
+fn a_log_formatted_at_a_start_lsn_takes_batches_from_there() {
+    let device = Arc::new(MemDevice::new(geometry(16).total_blocks()));
+    RedoLog::format_at(device.as_ref(), geometry(16), Lsn(40)).unwrap();
+    let (log, recovered) = RedoLog::open(device.clone()).unwrap();
+    assert_eq!((recovered.start_lsn, recovered.durable_lsn, recovered.batches), (Lsn(40), Lsn(40), 0));
+    assert_eq!(log.append(&small_batch(Lsn(0), 1)).unwrap(), AppendOutcome::Gap { expected_prev_lsn: Lsn(40) });
+    let first = small_batch(Lsn(40), 1);
+    log.append(&first).unwrap();
+    let epoch_only =
+        RedoBatch { volume: VOLUME, epoch: WriterEpoch(5), prev_lsn: Lsn(41), end_lsn: Lsn(41), records: vec![] };
+    log.append(&epoch_only).unwrap();
+    drop(log);
+    let (log, recovered) = RedoLog::open(device).unwrap();
+    assert_eq!((recovered.start_lsn, recovered.durable_lsn, recovered.fence), (Lsn(40), Lsn(41), WriterEpoch(5)));
+    assert_eq!(read_all(&log, Lsn(40)), vec![first]);
+    assert!(log.read_after(Lsn(39)).is_err(), "records before the start are not there");
+}
