@@ -30,8 +30,8 @@ use tundra_store::ids::ChunkId;
 
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
-use crate::plan::Move;
 use crate::mover::{MoveClaim, RoundRecord};
+use crate::plan::Move;
 use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, check_spaces, counted_size};
 use crate::usage::{NodeId, Space};
 
@@ -278,7 +278,8 @@ impl ClusterState {
                 moving: c.moving,
             })
             .collect();
-        let record = StateRecord { config: self.config, nodes, chunks, claim: self.claim, last_round: self.last_round.clone() };
+        let record =
+            StateRecord { config: self.config, nodes, chunks, claim: self.claim, last_round: self.last_round.clone() };
         versioned(SNAPSHOT_VERSION, &record)
     }
 

@@ -128,6 +128,10 @@ pub enum Forward {
     /// the scheduler's per-chunk ratios). Added after the other variants, so that their
     /// encodings are unchanged.
     ChunkSizes,
+    /// Start a member of the manager's group here (manager_members.rs).
+    ManagerJoin,
+    /// Stop this node's member of the manager's group for good (manager_members.rs).
+    ManagerLeave,
 }
 
 /// A change of a chunk group's membership, done by its leader.

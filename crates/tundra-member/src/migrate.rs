@@ -114,6 +114,8 @@ impl ClusterNode {
         // The manager's leader marks the node draining and plans the move (manager.rs).
         let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
         let Some(&first) = held.first() else {
+            // Empty: the manager keeps three members once the node is retired (manager_members.rs).
+            self.block_on(self.manager_member_off(node))?;
             return Ok(DrainProgress { chunks_left: 0, moved: None });
         };
         let planned = planned.ok_or_else(|| {
