@@ -646,17 +646,6 @@ impl ClusterNode {
         let _ = self.to_manager(ManagerCall::Release { owner }).await;
     }
 
-    /// The chunk sizes the manager's state holds, by chunk.
-    pub(crate) async fn manager_sizes(&self) -> Result<std::collections::BTreeMap<ChunkId, Space>, Refusal> {
-        match self.to_manager(ManagerCall::ChunkSizes).await? {
-            ManagerReply::ChunkSizes(list) => Ok(list
-                .into_iter()
-                .map(|s| (ChunkId(s.chunk), Space::new(s.logical_bytes, s.physical_bytes)))
-                .collect()),
-            other => Err(Refusal::Unavailable(format!("the manager's chunk sizes answered {other:?}"))),
-        }
-    }
-
     /// The space of every chunk whose group this node leads (not the volumes' redo groups nor
     /// the manager's).
     fn led_chunk_sizes(&self) -> Vec<ChunkSize> {

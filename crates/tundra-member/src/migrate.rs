@@ -102,6 +102,10 @@ impl ClusterNode {
         let owner = crate::manager::MoveOwner::Drain { node };
         self.block_on(self.claim_moves(owner))?;
         let step = self.claimed_drain_step(node);
+        // Empty: the manager keeps three members once the node is retired (manager_members.rs).
+        let step = step.and_then(|p| {
+            if p.chunks_left == 0 { self.block_on(self.manager_member_off(node)).map(|()| p) } else { Ok(p) }
+        });
         if !matches!(&step, Ok(progress) if progress.chunks_left > 0) {
             self.block_on(self.release_moves(owner));
         }
@@ -114,8 +118,6 @@ impl ClusterNode {
         // The manager's leader marks the node draining and plans the move (manager.rs).
         let (held, planned) = self.block_on(self.manager_drain_plan(node))?;
         let Some(&first) = held.first() else {
-            // Empty: the manager keeps three members once the node is retired (manager_members.rs).
-            self.block_on(self.manager_member_off(node))?;
             return Ok(DrainProgress { chunks_left: 0, moved: None });
         };
         let planned = planned.ok_or_else(|| {

@@ -186,7 +186,10 @@ fn the_claim_and_the_last_round_survive_the_manager_leaders_death() {
     }
     let addr = cluster.member(alive).addr();
     let error = mover_error(&["cluster", "rebalance", "--policy", "logical", "--addr", &addr], MOVER_LIMIT);
-    assert!(!error.as_deref().is_some_and(|e| e.contains("through node 4")), "still refused for the dead mover: {error:?}");
+    assert!(
+        !error.as_deref().is_some_and(|e| e.contains("through node 4")),
+        "still refused for the dead mover: {error:?}"
+    );
     println!(
         "claim lapsed {:.1} s after the failover; test took {:.1} s",
         waited.elapsed().as_secs_f64(),
