@@ -520,16 +520,13 @@ impl ClusterNode {
         let report = Command::Report { node: NodeId(node), capacity, used, overcommit: usage.overcommit, at_unix_ms };
         let due = {
             let state = &view.lock().state;
-            match state.node(NodeId(node)) {
-                None => None,
-                Some(n) => Some(
-                    n.capacity != capacity
-                        || n.overhead != used.saturating_minus(n.actual_chunk_space())
-                        || n.reported_used != Some(used)
-                        || n.overcommit != usage.overcommit
-                        || n.reported_unix_ms.is_none_or(|at| at_unix_ms.saturating_sub(at) >= REPORT_REFRESH_MS),
-                ),
-            }
+            state.node(NodeId(node)).map(|n| {
+                n.capacity != capacity
+                    || n.overhead != used.saturating_minus(n.actual_chunk_space())
+                    || n.reported_used != Some(used)
+                    || n.overcommit != usage.overcommit
+                    || n.reported_unix_ms.is_none_or(|at| at_unix_ms.saturating_sub(at) >= REPORT_REFRESH_MS)
+            })
         };
         match due {
             None => {
