@@ -4,12 +4,17 @@
 //! snapshot").
 //!
 //! Versions (a new field or variant is a new version byte; a member refuses versions it does
-//! not know). Commands are version 2 ([`COMMAND_VERSION`]), which added `ChunkSizes` after the
-//! other variants: the entries an older build wrote to the log (version 1) still decode, as
-//! any command but `ChunkSizes`. Snapshots are version 2 ([`SNAPSHOT_VERSION`]), whose chunk
-//! records say whether a chunk's size was ever reported (`Option`); version 1 snapshots still
-//! decode, a reported size of zero on both axes read as "none reported" (the same count: a
-//! chunk with nothing reported counts at its expected size either way).
+//! not know). Commands are version 3 ([`COMMAND_VERSION`]): version 2 added `ChunkSizes` after
+//! the version 1 variants, version 3 added `Report`, `PlaceChunkAt`, `Claim`, `Release` and
+//! `RecordRound` after those; entries an older build wrote to the log still decode, as any
+//! command their version had. Snapshots are version 3 ([`SNAPSHOT_VERSION`]): version 2's
+//! chunk records say whether a chunk's size was ever reported (`Option`), version 3's node
+//! records carry the node's last timed report (usage, time, thin provisioning) and the state
+//! the claim on moves and the background rebalancer's last round. Version 1 and 2 snapshots
+//! still decode: a version 1 reported size of zero on both axes reads as "none reported" (the
+//! same count: a chunk with nothing reported counts at its expected size either way), and
+//! before version 3 no node has a timed report (each is unknown to the decisions until its
+//! next report, within a second), no claim is held and no round is recorded.
 //!
 //! A snapshot carries only what the commands set (the configuration, each node's status,
 //! capacity and overhead, each chunk's expected and reported sizes, replicas and move); every
@@ -25,17 +30,21 @@ use tundra_store::ids::ChunkId;
 
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
+use crate::mover::{MoveClaim, RoundRecord};
 use crate::plan::Move;
 use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, check_spaces, counted_size};
 use crate::usage::{NodeId, Space};
 
 /// The version byte that starts every command this build encodes.
-pub const COMMAND_VERSION: u8 = 2;
-/// The older command version that still decodes (every variant but `ChunkSizes`).
+pub const COMMAND_VERSION: u8 = 3;
+/// The older command versions that still decode (version 2: every variant up to
+/// `ChunkSizes`; version 1: every variant before it).
+pub const COMMAND_VERSION_2: u8 = 2;
 pub const COMMAND_VERSION_1: u8 = 1;
 /// The version byte that starts every snapshot this build writes.
-pub const SNAPSHOT_VERSION: u8 = 2;
-/// The older snapshot version that still decodes.
+pub const SNAPSHOT_VERSION: u8 = 3;
+/// The older snapshot versions that still decode.
+pub const SNAPSHOT_VERSION_2: u8 = 2;
 pub const SNAPSHOT_VERSION_1: u8 = 1;
 
 /// A [`ChunkId`] as its number (the store's id type knows nothing of serde).
@@ -78,6 +87,44 @@ fn unknown_version(what: &str, version: u8) -> Error {
 }
 
 impl Command {
+    /// The command version that added this variant: an entry of an older version cannot hold it.
+    pub fn version_added(&self) -> u8 {
+        match self {
+            Command::ChunkSizes { .. } => 2,
+            Command::Report { .. }
+            | Command::PlaceChunkAt { .. }
+            | Command::Claim { .. }
+            | Command::Release { .. }
+            | Command::RecordRound(_) => 3,
+            _ => 1,
+        }
+    }
+
+    /// The variant's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Configure(_) => "Configure",
+            Command::AddNode { .. } => "AddNode",
+            Command::Heartbeat { .. } => "Heartbeat",
+            Command::ChunkStats { .. } => "ChunkStats",
+            Command::PlaceChunk { .. } => "PlaceChunk",
+            Command::DeleteChunk { .. } => "DeleteChunk",
+            Command::AdoptChunk { .. } => "AdoptChunk",
+            Command::DrainNode { .. } => "DrainNode",
+            Command::NodeDead { .. } => "NodeDead",
+            Command::RemoveNode { .. } => "RemoveNode",
+            Command::BeginMove(_) => "BeginMove",
+            Command::FinishMove { .. } => "FinishMove",
+            Command::AbortMove { .. } => "AbortMove",
+            Command::ChunkSizes { .. } => "ChunkSizes",
+            Command::Report { .. } => "Report",
+            Command::PlaceChunkAt { .. } => "PlaceChunkAt",
+            Command::Claim { .. } => "Claim",
+            Command::Release { .. } => "Release",
+            Command::RecordRound(_) => "RecordRound",
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         versioned(COMMAND_VERSION, self)
     }
@@ -85,21 +132,38 @@ impl Command {
     /// The command in `bytes`; its byte figures are checked as `apply` checks them.
     pub fn decode(bytes: &[u8]) -> Result<Command> {
         let what = "a manager command";
-        let command: Command = match split_version(bytes, what)? {
-            (COMMAND_VERSION, rest) => whole(rest, what)?,
-            (COMMAND_VERSION_1, rest) => match whole(rest, what)? {
-                Command::ChunkSizes { .. } => {
-                    return Err(Error::invalid(
-                        "a version 1 manager command that is a ChunkSizes (added in version 2)",
-                    ));
-                }
-                command => command,
-            },
-            (version, _) => return Err(unknown_version(what, version)),
-        };
+        let (version, rest) = split_version(bytes, what)?;
+        if !(COMMAND_VERSION_1..=COMMAND_VERSION).contains(&version) {
+            return Err(unknown_version(what, version));
+        }
+        let command: Command = whole(rest, what)?;
+        let added = command.version_added();
+        if added > version {
+            return Err(Error::invalid(format!(
+                "a version {version} manager command that is a {} (added in version {added})",
+                command.name()
+            )));
+        }
         command.check_figures()?;
         Ok(command)
     }
+}
+
+/// A node as version 1 and 2 snapshots record it.
+#[derive(Serialize, Deserialize)]
+struct NodeRecordV2 {
+    node: NodeId,
+    status: NodeStatus,
+    capacity: Space,
+    overhead: Space,
+}
+
+/// A node's last timed report (version 3).
+#[derive(Serialize, Deserialize)]
+struct NodeReport {
+    used: Space,
+    at_unix_ms: u64,
+    overcommit: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -108,6 +172,13 @@ struct NodeRecord {
     status: NodeStatus,
     capacity: Space,
     overhead: Space,
+    report: Option<NodeReport>,
+}
+
+impl From<NodeRecordV2> for NodeRecord {
+    fn from(n: NodeRecordV2) -> NodeRecord {
+        NodeRecord { node: n.node, status: n.status, capacity: n.capacity, overhead: n.overhead, report: None }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -125,6 +196,23 @@ struct StateRecord {
     config: ManagerConfig,
     nodes: Vec<NodeRecord>,
     chunks: Vec<ChunkRecord>,
+    claim: Option<MoveClaim>,
+    last_round: Option<RoundRecord>,
+}
+
+/// A version 2 snapshot.
+#[derive(Serialize, Deserialize)]
+struct StateRecordV2 {
+    config: ManagerConfig,
+    nodes: Vec<NodeRecordV2>,
+    chunks: Vec<ChunkRecord>,
+}
+
+impl From<StateRecordV2> for StateRecord {
+    fn from(v2: StateRecordV2) -> StateRecord {
+        let nodes = v2.nodes.into_iter().map(NodeRecord::from).collect();
+        StateRecord { config: v2.config, nodes, chunks: v2.chunks, claim: None, last_round: None }
+    }
 }
 
 /// A version 1 snapshot's chunk record: the reported size a plain `Space`, zero when none was.
@@ -141,12 +229,12 @@ struct ChunkRecordV1 {
 #[derive(Serialize, Deserialize)]
 struct StateRecordV1 {
     config: ManagerConfig,
-    nodes: Vec<NodeRecord>,
+    nodes: Vec<NodeRecordV2>,
     chunks: Vec<ChunkRecordV1>,
 }
 
-impl From<StateRecordV1> for StateRecord {
-    fn from(v1: StateRecordV1) -> StateRecord {
+impl From<StateRecordV1> for StateRecordV2 {
+    fn from(v1: StateRecordV1) -> StateRecordV2 {
         let chunks = v1
             .chunks
             .into_iter()
@@ -158,7 +246,7 @@ impl From<StateRecordV1> for StateRecord {
                 moving: c.moving,
             })
             .collect();
-        StateRecord { config: v1.config, nodes: v1.nodes, chunks }
+        StateRecordV2 { config: v1.config, nodes: v1.nodes, chunks }
     }
 }
 
@@ -168,7 +256,16 @@ impl ClusterState {
         let nodes = self
             .nodes
             .iter()
-            .map(|(&node, n)| NodeRecord { node, status: n.status, capacity: n.capacity, overhead: n.overhead })
+            .map(|(&node, n)| NodeRecord {
+                node,
+                status: n.status,
+                capacity: n.capacity,
+                overhead: n.overhead,
+                report: match (n.reported_used, n.reported_unix_ms) {
+                    (Some(used), Some(at_unix_ms)) => Some(NodeReport { used, at_unix_ms, overcommit: n.overcommit }),
+                    _ => None,
+                },
+            })
             .collect();
         let chunks = self
             .chunks
@@ -181,7 +278,9 @@ impl ClusterState {
                 moving: c.moving,
             })
             .collect();
-        versioned(SNAPSHOT_VERSION, &StateRecord { config: self.config, nodes, chunks })
+        let record =
+            StateRecord { config: self.config, nodes, chunks, claim: self.claim, last_round: self.last_round.clone() };
+        versioned(SNAPSHOT_VERSION, &record)
     }
 
     /// The state a snapshot's bytes (this version's or version 1's) stand for, every derived
@@ -190,21 +289,26 @@ impl ClusterState {
         let what = "a manager snapshot";
         let record: StateRecord = match split_version(bytes, what)? {
             (SNAPSHOT_VERSION, rest) => whole(rest, what)?,
-            (SNAPSHOT_VERSION_1, rest) => whole::<StateRecordV1>(rest, what)?.into(),
+            (SNAPSHOT_VERSION_2, rest) => whole::<StateRecordV2>(rest, what)?.into(),
+            (SNAPSHOT_VERSION_1, rest) => StateRecordV2::from(whole::<StateRecordV1>(rest, what)?).into(),
             (version, _) => return Err(unknown_version(what, version)),
         };
         let mut state = ClusterState::new(record.config)?;
+        if let Some(round) = &record.last_round {
+            round.check()?;
+        }
+        state.claim = record.claim;
+        state.last_round = record.last_round;
         for n in record.nodes {
             check_spaces(&[n.capacity, n.overhead])?;
-            let node = NodeState {
-                status: n.status,
-                capacity: n.capacity,
-                chunks: BTreeSet::new(),
-                chunk_space: Space::ZERO,
-                overhead: n.overhead,
-                incoming: Space::ZERO,
-                outgoing: Space::ZERO,
-            };
+            let mut node = NodeState::empty(n.status, n.capacity);
+            node.overhead = n.overhead;
+            if let Some(report) = n.report {
+                check_spaces(&[report.used])?;
+                node.reported_used = Some(report.used);
+                node.reported_unix_ms = Some(report.at_unix_ms);
+                node.overcommit = report.overcommit;
+            }
             if state.nodes.insert(n.node, node).is_some() {
                 return Err(Error::invalid(format!("a snapshot names {} twice", n.node)));
             }
@@ -264,6 +368,7 @@ fn checked_plus(a: Space, b: Space) -> Option<Space> {
 mod tests {
     use super::*;
     use crate::config::Policy;
+    use crate::mover::MoveOwner;
     use crate::plan::MoveReason;
     use crate::state::{MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, ReportedSize};
 
@@ -486,5 +591,139 @@ mod tests {
         let sizes = if holds_other { vec![good, other] } else { vec![good] };
         copy.apply(&Command::ChunkSizes { node: holder, sizes }).unwrap();
         assert_ne!(copy, state);
+    }
+
+    /// A version 2 snapshot, as the build before timed reports and the claim wrote it (four
+    /// nodes, node 2 heartbeat at 3 MiB / 1 MiB, node 4 draining, one chunk reported at 1 MiB
+    /// logical / 256 KiB physical), and a version 2 `ChunkSizes` entry: the bytes fixed here.
+    const SNAPSHOT_V2_HEX: &str = "0203000000000000e83f9a9999999999b93f01009a9999999999b93f9a9999999999b93f4002100401008080808004808080800200000200808080800480808080028080800180803003008080808004808080800200000401808080800480808080020000018080808070808040808040018080408080100301020300";
+    const CHUNK_SIZES_V2_HEX: &str = "020d01018080808070808040808010";
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
+    }
+
+    fn v2_state() -> ClusterState {
+        let mut state = ClusterState::new(ManagerConfig::paper(Policy::CompressionAware)).unwrap();
+        for node in 1..=4 {
+            state.apply(&Command::AddNode { node: NodeId(node), capacity: Space::new(1 << 30, 1 << 29) }).unwrap();
+        }
+        state.apply(&Command::PlaceChunk { chunk: ChunkId(7 << 32), expected_logical_bytes: 1 << 20 }).unwrap();
+        state.apply(&Command::ChunkStats { chunk: ChunkId(7 << 32), size: Space::new(1 << 20, 1 << 18) }).unwrap();
+        let used = Space::new(3 << 20, 1 << 20);
+        state.apply(&Command::Heartbeat { node: NodeId(2), capacity: Space::new(1 << 30, 1 << 29), used }).unwrap();
+        state.apply(&Command::DrainNode { node: NodeId(4) }).unwrap();
+        state
+    }
+
+    #[test]
+    fn version_2_snapshots_and_entries_still_decode() {
+        let decoded = ClusterState::decode(&hex(SNAPSHOT_V2_HEX)).unwrap();
+        decoded.check_invariants();
+        assert_eq!(decoded, v2_state());
+        assert!(decoded.claim().is_none() && decoded.last_round().is_none());
+        assert!(decoded.nodes().values().all(|n| n.reported_unix_ms.is_none()));
+        let again = decoded.encode();
+        assert_eq!(again[0], SNAPSHOT_VERSION);
+        assert_eq!(ClusterState::decode(&again).unwrap(), decoded);
+        let sizes = Command::decode(&hex(CHUNK_SIZES_V2_HEX)).unwrap();
+        let size = Space::new(1 << 20, 1 << 18);
+        let expected =
+            Command::ChunkSizes { node: NodeId(1), sizes: vec![ReportedSize { chunk: ChunkId(7 << 32), size }] };
+        assert_eq!(sizes, expected);
+        // Twin: the version 2 snapshot's bytes read as version 3 are refused.
+        let mut as_v3 = hex(SNAPSHOT_V2_HEX);
+        as_v3[0] = SNAPSHOT_VERSION;
+        assert!(ClusterState::decode(&as_v3).is_err());
+    }
+
+    fn version_3_commands() -> Vec<Command> {
+        let owner = MoveOwner::Drain { node: 4 };
+        let record = RoundRecord {
+            node: 1,
+            started_unix_ms: 1_700_000_000_000,
+            seconds: 2.5,
+            planned: 3,
+            moves: 1,
+            failures: 1,
+            failed: vec!["chunk 2 of a from node 1 to node 4: stalled".into()],
+            skipped: None,
+            error: None,
+        };
+        vec![
+            Command::Report {
+                node: NodeId(1),
+                capacity: Space::new(100 * GIB, 40 * GIB),
+                used: Space::new(GIB, GIB / 2),
+                overcommit: true,
+                at_unix_ms: 1_700_000_000_000,
+            },
+            Command::PlaceChunkAt { chunk: ChunkId(9 << 32), expected_logical_bytes: GIB, at_unix_ms: 5 },
+            Command::Claim { owner, at_unix_ms: 1_000, lease_ms: 60_000 },
+            Command::Release { owner },
+            Command::RecordRound(record),
+        ]
+    }
+
+    /// The commands version 3 added round-trip; the same bytes marked version 2 or 1 are
+    /// refused (an older build could not have written them).
+    #[test]
+    fn version_3_commands_round_trip_and_are_refused_as_older() {
+        for command in version_3_commands() {
+            let bytes = command.encode();
+            assert_eq!(Command::decode(&bytes).unwrap(), command);
+            for old in [COMMAND_VERSION_2, COMMAND_VERSION_1] {
+                let mut older = bytes.clone();
+                older[0] = old;
+                let error = Command::decode(&older).unwrap_err();
+                assert!(error.message().contains("added in version 3"), "{error}");
+            }
+        }
+    }
+
+    /// A state with a timed report, a claim and a round record round-trips through a snapshot.
+    #[test]
+    fn reports_claims_and_rounds_round_trip_in_snapshots() {
+        let (mut state, _) = state();
+        for command in version_3_commands() {
+            if !matches!(command, Command::Release { .. } | Command::PlaceChunkAt { .. }) {
+                state.apply(&command).unwrap();
+            }
+        }
+        assert!(state.claim().is_some() && state.last_round().is_some());
+        let decoded = ClusterState::decode(&state.encode()).unwrap();
+        decoded.check_invariants();
+        assert_eq!(decoded, state);
+        assert_eq!(decoded.node(NodeId(1)).unwrap().reported_unix_ms, Some(1_700_000_000_000));
+        assert!(decoded.node(NodeId(1)).unwrap().overcommit);
+    }
+
+    /// Bad figures in the new commands are refused: a zero or endless lease, a round record
+    /// past its bounds or with a nonsense duration.
+    #[test]
+    fn bad_claims_and_round_records_are_refused() {
+        let owner = MoveOwner::Move { node: 2 };
+        let (state, _) = state();
+        let long = "x".repeat(crate::mover::ROUND_TEXT_MAX_BYTES + 1);
+        let bad = [
+            Command::Claim { owner, at_unix_ms: 1, lease_ms: 0 },
+            Command::Claim { owner, at_unix_ms: 1, lease_ms: crate::mover::CLAIM_LEASE_MAX_MS + 1 },
+            Command::RecordRound(RoundRecord { seconds: f64::NAN, ..Default::default() }),
+            Command::RecordRound(RoundRecord { error: Some(long.clone()), ..Default::default() }),
+            Command::RecordRound(RoundRecord {
+                failed: vec![String::new(); crate::mover::ROUND_FAILURES_MAX + 1],
+                ..Default::default()
+            }),
+        ];
+        for command in &bad {
+            assert!(Command::decode(&command.encode()).is_err(), "{command:?} decoded");
+            let mut copy = state.clone();
+            assert!(copy.apply(command).is_err());
+            assert_eq!(copy, state);
+        }
+        // Twin: the bounded record is accepted.
+        let cut = RoundRecord { error: Some(long), ..Default::default() }.bounded();
+        let mut copy = state.clone();
+        copy.apply(&Command::RecordRound(cut)).unwrap();
     }
 }

@@ -12,6 +12,7 @@
 pub mod codec;
 pub mod config;
 mod error;
+pub mod mover;
 mod place;
 pub mod plan;
 pub mod sim;
@@ -21,6 +22,7 @@ pub mod usage;
 
 pub use config::{Band, ManagerConfig, Policy, Throttle};
 pub use error::{Error, ErrorKind, Result};
+pub use mover::{MoveClaim, MoveOwner, REPORT_STALE_AFTER_MS, RoundRecord};
 pub use plan::{Move, MoveReason, Plan, Thresholds};
 pub use state::{
     Applied, ChunkState, ClusterState, Command, MAX_FIGURE_BYTES, MAX_SIZES_PER_COMMAND, NodeState, NodeStatus,

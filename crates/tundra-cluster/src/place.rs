@@ -10,9 +10,15 @@ use crate::usage::{NodeId, Space};
 impl ClusterState {
     /// The nodes a chunk of `size` would be placed on, best first; nothing changes.
     pub fn choose_replicas(&self, size: Space) -> Result<Vec<NodeId>> {
+        self.choose_replicas_except(size, &[])
+    }
+
+    /// [`ClusterState::choose_replicas`] among the nodes not in `unknown` (nodes whose reports
+    /// are stale: their usage is not known, so they take nothing).
+    pub fn choose_replicas_except(&self, size: Space, unknown: &[NodeId]) -> Result<Vec<NodeId>> {
         let wanted = self.config.replicas;
-        let chosen = self.lowest_logical(size, wanted, |_| true);
-        if chosen.len() == wanted { Ok(chosen) } else { Err(self.full_error(size, chosen.len())) }
+        let chosen = self.lowest_logical(size, wanted, |id| !unknown.contains(&id));
+        if chosen.len() == wanted { Ok(chosen) } else { Err(self.full_error(size, chosen.len(), unknown)) }
     }
 
     /// Up to `count` active nodes that `size` fits on and that `allowed` accepts, lowest logical
@@ -21,7 +27,7 @@ impl ClusterState {
     pub(crate) fn lowest_logical(&self, size: Space, count: usize, allowed: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
         let mut best: Vec<(f64, NodeId)> = Vec::with_capacity(count + 1);
         for (&id, node) in &self.nodes {
-            if node.status != NodeStatus::Active || !allowed(id) || !self.fits(node, size) {
+            if !node.takes_part() || !allowed(id) || !self.fits(node, size) {
                 continue;
             }
             let key = (logical_fraction(node), id);
@@ -35,11 +41,32 @@ impl ClusterState {
         best.into_iter().map(|(_, id)| id).collect()
     }
 
-    fn full_error(&self, size: Space, eligible: usize) -> Error {
-        let active = self.nodes.values().filter(|n| n.status == NodeStatus::Active).count();
+    fn full_error(&self, size: Space, eligible: usize, unknown: &[NodeId]) -> Error {
+        let active: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.status == NodeStatus::Active && !n.unknown && !unknown.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let silent: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.status == NodeStatus::Active && (n.unknown || unknown.contains(id)))
+            .map(|(id, _)| id.0.to_string())
+            .collect();
+        let silent = if silent.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (unknown, their last report older than {} ms: node {})",
+                crate::mover::REPORT_STALE_AFTER_MS,
+                silent.join(", ")
+            )
+        };
         Error::full(format!(
-            "{eligible} of {active} active nodes can take a chunk of {} logical bytes without passing {:.0}% of \
-             their logical or physical capacity, and {} replicas need {}; add nodes",
+            "{eligible} of {} active nodes can take a chunk of {} logical bytes without passing {:.0}% of \
+             their logical or physical capacity, and {} replicas need {}{silent}; add nodes",
+            active.len(),
             size.logical_bytes,
             100.0 * self.config.fullness_limit,
             self.config.replicas,

@@ -21,6 +21,7 @@ use tundra_store::ids::ChunkId;
 
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
+use crate::mover::{CLAIM_LEASE_MAX_MS, MoveClaim, MoveOwner, RoundRecord};
 use crate::plan::Move;
 use crate::usage::{NodeId, Space};
 
@@ -47,6 +48,16 @@ pub struct NodeState {
     /// Sizes of the chunks moving to the node, and moving off it.
     pub incoming: Space,
     pub outgoing: Space,
+    /// The usage its last `Report` gave, and when the leader wrote it (none: no `Report` yet,
+    /// only a `Heartbeat`, which carries no time).
+    pub reported_used: Option<Space>,
+    pub reported_unix_ms: Option<u64>,
+    /// The node lets volumes promise more than its drive holds (`[drive] overcommit`).
+    pub overcommit: bool,
+    /// Not replicated: set on a copy of the state by [`ClusterState::mark_unknown`] for a node
+    /// whose report is stale, which then neither gives nor takes chunks in a plan and counts
+    /// in no average. Always false in the replicated state.
+    pub unknown: bool,
 }
 
 impl NodeState {
@@ -58,6 +69,28 @@ impl NodeState {
     /// Usage as the node has it now (moving chunks still on their source).
     pub fn actual_chunk_space(&self) -> Space {
         self.chunk_space.minus(self.incoming).plus(self.outgoing)
+    }
+
+    /// Whether the node takes part in decisions: active, and its report not stale.
+    pub fn takes_part(&self) -> bool {
+        self.status == NodeStatus::Active && !self.unknown
+    }
+
+    /// An empty node of `status` and `capacity`.
+    pub(crate) fn empty(status: NodeStatus, capacity: Space) -> NodeState {
+        NodeState {
+            status,
+            capacity,
+            chunks: BTreeSet::new(),
+            chunk_space: Space::ZERO,
+            overhead: Space::ZERO,
+            incoming: Space::ZERO,
+            outgoing: Space::ZERO,
+            reported_used: None,
+            reported_unix_ms: None,
+            overcommit: false,
+            unknown: false,
+        }
     }
 }
 
@@ -157,6 +190,38 @@ pub enum Command {
         node: NodeId,
         sizes: Vec<ReportedSize>,
     },
+    /// Version 3. A node's report as the manager's leader wrote it at `at_unix_ms` (its wall
+    /// clock): a `Heartbeat` whose usage and time the state keeps, so that a node silent for
+    /// longer than [`crate::mover::REPORT_STALE_AFTER_MS`] is unknown to the decisions, and the
+    /// node's thin provisioning (`overcommit`).
+    Report {
+        node: NodeId,
+        capacity: Space,
+        used: Space,
+        overcommit: bool,
+        at_unix_ms: u64,
+    },
+    /// Version 3. `PlaceChunk` at the leader's time `at_unix_ms`: a node whose report is stale
+    /// then takes no replica.
+    PlaceChunkAt {
+        #[serde(with = "crate::codec::chunk_id")]
+        chunk: ChunkId,
+        expected_logical_bytes: u64,
+        at_unix_ms: u64,
+    },
+    /// Version 3. Take or renew the claim on moves until `at_unix_ms + lease_ms`; refused while
+    /// another owner's claim holds at `at_unix_ms`.
+    Claim {
+        owner: MoveOwner,
+        at_unix_ms: u64,
+        lease_ms: u64,
+    },
+    /// Version 3. Give the claim back (nothing happens when `owner` does not hold it).
+    Release {
+        owner: MoveOwner,
+    },
+    /// Version 3. What the background rebalancer's last round did.
+    RecordRound(RoundRecord),
 }
 
 /// One chunk's size in a [`Command::ChunkSizes`].
@@ -191,8 +256,21 @@ impl Command {
                 }
                 sizes.iter().map(|s| s.size).collect()
             }
-            Command::PlaceChunk { expected_logical_bytes, .. } | Command::AdoptChunk { expected_logical_bytes, .. } => {
-                vec![Space::new(*expected_logical_bytes, 0)]
+            Command::PlaceChunk { expected_logical_bytes, .. }
+            | Command::PlaceChunkAt { expected_logical_bytes, .. }
+            | Command::AdoptChunk { expected_logical_bytes, .. } => vec![Space::new(*expected_logical_bytes, 0)],
+            Command::Report { capacity, used, .. } => vec![*capacity, *used],
+            Command::Claim { lease_ms, .. } => {
+                if *lease_ms == 0 || *lease_ms > CLAIM_LEASE_MAX_MS {
+                    return Err(Error::invalid(format!(
+                        "a claim's lease of {lease_ms} ms (between 1 and {CLAIM_LEASE_MAX_MS})"
+                    )));
+                }
+                Vec::new()
+            }
+            Command::RecordRound(record) => {
+                record.check()?;
+                Vec::new()
             }
             _ => Vec::new(),
         };
@@ -241,6 +319,10 @@ pub struct ClusterState {
     pub(crate) moving: BTreeSet<ChunkId>,
     /// The sum of every chunk's size once (not per replica), for the average ratio.
     pub(crate) chunk_total: Space,
+    /// Who holds the claim on moves, if anyone did last (it may have lapsed).
+    pub(crate) claim: Option<MoveClaim>,
+    /// The background rebalancer's last recorded round.
+    pub(crate) last_round: Option<RoundRecord>,
 }
 
 impl ClusterState {
@@ -252,6 +334,8 @@ impl ClusterState {
             chunks: BTreeMap::new(),
             moving: BTreeSet::new(),
             chunk_total: Space::ZERO,
+            claim: None,
+            last_round: None,
         })
     }
 
@@ -270,6 +354,30 @@ impl ClusterState {
     pub fn chunk(&self, chunk: ChunkId) -> Option<&ChunkState> {
         self.chunks.get(&chunk)
     }
+    /// The last claim on moves taken (check [`MoveClaim::holds_at`]: it may have lapsed).
+    pub fn claim(&self) -> Option<&MoveClaim> {
+        self.claim.as_ref()
+    }
+    pub fn last_round(&self) -> Option<&RoundRecord> {
+        self.last_round.as_ref()
+    }
+
+    /// Marks every active node whose report is stale at `now_unix_ms` unknown (on a copy of the
+    /// replicated state, for one decision): it then neither gives nor takes chunks in a plan
+    /// and counts in no average. Answers the nodes marked.
+    pub fn mark_unknown(&mut self, now_unix_ms: u64) -> Vec<NodeId> {
+        let stale = crate::mover::stale_nodes(&self.nodes, now_unix_ms);
+        let mut marked = Vec::new();
+        for id in stale {
+            let node = self.nodes.get_mut(&id).expect("a node of the state");
+            if node.status == NodeStatus::Active {
+                node.unknown = true;
+                marked.push(id);
+            }
+        }
+        marked
+    }
+
     /// The moves under way, in chunk order.
     pub fn moves_in_flight(&self) -> impl Iterator<Item = &Move> {
         self.moving.iter().filter_map(|c| self.chunks[c].moving.as_ref())
@@ -288,7 +396,7 @@ impl ClusterState {
             Command::ChunkStats { chunk, size } => self.chunk_stats(*chunk, *size)?,
             Command::ChunkSizes { node, sizes } => self.chunk_sizes(*node, sizes)?,
             Command::PlaceChunk { chunk, expected_logical_bytes } => {
-                return self.place_chunk(*chunk, *expected_logical_bytes).map(Applied::Placed);
+                return self.place_chunk_at(*chunk, *expected_logical_bytes, None).map(Applied::Placed);
             }
             Command::DeleteChunk { chunk } => self.delete_chunk(*chunk)?,
             Command::AdoptChunk { chunk, replicas, expected_logical_bytes } => {
@@ -300,6 +408,23 @@ impl ClusterState {
             Command::BeginMove(planned) => self.begin_move(planned)?,
             Command::FinishMove { chunk } => self.finish_move(*chunk)?,
             Command::AbortMove { chunk } => self.abort_move(*chunk)?,
+            Command::Report { node, capacity, used, overcommit, at_unix_ms } => {
+                self.heartbeat(*node, *capacity, *used)?;
+                let n = self.nodes.get_mut(node).expect("the heartbeat found it");
+                n.reported_used = Some(*used);
+                n.reported_unix_ms = Some(*at_unix_ms);
+                n.overcommit = *overcommit;
+            }
+            Command::PlaceChunkAt { chunk, expected_logical_bytes, at_unix_ms } => {
+                return self.place_chunk_at(*chunk, *expected_logical_bytes, Some(*at_unix_ms)).map(Applied::Placed);
+            }
+            Command::Claim { owner, at_unix_ms, lease_ms } => self.take_claim(*owner, *at_unix_ms, *lease_ms)?,
+            Command::Release { owner } => {
+                if self.claim.is_some_and(|c| c.owner == *owner) {
+                    self.claim = None;
+                }
+            }
+            Command::RecordRound(record) => self.last_round = Some(record.clone()),
         }
         Ok(Applied::Done)
     }
@@ -319,18 +444,7 @@ impl ClusterState {
         if capacity.logical_bytes == 0 || capacity.physical_bytes == 0 {
             return Err(Error::invalid(format!("{node} reports a zero capacity")));
         }
-        self.nodes.insert(
-            node,
-            NodeState {
-                status: NodeStatus::Active,
-                capacity,
-                chunks: BTreeSet::new(),
-                chunk_space: Space::ZERO,
-                overhead: Space::ZERO,
-                incoming: Space::ZERO,
-                outgoing: Space::ZERO,
-            },
-        );
+        self.nodes.insert(node, NodeState::empty(NodeStatus::Active, capacity));
         Ok(())
     }
 
@@ -394,12 +508,20 @@ impl ClusterState {
         Ok(())
     }
 
-    fn place_chunk(&mut self, chunk: ChunkId, expected_logical_bytes: u64) -> Result<Vec<NodeId>> {
+    /// Places a chunk; at `at_unix_ms` (a `PlaceChunkAt`), nodes whose reports are stale then
+    /// take no replica.
+    fn place_chunk_at(
+        &mut self,
+        chunk: ChunkId,
+        expected_logical_bytes: u64,
+        at_unix_ms: Option<u64>,
+    ) -> Result<Vec<NodeId>> {
         if self.chunks.contains_key(&chunk) {
             return Err(Error::invalid(format!("chunk {} is already placed", chunk.0)));
         }
         let size = self.expected_size(expected_logical_bytes);
-        let chosen = self.choose_replicas(size)?;
+        let stale = at_unix_ms.map(|now| crate::mover::stale_nodes(&self.nodes, now)).unwrap_or_default();
+        let chosen = self.choose_replicas_except(size, &stale)?;
         for &node in &chosen {
             let n = self.nodes.get_mut(&node).expect("chosen among members");
             n.chunks.insert(chunk);
@@ -504,7 +626,7 @@ impl ClusterState {
         }
         let size = chunk.size;
         let target = self.nodes.get(&planned.to).ok_or_else(|| Error::invalid(format!("unknown {}", planned.to)))?;
-        if target.status != NodeStatus::Active {
+        if !target.takes_part() {
             return Err(Error::invalid(format!("{} takes no chunks ({:?})", planned.to, target.status)));
         }
         if !self.fits(target, size) {
@@ -530,6 +652,23 @@ impl ClusterState {
     pub(crate) fn fits(&self, node: &NodeState, size: Space) -> bool {
         let (logical, physical) = node.projected().plus(size).fractions_of(node.capacity);
         logical <= self.config.fullness_limit && physical <= self.config.fullness_limit
+    }
+
+    fn take_claim(&mut self, owner: MoveOwner, at_unix_ms: u64, lease_ms: u64) -> Result<()> {
+        let taken_unix_ms = match self.claim {
+            Some(held) if held.owner != owner && held.holds_at(at_unix_ms) => {
+                let left_s = (held.until_unix_ms - at_unix_ms).div_ceil(1000);
+                return Err(Error::conflict(format!(
+                    "{} is making moves (its claim lasts {left_s} s more unless renewed)",
+                    held.owner
+                )));
+            }
+            Some(held) if held.owner == owner && held.holds_at(at_unix_ms) => held.taken_unix_ms,
+            _ => at_unix_ms,
+        };
+        let until_unix_ms = at_unix_ms.saturating_add(lease_ms);
+        self.claim = Some(MoveClaim { owner, taken_unix_ms, until_unix_ms });
+        Ok(())
     }
 
     fn take_move(&mut self, chunk: ChunkId) -> Result<(Move, Space)> {

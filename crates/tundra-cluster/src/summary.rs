@@ -10,7 +10,7 @@
 //! nodes could hold at those ratios.
 
 use crate::plan::Thresholds;
-use crate::state::{ClusterState, NodeStatus};
+use crate::state::ClusterState;
 use crate::usage::{Space, Zone};
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -53,7 +53,7 @@ impl ClusterState {
         let mut usable = 0.0f64;
         let mut stranded_logical = 0.0f64;
         let mut stranded_physical = 0.0f64;
-        for node in self.nodes.values().filter(|n| n.status == NodeStatus::Active) {
+        for node in self.nodes.values().filter(|n| n.takes_part()) {
             s.active_nodes += 1;
             let used = node.projected();
             s.capacity = s.capacity.plus(node.capacity);

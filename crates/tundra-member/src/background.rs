@@ -10,8 +10,15 @@
 //!    rebalance.rs's `rebalance_step` under `rebalance_policy` (planned from the manager's
 //!    replicated chunk sizes, carried out by migrate.rs's `execute`, paced by
 //!    `move_bytes_per_sec`), exactly as the command line's steps are;
-//! 3. it gives the claim back and records what it did, which `tundra cluster status --json`
-//!    shows (`manager.background_rebalance`).
+//! 3. it gives the claim back and records what it did in the manager's replicated state
+//!    (`RecordRound`), which `tundra cluster status --json` shows
+//!    (`manager.background_rebalance.last_round`), whichever node leads the manager then. A
+//!    round skipped because another mover holds the claim is not written (it would add an
+//!    entry every period while a drain runs), nor an idle round (no plan) when the last one
+//!    written was idle too and is younger than [`IDLE_RECORD_EVERY`].
+//!
+//! The counters beside the record (`rounds`, `moves_total`, `failures_total`) are this node's
+//! since it started.
 //!
 //! Rounds run one after the other on one thread, so two never overlap. At shutdown the thread
 //! stops before its next move (a move under way finishes or is rolled back first, as any move
@@ -36,6 +43,10 @@ pub const MOVES_PER_ROUND: usize = 4;
 const STOP_CHECK: Duration = Duration::from_millis(100);
 /// How long shutdown waits for a round's move under way (a catch-up's limit and its pacing).
 const STOP_WAIT: Duration = Duration::from_secs(45);
+/// How often an idle cluster's round is written to the manager's log.
+const IDLE_RECORD_EVERY: Duration = Duration::from_secs(60);
+
+pub use tundra_cluster::RoundRecord;
 
 /// The background rebalancer as status shows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -51,24 +62,6 @@ pub struct BackgroundStatus {
     pub moves_total: u64,
     pub failures_total: u64,
     pub last_round: Option<RoundRecord>,
-}
-
-/// What one round did.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoundRecord {
-    /// When it started, in milliseconds since the Unix epoch.
-    pub started_unix_ms: u64,
-    pub seconds: f64,
-    /// Moves the round's first plan held.
-    pub planned: usize,
-    pub moves: u64,
-    pub failures: u64,
-    /// Each failed move (rolled back), and why.
-    pub failed: Vec<String>,
-    /// Why the round made no move at all without trying (another mover, a drain under way).
-    pub skipped: Option<String>,
-    /// Why the round ended early (the manager did not answer, a node did not).
-    pub error: Option<String>,
 }
 
 /// Starts the background rebalancer's thread if `rebalance_every` asks for one.
@@ -134,18 +127,41 @@ impl ClusterNode {
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.background.lock().running = true;
-        let mut record = RoundRecord { started_unix_ms, ..Default::default() };
+        let mut record = RoundRecord { node: self.me, started_unix_ms, ..Default::default() };
         match self.round_blocker() {
             Some(why) => record.skipped = Some(why),
             None => self.round_moves(&mut record),
         }
         record.seconds = started.elapsed().as_secs_f64();
+        if self.worth_recording(&record) {
+            // A lost write leaves the previous record; the counters below still count the round.
+            let _ = self.block_on(self.to_manager(ManagerCall::RecordRound(record.clone())));
+        }
         let mut status = self.background.lock();
         status.running = false;
         status.rounds += 1;
         status.moves_total += record.moves;
         status.failures_total += record.failures;
         status.last_round = Some(record);
+    }
+
+    /// Whether `record` goes to the manager's state: not a skipped round, and not an idle one
+    /// when the last one written was idle and recent.
+    fn worth_recording(&self, record: &RoundRecord) -> bool {
+        if record.skipped.is_some() {
+            return false;
+        }
+        if !record.idle() {
+            return true;
+        }
+        let Some(view) = self.host.manager_view() else { return true };
+        let last = view.lock().state.last_round().cloned();
+        match last {
+            Some(last) if last.idle() => {
+                record.started_unix_ms.saturating_sub(last.started_unix_ms) >= IDLE_RECORD_EVERY.as_millis() as u64
+            }
+            _ => true,
+        }
     }
 
     /// Why no round may start now, if something forbids it; else the claim on moves is ours.

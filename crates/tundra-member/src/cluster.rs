@@ -58,10 +58,8 @@ pub struct ClusterNode {
     pub(crate) manager_turn: tokio::sync::Mutex<()>,
     /// `[cluster]`'s rebalancing keys (rebalance.rs).
     pub(crate) rebalance: crate::rebalance::RebalanceSettings,
-    /// On the manager's leader: each node's usage as last reported, to heartbeat a node again
-    /// when chunk sizes change what its usage beyond its chunks is (manager.rs).
-    pub(crate) usage_seen: Mutex<BTreeMap<u64, NodeUsage>>,
-    /// On the manager's leader: who may make moves, until when (manager.rs's `Claim`).
+    /// On the manager's leader, only under the test hook `TUNDRA_TEST_CLAIM_IN_MEMORY`: who
+    /// may make moves, until when (manager.rs's `Claim`; otherwise in the replicated state).
     pub(crate) move_claim: Mutex<Option<(crate::manager::MoveOwner, std::time::Instant)>>,
     /// The background rebalancer's record (background.rs).
     pub(crate) background: Mutex<crate::background::BackgroundStatus>,
@@ -134,7 +132,6 @@ impl ClusterNode {
             next_request: AtomicU64::new(random_u64()? | 1),
             manager_turn: tokio::sync::Mutex::new(()),
             rebalance,
-            usage_seen: Mutex::new(BTreeMap::new()),
             move_claim: Mutex::new(None),
             background: Mutex::new(Default::default()),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -253,6 +250,8 @@ impl ClusterNode {
             Forward::StartRedo { volume } => self.start_redo(volume).await,
             Forward::DropRedo { volume } => self.drop_redo(volume).await,
             Forward::RedoMembership { volume, change } => self.change_redo_membership(volume, change).await,
+            Forward::ManagerJoin => self.join_manager().await,
+            Forward::ManagerLeave => self.leave_manager().await,
         }
     }
 
@@ -359,20 +358,18 @@ impl ClusterNode {
         }
         self.block_on(async {
             let mut id = 0;
-            let mut usage = Vec::with_capacity(nodes.len());
             for &node in &nodes {
                 match self.ask_patiently(node, Forward::Prepare { name: name.to_string() }).await? {
                     Answer::VolumeId(next) => id = id.max(next),
                     other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
                 }
-                match self.ask(node, Forward::Usage).await? {
-                    Answer::Usage(space) => usage.push((node, space)),
-                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
-                }
             }
             let spans = chunk_spans(size_bytes);
             // The cluster manager places the chunks (seed 000 §4.2.1): its committed state
-            // chose the replicas, whichever node asked.
+            // chose the replicas, whichever node asked, among the nodes whose reports are
+            // fresh; the thin-provisioning share is counted from the same state.
+            let (state, now_unix_ms) = self.manager_state_now().await?;
+            let usage = crate::placement::reported_usage(&state, now_unix_ms);
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
             let sets = self.manager_place(id, &expected, usize::from(replicas)).await.map_err(|why| match why {

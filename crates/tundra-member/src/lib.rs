@@ -29,6 +29,7 @@ pub mod cluster;
 mod io;
 pub mod leaders;
 pub mod manager;
+pub mod manager_members;
 pub mod messages;
 pub mod migrate;
 pub mod pace;

@@ -5,12 +5,19 @@
 //! asks the group's leader ([`ClusterNode::to_manager`], asked again through failovers), which
 //! alone proposes:
 //!
-//! - every node's drive usage, reported every second when it changed (`Report`): the leader
-//!   adds a node it does not know (`AddNode`) and proposes a `Heartbeat` only when a figure the
-//!   state keeps moved;
-//! - on a leader whose state is empty, the catalog: every node (`AddNode`), every chunk of
-//!   every replicated volume on its replicas (`AdoptChunk`), every node's usage (`Heartbeat`);
-//! - a new volume's chunks (`PlaceChunk`): the replicas are those the committed state chose;
+//! - every node's drive usage, reported every second (`ManagerCall::Report`): the leader adds a
+//!   node it does not know (`AddNode`) and proposes a timed `Report` when a figure the state
+//!   keeps moved, or when the node's last one is older than `REPORT_REFRESH_MS` (2 s), so that
+//!   a live node's report stays fresh and a silent node's goes stale (older than
+//!   `REPORT_STALE_AFTER_MS`, 5 s: unknown to placement and plans);
+//! - on a leader whose state is empty (a cluster's first leader, or one started before the
+//!   manager existed), the catalog: every node (`AddNode`), every chunk of every replicated
+//!   volume on its replicas (`AdoptChunk`), every node's usage (`Report`);
+//! - a new volume's chunks (`PlaceChunkAt`, at the leader's time): the replicas are those the
+//!   committed state chose, among the nodes whose reports are fresh;
+//! - the claim on moves (`Claim`, `Release`: one mover at a time, leased for [`CLAIM_TTL`]
+//!   after its last renewal) and the background rebalancer's last round (`RecordRound`), so
+//!   that both outlive the leader;
 //! - a drain (`DrainNode`, then the next move off the node as the leader's plan of its own
 //!   state chooses) and each move's `BeginMove` and `FinishMove` or `AbortMove`
 //!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
@@ -29,8 +36,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+pub use tundra_cluster::MoveOwner;
+use tundra_cluster::mover::{REPORT_REFRESH_MS, REPORT_STALE_AFTER_MS, report_stale};
 use tundra_cluster::{
-    Command, MAX_SIZES_PER_COMMAND, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, ReportedSize, Space,
+    ClusterState, Command, MAX_SIZES_PER_COMMAND, Move, MoveReason, NodeId, NodeStatus as ManagedStatus, ReportedSize,
+    Space,
 };
 use tundra_raft::manager_machine::{ManagerBug, SnapshotStore, manager_group};
 use tundra_store::ids::{ChunkId, VolumeId};
@@ -92,6 +102,33 @@ impl SnapshotStore for FileSnapshots {
     }
 }
 
+/// Milliseconds since the Unix epoch on this node's clock: the time the leader writes in
+/// `Report`, `PlaceChunkAt` and `Claim` commands.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A test-only hook: `TUNDRA_TEST_CLAIM_IN_MEMORY=1` keeps the claim on moves and the last
+/// round in the manager leader's memory, as before they were replicated (the twin of the
+/// failover test: a new leader then lets a second mover in). Unset in production.
+pub(crate) fn claim_in_memory() -> bool {
+    std::env::var("TUNDRA_TEST_CLAIM_IN_MEMORY").is_ok_and(|v| v == "1")
+}
+
+/// [`CLAIM_TTL`], or `TUNDRA_TEST_CLAIM_TTL_MS` (a test-only hook, so that a test sees a dead
+/// holder's claim lapse).
+fn claim_ttl() -> Duration {
+    let ttl = std::env::var("TUNDRA_TEST_CLAIM_TTL_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    ttl.map_or(CLAIM_TTL, Duration::from_millis)
+}
+
+/// [`CLAIM_WAIT`], or `TUNDRA_TEST_CLAIM_WAIT_MS` (a test-only hook, so that a refused mover
+/// is refused within a test's time).
+fn claim_wait() -> Duration {
+    let wait = std::env::var("TUNDRA_TEST_CLAIM_WAIT_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    wait.map_or(CLAIM_WAIT, Duration::from_millis)
+}
+
 /// What a node asks of the manager's leader.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ManagerCall {
@@ -132,32 +169,16 @@ pub enum ManagerCall {
     Release {
         owner: MoveOwner,
     },
-}
-
-/// Who makes moves, for [`ManagerCall::Claim`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MoveOwner {
-    /// The manager leader's background rebalancer on `node` (background.rs).
-    Background { node: u64 },
-    /// A `tundra cluster rebalance` run: a number the command line drew, and the node it asks.
-    Rebalance { node: u64, run: u64 },
-    /// A drain of `node` (`tundra cluster drain`).
-    Drain { node: u64 },
-    /// `tundra cluster move`, coordinated by `node`.
-    Move { node: u64 },
-}
-
-impl std::fmt::Display for MoveOwner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MoveOwner::Background { node } => write!(f, "the background rebalancer on node {node}"),
-            MoveOwner::Rebalance { node, run } => {
-                write!(f, "a `tundra cluster rebalance` run ({run:x}) through node {node}")
-            }
-            MoveOwner::Drain { node } => write!(f, "a drain of node {node}"),
-            MoveOwner::Move { node } => write!(f, "a `tundra cluster move` through node {node}"),
-        }
-    }
+    /// The leader's whole state (a snapshot's encoding) and its clock: what every decision
+    /// (a plan, a placement's thin-provisioning share) is made from.
+    State,
+    /// The background rebalancer's round record, written to the state.
+    RecordRound(tundra_cluster::RoundRecord),
+    /// `drained` holds no chunk any more: if it is a member of the manager's group, give its
+    /// place to an up node that is not one (manager_members.rs).
+    ReplaceMember {
+        drained: u64,
+    },
 }
 
 /// One chunk's size as the manager's state holds it.
@@ -183,6 +204,11 @@ pub enum ManagerReply {
     Claimed,
     /// Another owner holds the claim (said in words).
     Busy(String),
+    /// The leader's state ([`ClusterState::encode`]) and its clock when it answered.
+    State {
+        bytes: Vec<u8>,
+        now_unix_ms: u64,
+    },
 }
 
 /// The manager as `tundra cluster status --json` shows it (`manager`).
@@ -199,8 +225,18 @@ pub struct ManagerStatus {
     /// How many chunks the state holds a reported size for (`ChunkSizes` from the nodes'
     /// reports).
     pub chunks_sized: usize,
-    /// The background rebalancer of the leader that answered (background.rs).
+    /// The background rebalancer of the leader that answered (background.rs); its
+    /// `last_round` is the replicated one.
     pub background_rebalance: Box<crate::background::BackgroundStatus>,
+    /// Who holds the claim on moves, from the replicated state (null: nobody, or it lapsed).
+    #[serde(default)]
+    pub claim: Option<ClaimView>,
+    /// Active nodes whose last report is older than `report_stale_after_ms`: unknown to
+    /// placement and plans (neither given nor taking chunks) until they report again.
+    #[serde(default)]
+    pub unknown_nodes: Vec<u64>,
+    #[serde(default)]
+    pub report_stale_after_ms: u64,
     /// Why the manager did not answer (then every other figure is empty).
     pub error: Option<String>,
 }
@@ -210,6 +246,21 @@ pub struct ManagedNode {
     pub id: u64,
     pub status: String,
     pub chunks: usize,
+    /// How long ago the node's last report was written (null: none with a time yet).
+    #[serde(default)]
+    pub report_age_ms: Option<u64>,
+    /// Its report is stale: unknown to placement and plans.
+    #[serde(default)]
+    pub unknown: bool,
+}
+
+/// The claim on moves as status shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimView {
+    /// The holder, in words.
+    pub owner: String,
+    pub taken_unix_ms: u64,
+    pub until_unix_ms: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -232,8 +283,8 @@ impl ClusterNode {
     /// Starts this node's member of the manager group if it is one, and the usage reports;
     /// the lowest member makes the members the group's first membership if its log is empty.
     pub(crate) fn start_manager(self: &Arc<ClusterNode>) -> Result<(), String> {
-        let members = self.membership.managers.clone();
-        if members.contains(&self.me) {
+        if self.is_manager_member_at_start() {
+            let members = self.membership.managers.clone();
             let store = Arc::new(FileSnapshots { path: self.node.data_dir().join(SNAPSHOT_FILE) });
             self.block_on(self.host.add_manager_group(store, None, ManagerBug::None, LOGS_PER_SNAPSHOT))?;
             let raft = self.host.raft(manager_group()).map_err(|e| e.to_string())?;
@@ -258,7 +309,8 @@ impl ClusterNode {
     }
 
     /// One round of the reporter: the sizes of the chunks this node leads that changed (every
-    /// [`SIZES_EVERY_REPORTS`] rounds), then this node's usage if it changed, and on the leader
+    /// [`SIZES_EVERY_REPORTS`] rounds), then this node's usage (every round: the leader writes
+    /// it when it changed or to keep its time fresh), and on the leader
     /// the moves its state holds in flight that the catalogs ended already. Sizes go first,
     /// so that the usage's part beyond the chunks (the overhead) is counted against them.
     async fn report_once(&self, reporter: &mut Reporter) {
@@ -278,11 +330,9 @@ impl ClusterNode {
             }
         }
         let usage = self.usage();
-        if reporter.usage != Some(usage) {
-            let call = ManagerCall::Report { node: self.me, usage };
-            if self.to_manager_within(call, REPORT_EVERY * 3).await.is_ok() {
-                reporter.usage = Some(usage);
-            }
+        let call = ManagerCall::Report { node: self.me, usage };
+        if self.to_manager_within(call, REPORT_EVERY * 3).await.is_ok() {
+            reporter.usage = Some(usage);
         }
         if self.local_leader(manager_group()) == Some(self.me) {
             let _ = self.end_settled_moves().await;
@@ -296,7 +346,12 @@ impl ClusterNode {
     }
 
     async fn to_manager_within(&self, call: ManagerCall, wait: Duration) -> Result<ManagerReply, Refusal> {
-        let members = self.membership.managers.clone();
+        // The configured members first, then every other node: a drain may have given a
+        // member's place to another node (manager_members.rs), and a member that is not the
+        // leader names the leader.
+        let configured = self.membership.managers.clone();
+        let mut members = configured.clone();
+        members.extend(self.membership.ids().into_iter().filter(|id| !configured.contains(id)));
         let deadline = tokio::time::Instant::now() + wait;
         let mut hint: Option<u64> = None;
         let mut attempt = 0usize;
@@ -322,13 +377,13 @@ impl ClusterNode {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let mut up = Vec::new();
-        for &member in &members {
+        for &member in &configured {
             let alive = tokio::time::timeout(Duration::from_secs(1), self.ask(member, Forward::Usage)).await;
             if matches!(alive, Ok(Ok(_))) {
                 up.push(member.to_string());
             }
         }
-        let list: Vec<String> = members.iter().map(u64::to_string).collect();
+        let list: Vec<String> = configured.iter().map(u64::to_string).collect();
         Err(Refusal::Unavailable(format!(
             "the cluster manager has no quorum: members {}, up: {} ({last})",
             list.join(","),
@@ -349,36 +404,74 @@ impl ClusterNode {
                 _ => Ok(Answer::Manager(ManagerReply::Status(self.manager_status_here()))),
             };
         }
-        if let ManagerCall::ChunkSizes = call {
+        if let ManagerCall::ChunkSizes | ManagerCall::State = call {
             return match self.local_leader(group) {
                 Some(leader) if leader == self.me => {
                     self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
-                    Ok(Answer::Manager(ManagerReply::ChunkSizes(managed_sizes(&view.lock().state))))
+                    let state = &view.lock().state;
+                    Ok(Answer::Manager(match call {
+                        ManagerCall::State => ManagerReply::State { bytes: state.encode(), now_unix_ms: now_unix_ms() },
+                        _ => ManagerReply::ChunkSizes(managed_sizes(state)),
+                    }))
                 }
                 leader => Err(Refusal::NotLeader { leader }),
             };
         }
         let _turn = self.manager_turn.lock().await;
         self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
+        // The only place the manager asks the nodes themselves: a state with no node at all
+        // (a cluster's first leader, or a cluster older than its manager) is rebuilt from the
+        // catalog and every node's usage; every decision after reads the replicated state.
         if view.lock().state.nodes().is_empty() {
             self.reconcile().await?;
         }
         let reply = match call {
-            ManagerCall::Status | ManagerCall::ChunkSizes => unreachable!("answered above"),
+            ManagerCall::Status | ManagerCall::ChunkSizes | ManagerCall::State => unreachable!("answered above"),
             ManagerCall::Report { node, usage } => {
-                self.usage_seen.lock().insert(node, usage);
-                self.heartbeat_if_changed(node, usage).await?;
+                self.take_report(node, usage).await?;
+                ManagerReply::Done
+            }
+            ManagerCall::ReplaceMember { drained } => self.replace_member(drained).await?,
+            ManagerCall::RecordRound(record) => {
+                if !claim_in_memory() {
+                    self.propose(Command::RecordRound(record.bounded())).await?;
+                }
                 ManagerReply::Done
             }
             ManagerCall::Sizes { node, sizes } => {
                 self.take_sizes(node, &sizes).await?;
                 ManagerReply::Done
             }
-            ManagerCall::Claim { owner } => self.claim_here(owner),
-            ManagerCall::Release { owner } => {
+            ManagerCall::Claim { owner } if claim_in_memory() => self.claim_here(owner),
+            ManagerCall::Claim { owner } => {
+                let at_unix_ms = now_unix_ms();
+                let busy = view.lock().state.claim().copied().filter(|c| c.owner != owner && c.holds_at(at_unix_ms));
+                match busy {
+                    Some(held) => ManagerReply::Busy(format!(
+                        "{} is making moves (its claim lasts {} s more unless renewed)",
+                        held.owner,
+                        (held.until_unix_ms - at_unix_ms).div_ceil(1000)
+                    )),
+                    None => {
+                        let lease_ms = claim_ttl().as_millis() as u64;
+                        match self.propose(Command::Claim { owner, at_unix_ms, lease_ms }).await {
+                            Ok(()) => ManagerReply::Claimed,
+                            Err(Refusal::Invalid(why)) => ManagerReply::Busy(why),
+                            Err(other) => return Err(other),
+                        }
+                    }
+                }
+            }
+            ManagerCall::Release { owner } if claim_in_memory() => {
                 let mut claim = self.move_claim.lock();
                 if claim.is_some_and(|(holder, _)| holder == owner) {
                     *claim = None;
+                }
+                ManagerReply::Done
+            }
+            ManagerCall::Release { owner } => {
+                if view.lock().state.claim().is_some_and(|c| c.owner == owner) {
+                    self.propose(Command::Release { owner }).await?;
                 }
                 ManagerReply::Done
             }
@@ -391,7 +484,8 @@ impl ClusterNode {
                 }
                 let chunk = ChunkId(chunk);
                 if view.lock().state.chunk(chunk).is_none() {
-                    self.propose(Command::PlaceChunk { chunk, expected_logical_bytes }).await?;
+                    let at_unix_ms = now_unix_ms();
+                    self.propose(Command::PlaceChunkAt { chunk, expected_logical_bytes, at_unix_ms }).await?;
                 }
                 let state = &view.lock().state;
                 let placed = state.chunk(chunk).ok_or_else(|| Refusal::Unavailable("the placement vanished".into()))?;
@@ -416,31 +510,40 @@ impl ClusterNode {
         Ok(Answer::Manager(reply))
     }
 
-    /// As the leader: a `Heartbeat` of `node`'s usage when a figure the state keeps moved (an
-    /// unknown node is added first).
-    async fn heartbeat_if_changed(&self, node: u64, usage: NodeUsage) -> Result<(), Refusal> {
+    /// As the leader: `node`'s report written as a timed `Report` when a figure the state keeps
+    /// moved or its last one is older than [`REPORT_REFRESH_MS`] (an unknown node is added
+    /// first).
+    async fn take_report(&self, node: u64, usage: NodeUsage) -> Result<(), Refusal> {
         let Some(view) = self.host.manager_view() else { return Ok(()) };
         let (capacity, used) = spaces(&usage);
-        let known = view.lock().state.node(NodeId(node)).map(|n| (n.capacity, n.overhead, n.actual_chunk_space()));
-        match known {
+        let at_unix_ms = now_unix_ms();
+        let report = Command::Report { node: NodeId(node), capacity, used, overcommit: usage.overcommit, at_unix_ms };
+        let due = {
+            let state = &view.lock().state;
+            state.node(NodeId(node)).map(|n| {
+                n.capacity != capacity
+                    || n.overhead != used.saturating_minus(n.actual_chunk_space())
+                    || n.reported_used != Some(used)
+                    || n.overcommit != usage.overcommit
+                    || n.reported_unix_ms.is_none_or(|at| at_unix_ms.saturating_sub(at) >= REPORT_REFRESH_MS)
+            })
+        };
+        match due {
             None => {
                 self.propose(Command::AddNode { node: NodeId(node), capacity }).await?;
-                self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await
+                self.propose(report).await
             }
-            Some((known_capacity, overhead, chunk_space)) => {
-                if known_capacity != capacity || overhead != used.saturating_minus(chunk_space) {
-                    self.propose(Command::Heartbeat { node: NodeId(node), capacity, used }).await?;
-                }
-                Ok(())
-            }
+            Some(true) => self.propose(report).await,
+            Some(false) => Ok(()),
         }
     }
 
     /// As the leader: the sizes `node` measured of the chunks it leads, proposed as one
     /// `ChunkSizes` command (seed 000 §4.2.2: the per-chunk ratios the scheduler reads). Only
     /// sizes that changed, of chunks the state knows with a replica on `node` that is not a
-    /// move's target still catching up. Then each replica's node whose usage this leader heard
-    /// is heartbeat again if its overhead (usage beyond its chunks) moved with the new sizes.
+    /// move's target still catching up. Then each replica's node with a timed report in the
+    /// state is reported again, with the same usage and time, if its overhead (usage beyond
+    /// its chunks) moved with the new sizes.
     async fn take_sizes(&self, node: u64, sizes: &[ChunkSize]) -> Result<(), Refusal> {
         let Some(view) = self.host.manager_view() else { return Ok(()) };
         if sizes.len() > MAX_SIZES_PER_COMMAND {
@@ -477,9 +580,21 @@ impl ClusterNode {
         }
         self.propose(Command::ChunkSizes { node: NodeId(node), sizes: changed }).await?;
         for other in touched {
-            let seen = self.usage_seen.lock().get(&other).copied();
-            if let Some(usage) = seen {
-                self.heartbeat_if_changed(other, usage).await?;
+            let again = {
+                let state = &view.lock().state;
+                state.node(NodeId(other)).and_then(|n| {
+                    let (used, at_unix_ms) = (n.reported_used?, n.reported_unix_ms?);
+                    (n.overhead != used.saturating_minus(n.actual_chunk_space())).then_some(Command::Report {
+                        node: NodeId(other),
+                        capacity: n.capacity,
+                        used,
+                        overcommit: n.overcommit,
+                        at_unix_ms,
+                    })
+                })
+            };
+            if let Some(report) = again {
+                self.propose(report).await?;
             }
         }
         Ok(())
@@ -495,7 +610,7 @@ impl ClusterNode {
                 ManagerReply::Busy(format!("{holder} is making moves (its claim lasts {left} s more unless renewed)"))
             }
             _ => {
-                *claim = Some((owner, now + CLAIM_TTL));
+                *claim = Some((owner, now + claim_ttl()));
                 ManagerReply::Claimed
             }
         }
@@ -504,7 +619,8 @@ impl ClusterNode {
     /// Takes the claim on moves for `owner`, waiting up to [`CLAIM_WAIT`] for another owner's
     /// to end.
     pub(crate) async fn claim_moves(&self, owner: MoveOwner) -> Result<(), Refusal> {
-        let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
+        let wait = claim_wait();
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             match self.to_manager(ManagerCall::Claim { owner }).await? {
                 ManagerReply::Claimed => return Ok(()),
@@ -514,7 +630,7 @@ impl ClusterNode {
                 ManagerReply::Busy(why) => {
                     return Err(Refusal::Unavailable(format!(
                         "one mover at a time: {why}; waited {} s, try again later",
-                        CLAIM_WAIT.as_secs()
+                        wait.as_secs()
                     )));
                 }
                 other => return Err(Refusal::Unavailable(format!("a claim on moves answered {other:?}"))),
@@ -525,17 +641,6 @@ impl ClusterNode {
     /// Gives the claim on moves back (a lost answer leaves it to expire).
     pub(crate) async fn release_moves(&self, owner: MoveOwner) {
         let _ = self.to_manager(ManagerCall::Release { owner }).await;
-    }
-
-    /// The chunk sizes the manager's state holds, by chunk.
-    pub(crate) async fn manager_sizes(&self) -> Result<std::collections::BTreeMap<ChunkId, Space>, Refusal> {
-        match self.to_manager(ManagerCall::ChunkSizes).await? {
-            ManagerReply::ChunkSizes(list) => Ok(list
-                .into_iter()
-                .map(|s| (ChunkId(s.chunk), Space::new(s.logical_bytes, s.physical_bytes)))
-                .collect()),
-            other => Err(Refusal::Unavailable(format!("the manager's chunk sizes answered {other:?}"))),
-        }
     }
 
     /// The space of every chunk whose group this node leads (not the volumes' redo groups nor
@@ -584,9 +689,25 @@ impl ClusterNode {
         }
         for (node, u) in &usage {
             let (capacity, used) = spaces(u);
-            self.propose(Command::Heartbeat { node: NodeId(*node), capacity, used }).await?;
+            let at_unix_ms = now_unix_ms();
+            let overcommit = u.overcommit;
+            self.propose(Command::Report { node: NodeId(*node), capacity, used, overcommit, at_unix_ms }).await?;
         }
         Ok(())
+    }
+
+    /// The manager leader's replicated state and its clock: the one source of decisions
+    /// (rebalance.rs's `decision_state`, a volume's placement).
+    pub(crate) async fn manager_state_now(&self) -> Result<(ClusterState, u64), Refusal> {
+        match self.to_manager(ManagerCall::State).await? {
+            ManagerReply::State { bytes, now_unix_ms } => {
+                let state = ClusterState::decode(&bytes).map_err(|e| {
+                    Refusal::Unavailable(format!("the manager's state does not decode here: {}", e.message()))
+                })?;
+                Ok((state, now_unix_ms))
+            }
+            other => Err(Refusal::Unavailable(format!("the manager's state answered {other:?}"))),
+        }
     }
 
     /// Proposes `command` through the manager's leader, from any node.
@@ -672,9 +793,12 @@ impl ClusterNode {
         let metrics = raft.metrics().borrow().clone();
         status.leader = metrics.current_leader;
         status.term = metrics.current_term;
+        status.members = metrics.membership_config.membership().voter_ids().collect();
         let view = view.lock();
         status.applied_index = view.applied.map(|id| id.index);
         let state = &view.state;
+        let now = now_unix_ms();
+        status.report_stale_after_ms = REPORT_STALE_AFTER_MS;
         status.nodes = state
             .nodes()
             .iter()
@@ -687,11 +811,32 @@ impl ClusterNode {
                 }
                 .into(),
                 chunks: n.chunks.len(),
+                report_age_ms: n.reported_unix_ms.map(|at| now.saturating_sub(at)),
+                unknown: n.status == ManagedStatus::Active && report_stale(n.reported_unix_ms, now),
             })
             .collect();
+        status.unknown_nodes = status.nodes.iter().filter(|n| n.unknown).map(|n| n.id).collect();
         status.chunks = state.chunks().len();
         status.chunks_sized = state.chunks().values().filter(|c| c.reported.is_some()).count();
-        status.background_rebalance = Box::new(self.background.lock().clone());
+        let mut background = self.background.lock().clone();
+        if claim_in_memory() {
+            status.claim = self.move_claim.lock().and_then(|(owner, until)| {
+                let left = until.checked_duration_since(std::time::Instant::now())?;
+                Some(ClaimView {
+                    owner: owner.to_string(),
+                    taken_unix_ms: 0,
+                    until_unix_ms: now + left.as_millis() as u64,
+                })
+            });
+        } else {
+            background.last_round = state.last_round().cloned();
+            status.claim = state.claim().filter(|c| c.holds_at(now)).map(|c| ClaimView {
+                owner: c.owner.to_string(),
+                taken_unix_ms: c.taken_unix_ms,
+                until_unix_ms: c.until_unix_ms,
+            });
+        }
+        status.background_rebalance = Box::new(background);
         status.moves_in_flight = state
             .moves_in_flight()
             .map(|m| ChunkMoveView {

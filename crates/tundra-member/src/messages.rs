@@ -162,6 +162,10 @@ pub enum Forward {
     DropRedo { volume: u32 },
     /// At the redo group's leader: a membership change of the group.
     RedoMembership { volume: u32, change: MembershipChange },
+    /// Start a member of the manager's group here (manager_members.rs).
+    ManagerJoin,
+    /// Stop this node's member of the manager's group for good (manager_members.rs).
+    ManagerLeave,
 }
 
 /// A change of a chunk group's membership, done by its leader.

@@ -108,6 +108,14 @@ impl ClusterNode {
         let owner = crate::manager::MoveOwner::Drain { node };
         self.block_on(self.claim_moves(owner))?;
         let step = self.claimed_drain_step(node);
+        // Empty: the manager keeps three members once the node is retired (manager_members.rs).
+        let step = step.and_then(|p| {
+            if p.chunks_left + p.redo_left == 0 {
+                self.block_on(self.manager_member_off(node)).map(|()| p)
+            } else {
+                Ok(p)
+            }
+        });
         if !matches!(&step, Ok(progress) if progress.chunks_left + progress.redo_left > 0) {
             self.block_on(self.release_moves(owner));
         }

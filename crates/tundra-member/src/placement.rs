@@ -1,6 +1,9 @@
 //! Where a new replicated volume's chunks go (seed 000 §4.2.1), decided by tundra-cluster's
-//! placement and nothing else: a `ClusterState` is built from every node's reported drive
-//! space (`AddNode` and `Heartbeat` per node) and each chunk is placed with `PlaceChunk`, which
+//! placement and nothing else. In a running cluster the manager's leader places each chunk in
+//! its replicated state (`PlaceChunkAt`, manager.rs), among the nodes whose reports are fresh,
+//! and the thin-provisioning share below is counted from the same state's reports
+//! ([`reported_usage`]). [`place_volume`] (for its tests and tools) builds a `ClusterState`
+//! from given usage (`AddNode` and `Heartbeat` per node) and places each chunk with `PlaceChunk`, which
 //! chooses the nodes of lowest logical usage that the chunk keeps under the fullness limit
 //! (75%) on both axes, and answers `Full` when too few qualify. Chunks placed earlier in the
 //! same volume count against their nodes, so a volume's chunks spread over the cluster.
@@ -52,6 +55,28 @@ pub fn place_volume(
         sets.push(set);
     }
     Ok(sets)
+}
+
+/// The usage of every active node whose report in the manager's replicated state is fresh at
+/// `now_unix_ms`, as the nodes reported it (for [`overcommitted_share`]).
+pub(crate) fn reported_usage(state: &ClusterState, now_unix_ms: u64) -> Vec<(u64, NodeUsage)> {
+    state
+        .nodes()
+        .iter()
+        .filter(|(_, n)| n.status == tundra_cluster::NodeStatus::Active)
+        .filter(|(_, n)| !tundra_cluster::mover::report_stale(n.reported_unix_ms, now_unix_ms))
+        .filter_map(|(id, n)| {
+            let used = n.reported_used?;
+            let usage = NodeUsage {
+                logical_capacity_bytes: n.capacity.logical_bytes,
+                physical_capacity_bytes: n.capacity.physical_bytes,
+                logical_used_bytes: used.logical_bytes,
+                physical_used_bytes: used.physical_bytes,
+                overcommit: n.overcommit,
+            };
+            Some((id.0, usage))
+        })
+        .collect()
 }
 
 /// The fraction of its size each chunk counts at: 1, unless every node is overcommitted and the

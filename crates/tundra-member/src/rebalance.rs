@@ -1,11 +1,12 @@
 //! `tundra cluster rebalance`: tundra-cluster's plans (seed 000 §4.2.1 logical rule, §4.2.2
 //! zones A–D and the band [c_l, c_h]) carried out on a running cluster, one move at a time.
 //!
-//! Every decision reads one [`ClusterState`], built by [`ClusterNode::decision_state`] from the
-//! catalog (`AdoptChunk`), each chunk's size as the cluster manager's replicated state holds it
-//! from the nodes' reports (`ChunkStats`; a chunk the manager has no size for yet is measured
-//! on its replicas there and then, [`ChunkSize`], and the answer says so) and each node's drive
-//! usage (`Heartbeat`). That function is the only source of decisions. The manager leader's
+//! Every decision reads one [`ClusterState`], the cluster manager's replicated state as its
+//! leader holds it, fetched by [`ClusterNode::decision_state`]: every node's drive capacity
+//! and usage and every chunk's replicas and size, all from the nodes' reports (a chunk not yet
+//! reported counts at its expected size, a node silent for over `REPORT_STALE_AFTER_MS` is
+//! unknown, and the answer says both). That function is the only source of decisions, and it
+//! asks no node anything. The manager leader's
 //! background rounds (background.rs) take the same steps. A step settles moves left half done,
 //! plans, and carries out the plan's first move with migrate.rs's `execute` (rolled back on
 //! failure); the command line repeats steps, so every
@@ -14,16 +15,13 @@
 //! planned again), which is what the steps would do if no size changed meanwhile: the
 //! prediction a real run is compared against.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{Band, ClusterState, Command, ManagerConfig, Move, NodeId, Policy, Space, Zone};
+use tundra_cluster::{Band, ClusterState, Command, ManagerConfig, Move, Policy, Space, Zone};
 use tundra_node::ClusterConfig;
-use tundra_store::ids::{ChunkId, VolumeId};
 
-use crate::cluster::{ClusterNode, chunk_spans};
+use crate::cluster::ClusterNode;
 use crate::manager::MoveOwner;
-use crate::messages::{Answer, ChunkSize, Forward, Refusal};
+use crate::messages::Refusal;
 
 /// How many moves a dry run simulates at most.
 const SIMULATED_MOVES_MAX: usize = 10_000;
@@ -155,8 +153,11 @@ pub struct NodeZone {
     pub logical_bytes: u64,
     pub physical_bytes: u64,
     pub ratio: Option<f64>,
-    /// A, B, C or D; null for a node storing nothing.
+    /// A, B, C or D; null for a node storing nothing or unknown.
     pub zone: Option<String>,
+    /// Its last report is stale: unknown to the plan.
+    #[serde(default)]
+    pub unknown: bool,
 }
 
 /// The cluster's zones: the band and each node's place in it.
@@ -190,15 +191,19 @@ pub struct RebalanceProgress {
 }
 
 /// Where the chunk sizes a plan counted came from: the manager's replicated state (the nodes'
-/// reports), or, for a chunk the manager holds no size of yet, the replicas asked there and
-/// then; a chunk neither knows counts at the size placement expected for it.
+/// reports); a chunk it holds no size of yet counts at the size placement expected for it
+/// (`unknown`). `from_nodes` is always 0 now that no node is asked at planning time (kept so
+/// that older readers of the JSON still find it).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SizeSources {
     pub from_manager: usize,
     pub from_nodes: usize,
     pub unknown: usize,
-    /// Said when any size did not come from the manager.
+    /// Said when any size did not come from the manager's reports, or a node was unknown.
     pub note: Option<String>,
+    /// Active nodes whose last report is stale: unknown to the plan.
+    #[serde(default)]
+    pub unknown_nodes: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -212,82 +217,44 @@ fn invalid(e: tundra_cluster::Error) -> Refusal {
 }
 
 impl ClusterNode {
-    /// The decision core's view, the one source of decisions: every member with its drive's
-    /// capacity, every catalogued chunk on its replicas at the size the manager's replicated
-    /// state holds from the nodes' reports (seed 000 §4.2.2), then the members' usage. Only for
-    /// chunks the manager holds no size of are the replicas asked (one with the most pages
-    /// speaks for the chunk), and the answer says so.
+    /// The decision core's view, the one source of decisions: the cluster manager's
+    /// replicated state as its leader holds it (every node's capacity and usage and every
+    /// chunk's replicas and size, from the nodes' reports: seed 000 §4.2.2), under `config`,
+    /// with every node whose last report is older than `REPORT_STALE_AFTER_MS` at the
+    /// leader's clock marked unknown (it neither gives nor takes chunks, and counts in no
+    /// average). No node is asked anything here; a chunk the manager holds no reported size
+    /// for counts at the size placement expected, and the answer says how many.
     pub(crate) fn decision_state(&self, config: ManagerConfig) -> Result<(ClusterState, SizeSources), Refusal> {
-        let nodes = self.membership.ids();
-        let (usage, managed) = self.block_on(async {
-            let mut usage = Vec::new();
-            for &node in &nodes {
-                match self.ask(node, Forward::Usage).await? {
-                    Answer::Usage(space) => usage.push((node, space)),
-                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
-                }
-            }
-            Ok((usage, self.manager_sizes().await?))
-        })?;
-        let defs: Vec<crate::messages::VolumeDef> = self.catalog.lock().volumes().to_vec();
-        let unsized_chunk = defs.iter().any(|def| {
-            (0..chunk_spans(def.size_bytes).len() as u32)
-                .any(|index| !managed.contains_key(&ChunkId::new(VolumeId(def.id), index)))
-        });
-        // Asked only when the manager lacks a size.
-        let asked = if unsized_chunk { self.all_chunk_sizes() } else { BTreeMap::new() };
-        let mut sources = SizeSources::default();
-        let mut state = ClusterState::new(config).map_err(invalid)?;
-        let space = |u: &crate::messages::NodeUsage| {
-            (
-                Space::new(u.logical_capacity_bytes, u.physical_capacity_bytes),
-                Space::new(u.logical_used_bytes, u.physical_used_bytes),
-            )
+        let (mut state, now_unix_ms) = self.block_on(self.manager_state_now())?;
+        state.apply(&Command::Configure(config)).map_err(invalid)?;
+        let unknown = state.mark_unknown(now_unix_ms);
+        let reported = state.chunks().values().filter(|c| c.reported.is_some()).count();
+        let mut sources = SizeSources {
+            from_manager: reported,
+            from_nodes: 0,
+            unknown: state.chunks().len() - reported,
+            note: None,
+            unknown_nodes: unknown.iter().map(|n| n.0).collect(),
         };
-        for (node, u) in &usage {
-            state.apply(&Command::AddNode { node: NodeId(*node), capacity: space(u).0 }).map_err(invalid)?;
-        }
-        for def in &defs {
-            for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
-                let index = index as u32;
-                let replicas = def.replicas_of(index).iter().map(|&n| NodeId(n)).collect();
-                let chunk = ChunkId::new(VolumeId(def.id), index);
-                state
-                    .apply(&Command::AdoptChunk { chunk, replicas, expected_logical_bytes: bytes })
-                    .map_err(invalid)?;
-                let size = match managed.get(&chunk) {
-                    Some(&size) => {
-                        sources.from_manager += 1;
-                        Some(size)
-                    }
-                    None => {
-                        let measured = measured(&asked, def.replicas_of(index), def.id, index)
-                            .map(|s| Space::new(s.logical_bytes, s.physical_bytes));
-                        match measured {
-                            Some(_) => sources.from_nodes += 1,
-                            None => sources.unknown += 1,
-                        }
-                        measured
-                    }
-                };
-                if let Some(size) = size {
-                    state.apply(&Command::ChunkStats { chunk, size }).map_err(invalid)?;
-                }
-            }
-        }
-        for (node, u) in &usage {
-            let (capacity, used) = space(u);
-            state.apply(&Command::Heartbeat { node: NodeId(*node), capacity, used }).map_err(invalid)?;
-        }
-        if sources.from_nodes + sources.unknown > 0 {
-            sources.note = Some(format!(
+        let mut notes = Vec::new();
+        if sources.unknown > 0 {
+            notes.push(format!(
                 "the cluster manager holds no size yet for {} of {} chunks (nodes report the chunks they lead \
-                 every few seconds): {} measured on their replicas now, {} counted at their expected size",
-                sources.from_nodes + sources.unknown,
-                sources.from_manager + sources.from_nodes + sources.unknown,
-                sources.from_nodes,
-                sources.unknown
+                 every few seconds): counted at their expected size",
+                sources.unknown,
+                state.chunks().len()
             ));
+        }
+        if !unknown.is_empty() {
+            let list: Vec<String> = sources.unknown_nodes.iter().map(u64::to_string).collect();
+            notes.push(format!(
+                "node {} reported nothing for over {} ms: unknown, neither given nor taking chunks",
+                list.join(", "),
+                tundra_cluster::REPORT_STALE_AFTER_MS
+            ));
+        }
+        if !notes.is_empty() {
+            sources.note = Some(notes.join("; "));
         }
         Ok((state, sources))
     }
@@ -422,14 +389,6 @@ impl ClusterNode {
     }
 }
 
-/// The size of chunk `index` of volume `volume` as the replica with the most pages reports it.
-fn measured(sizes: &BTreeMap<u64, Vec<ChunkSize>>, replicas: &[u64], volume: u32, index: u32) -> Option<ChunkSize> {
-    replicas
-        .iter()
-        .filter_map(|node| sizes.get(node)?.iter().find(|s| s.volume == volume && s.chunk == index).copied())
-        .max_by_key(|s| (s.pages, s.logical_bytes))
-}
-
 /// The state's zones, from the active nodes' projected usage.
 pub fn zones(state: &ClusterState) -> Zones {
     let thresholds = state.thresholds();
@@ -444,7 +403,8 @@ pub fn zones(state: &ClusterState) -> Zones {
                 logical_bytes: used.logical_bytes,
                 physical_bytes: used.physical_bytes,
                 ratio: used.ratio(),
-                zone: thresholds.zone(used).map(|z: Zone| z.name().to_string()),
+                zone: if n.unknown { None } else { thresholds.zone(used).map(|z: Zone| z.name().to_string()) },
+                unknown: n.unknown,
             }
         })
         .collect();

@@ -602,6 +602,17 @@ impl Host {
         self.manager.lock().clone()
     }
 
+    /// Stops this node's member of the manager's group (no longer a member: its place was
+    /// given to another node). Its log entries and snapshot stay; nothing in the store changes.
+    pub async fn stop_manager_group(&self) -> Result<(), String> {
+        let raft = self.groups.lock().remove(&crate::manager_machine::manager_group());
+        *self.manager.lock() = None;
+        match raft {
+            Some(raft) => raft.shutdown().await.map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// Waits until this node leads `group` and has applied every entry of its log (so its
     /// state is that of everything its log holds, the blank entry of its term included), for up
     /// to `limit`. The redo leader's check of a batch against its own stream comes after it.

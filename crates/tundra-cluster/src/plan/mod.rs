@@ -87,7 +87,7 @@ impl ClusterState {
         let (used, capacity) = self
             .nodes
             .values()
-            .filter(|n| n.status == NodeStatus::Active)
+            .filter(|n| n.takes_part())
             .fold((Space::ZERO, Space::ZERO), |(u, c), n| (u.plus(n.projected()), c.plus(n.capacity)));
         Thresholds::new(&self.config, used, capacity)
     }
@@ -174,7 +174,7 @@ impl<'a> Planner<'a> {
     /// has no replica of it, and a move left in its throttle.
     fn may_receive(&self, to: NodeId, chunk: ChunkId, size: Space) -> bool {
         let node = &self.state.nodes[&to];
-        if node.status != NodeStatus::Active || !self.node_free(to) || self.hosts(to, chunk) {
+        if !node.takes_part() || !self.node_free(to) || self.hosts(to, chunk) {
             return false;
         }
         let (logical, physical) = self.used(to).plus(size).fractions_of(node.capacity);
@@ -216,8 +216,8 @@ impl<'a> Planner<'a> {
             .map(|c| (*c, self.state.chunks[c].size))
     }
 
-    /// Active nodes, in id order.
+    /// Active nodes whose reports are known, in id order.
     fn active(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.state.nodes.iter().filter(|(_, n)| n.status == NodeStatus::Active).map(|(id, _)| *id)
+        self.state.nodes.iter().filter(|(_, n)| n.takes_part()).map(|(id, _)| *id)
     }
 }
