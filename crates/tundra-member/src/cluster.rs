@@ -23,6 +23,10 @@ use crate::messages::{Answer, ChunkSize, Forward, NodeUsage, PeerRequest, PeerRe
 use crate::peers::Membership;
 use crate::transport::{Handler, PeerTransport};
 
+/// How long a volume's creation waits for the manager to hold a fresh report of every node
+/// (a few report periods, manager.rs).
+const REPORTS_WAIT: Duration = Duration::from_secs(10);
+
 /// The file of the node's shared Raft log, in its data directory.
 pub const RAFT_LOG_FILE: &str = "raft.log";
 /// The directory in a node's data directory of its snapshot files (tundra-raft's snapshot.rs).
@@ -343,6 +347,27 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// The manager's state once it holds a fresh report of each of `nodes` (all of which just
+    /// answered), waiting at most [`REPORTS_WAIT`]: in a cluster just started the first reports
+    /// may not have reached the manager yet, and placing before them would count those nodes
+    /// as unknown and call the cluster full. After the wait the state is taken as it is, and
+    /// placement names the nodes still unknown.
+    async fn manager_state_reported_by(&self, nodes: &[u64]) -> Result<(tundra_cluster::ClusterState, u64), Refusal> {
+        let deadline = std::time::Instant::now() + REPORTS_WAIT;
+        loop {
+            let (state, now_unix_ms) = self.manager_state_now().await?;
+            let unreported = nodes.iter().any(|&node| {
+                state.node(tundra_cluster::NodeId(node)).is_none_or(|n| {
+                    n.reported_used.is_none() || tundra_cluster::mover::report_stale(n.reported_unix_ms, now_unix_ms)
+                })
+            });
+            if !unreported || std::time::Instant::now() >= deadline {
+                return Ok((state, now_unix_ms));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Creates a volume with `replicas` replicas of each chunk: the same id on every node (the
     /// largest next id any of them would give), each chunk's replicas placed by tundra-cluster
     /// from every node's usage, the definition entered in every node's catalog (every node
@@ -368,7 +393,7 @@ impl ClusterNode {
             // The cluster manager places the chunks (seed 000 §4.2.1): its committed state
             // chose the replicas, whichever node asked, among the nodes whose reports are
             // fresh; the thin-provisioning share is counted from the same state.
-            let (state, now_unix_ms) = self.manager_state_now().await?;
+            let (state, now_unix_ms) = self.manager_state_reported_by(&nodes).await?;
             let usage = crate::placement::reported_usage(&state, now_unix_ms);
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
