@@ -16,6 +16,7 @@
 //!
 //! Needs root (FUSE, losetup, mount) and `mkfs.ext4`.
 
+use super::null_export::DeviceFile;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, bail};
 use tundra_device::csd::{CsdConfig, CsdDevice, CsdStats, FormatOptions};
 use tundra_device::file::FileDevice;
-use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice, Lba};
+use tundra_device::{BLOCK_SIZE, BLOCK_SIZE_BYTES, BlockDevice};
 use tundra_node::file_export::{Errno, ExportBackend, FileExport};
 
 /// The thread ids that served FUSE requests, for their CPU time.
@@ -57,8 +58,7 @@ impl ServingThreads {
 
 /// The FUSE side: one regular file, inode 1, which is the drive's logical space.
 struct DriveFile {
-    csd: Arc<CsdDevice>,
-    size: u64,
+    file: DeviceFile,
     threads: Arc<ServingThreads>,
 }
 
@@ -67,58 +67,9 @@ fn eio(what: &str, offset: u64, e: impl std::fmt::Display) -> Errno {
     Errno::EIO
 }
 
-impl DriveFile {
-    /// Reads `buf.len()` bytes at `offset`, whole blocks straight into `buf` when aligned.
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> tundra_device::Result<()> {
-        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BLOCK_SIZE) {
-            return self.csd.read(Lba(offset / BLOCK_SIZE_BYTES), buf);
-        }
-        let first = offset / BLOCK_SIZE_BYTES;
-        let end = (offset + buf.len() as u64).div_ceil(BLOCK_SIZE_BYTES);
-        let mut blocks = vec![0u8; ((end - first) * BLOCK_SIZE_BYTES) as usize];
-        self.csd.read(Lba(first), &mut blocks)?;
-        let at = (offset - first * BLOCK_SIZE_BYTES) as usize;
-        buf.copy_from_slice(&blocks[at..at + buf.len()]);
-        Ok(())
-    }
-
-    /// Writes `data` at `offset`; partial blocks by read-modify-write (ext4 on a loop device
-    /// with 4 KiB sectors never sends them).
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> tundra_device::Result<()> {
-        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BLOCK_SIZE) {
-            return self.csd.write(Lba(offset / BLOCK_SIZE_BYTES), data);
-        }
-        let first = offset / BLOCK_SIZE_BYTES;
-        let end = (offset + data.len() as u64).div_ceil(BLOCK_SIZE_BYTES);
-        let mut blocks = vec![0u8; ((end - first) * BLOCK_SIZE_BYTES) as usize];
-        self.csd.read(Lba(first), &mut blocks)?;
-        let at = (offset - first * BLOCK_SIZE_BYTES) as usize;
-        blocks[at..at + data.len()].copy_from_slice(data);
-        self.csd.write(Lba(first), &blocks)
-    }
-
-    /// Zeroes a byte range: whole blocks are trimmed, partial ones written with zeros.
-    fn zero_bytes(&self, offset: u64, len: u64) -> tundra_device::Result<()> {
-        let end = offset + len;
-        let first_whole = offset.div_ceil(BLOCK_SIZE_BYTES);
-        let end_whole = end / BLOCK_SIZE_BYTES;
-        if first_whole >= end_whole {
-            return self.write_bytes(offset, &vec![0u8; len as usize]);
-        }
-        if offset < first_whole * BLOCK_SIZE_BYTES {
-            self.write_bytes(offset, &vec![0u8; (first_whole * BLOCK_SIZE_BYTES - offset) as usize])?;
-        }
-        self.csd.trim(Lba(first_whole), end_whole - first_whole)?;
-        if end > end_whole * BLOCK_SIZE_BYTES {
-            self.write_bytes(end_whole * BLOCK_SIZE_BYTES, &vec![0u8; (end - end_whole * BLOCK_SIZE_BYTES) as usize])?;
-        }
-        Ok(())
-    }
-}
-
 impl ExportBackend for DriveFile {
     fn size(&self) -> u64 {
-        self.size
+        self.file.size
     }
 
     fn block_size(&self) -> u32 {
@@ -126,19 +77,19 @@ impl ExportBackend for DriveFile {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.read_bytes(offset, buf).map_err(|e| eio("read", offset, e))
+        self.file.read_bytes(offset, buf).map_err(|e| eio("read", offset, e))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        self.write_bytes(offset, data).map_err(|e| eio("write", offset, e))
+        self.file.write_bytes(offset, data).map_err(|e| eio("write", offset, e))
     }
 
     fn zero(&self, offset: u64, len: u64) -> Result<(), Errno> {
-        self.zero_bytes(offset, len).map_err(|e| eio("zero", offset, e))
+        self.file.zero_bytes(offset, len).map_err(|e| eio("zero", offset, e))
     }
 
     fn fsync(&self) -> Result<(), Errno> {
-        self.csd.flush().map_err(|e| eio("fsync", 0, e))
+        self.file.device.flush().map_err(|e| eio("fsync", 0, e))
     }
 
     fn on_request(&self) {
@@ -190,11 +141,9 @@ impl DriveFs {
         let mount_point = dir.join(name);
         std::fs::create_dir_all(&mount_point)?;
         let threads = Arc::new(ServingThreads::default());
-        let backend = Arc::new(DriveFile {
-            csd: csd.clone(),
-            size: csd.block_count() * BLOCK_SIZE_BYTES,
-            threads: threads.clone(),
-        });
+        let device: Arc<dyn tundra_device::BlockDevice> = csd.clone();
+        let size = csd.block_count() * BLOCK_SIZE_BYTES;
+        let backend = Arc::new(DriveFile { file: DeviceFile { device, size }, threads: threads.clone() });
         let export = FileExport::start(backend, &file, "tundra-bench-drive")
             .with_context(|| format!("mounting FUSE on {} (needs root and /dev/fuse)", file.display()))?;
         let mut drive_fs =

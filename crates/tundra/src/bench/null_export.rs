@@ -40,10 +40,11 @@ pub struct NullExportArgs {
 }
 
 /// The exported file's bytes: whole 4 KiB blocks of a device, partial ones by read-modify-write
-/// (a loop device with 512-byte sectors may send them; ext4 on it does not).
-struct DeviceFile {
-    device: Arc<dyn BlockDevice>,
-    size: u64,
+/// (a loop device with 512-byte sectors may send them; ext4 on it does not). The drive file
+/// of `tundra bench hashkv` (drive_fs.rs) serves its bytes the same way.
+pub(super) struct DeviceFile {
+    pub(super) device: Arc<dyn BlockDevice>,
+    pub(super) size: u64,
 }
 
 fn eio(what: &str, offset: u64, e: impl std::fmt::Display) -> Errno {
@@ -63,7 +64,7 @@ impl DeviceFile {
         (first, blocks, (offset - first * BLOCK_SIZE_BYTES) as usize)
     }
 
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> tundra_device::Result<()> {
+    pub(super) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> tundra_device::Result<()> {
         if is_aligned(offset, buf.len()) {
             return self.device.read(Lba(offset / BLOCK_SIZE_BYTES), buf);
         }
@@ -73,7 +74,7 @@ impl DeviceFile {
         Ok(())
     }
 
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> tundra_device::Result<()> {
+    pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> tundra_device::Result<()> {
         if is_aligned(offset, data.len()) {
             return self.device.write(Lba(offset / BLOCK_SIZE_BYTES), data);
         }
@@ -84,7 +85,7 @@ impl DeviceFile {
     }
 
     /// Whole blocks are trimmed, the partial blocks at either end written with zeros.
-    fn zero_bytes(&self, offset: u64, len: u64) -> tundra_device::Result<()> {
+    pub(super) fn zero_bytes(&self, offset: u64, len: u64) -> tundra_device::Result<()> {
         let end = offset + len;
         let first_whole = offset.div_ceil(BLOCK_SIZE_BYTES);
         let end_whole = end / BLOCK_SIZE_BYTES;
