@@ -315,6 +315,10 @@ fn skewed_cluster(
     (cluster, ids, log)
 }
 
+/// Long enough for every node to report its usage and the sizes of the chunks it leads after
+/// a change (sizes go every fifth one-second report round), with a commit to spare.
+const REPORTS_SETTLE: Duration = Duration::from_secs(7);
+
 /// One five-node cluster at a time: the tests of this file share two cores with the rest.
 static ONE_CLUSTER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -379,7 +383,11 @@ fn compression_aware_rebalance_brings_every_node_into_the_band_under_writes() {
     assert!(moving_writes > 0, "the writer kept writing during the moves");
 
     // Once the writer stopped, a second pass plans from the sizes its rewrites left (usually
-    // nothing to do); its moves count with the first's below.
+    // nothing to do); its moves count with the first's below. Plans come from the manager's
+    // state, which holds a node's usage from its last report (every second) and a chunk's size
+    // from its leader's (every five): the pass waits for reports taken after the last write,
+    // else it plans from usage the rewrites have since changed.
+    std::thread::sleep(REPORTS_SETTLE);
     let out = succeeds(&["cluster", "rebalance", "--policy", "compression-aware", "--json", "--addr", &addr]);
     let second: Value = serde_json::from_slice(&out.stdout).expect("rebalance JSON");
     println!("second pass: {} moves", second["moves_made"]);
