@@ -135,6 +135,34 @@ impl Catalog {
         Ok(())
     }
 
+    /// Marks a volume deleting, durably (delete.rs); an unknown id is refused.
+    pub fn mark_deleting(&mut self, volume: u32) -> Result<(), String> {
+        let mut volumes = self.volumes.clone();
+        let def = volumes
+            .iter_mut()
+            .find(|v| v.id == volume)
+            .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
+        if def.deleting {
+            return Ok(());
+        }
+        def.deleting = true;
+        self.write(&volumes)?;
+        self.volumes = volumes;
+        Ok(())
+    }
+
+    /// Removes a volume, durably: the last step of its delete here. An unknown id changes
+    /// nothing.
+    pub fn remove(&mut self, volume: u32) -> Result<(), String> {
+        if self.get(volume).is_none() {
+            return Ok(());
+        }
+        let volumes: Vec<VolumeDef> = self.volumes.iter().filter(|v| v.id != volume).cloned().collect();
+        self.write(&volumes)?;
+        self.volumes = volumes;
+        Ok(())
+    }
+
     fn write(&self, volumes: &[VolumeDef]) -> Result<(), String> {
         let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec() };
         let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| e.to_string())?;

@@ -60,6 +60,8 @@ pub struct ClusterNode {
     pub(crate) next_request: AtomicU64,
     /// One manager call at a time on the manager's leader (manager.rs).
     pub(crate) manager_turn: tokio::sync::Mutex<()>,
+    /// One volume delete's local steps at a time here (delete.rs).
+    pub(crate) deletes: tokio::sync::Mutex<()>,
     /// `[cluster]`'s rebalancing keys (rebalance.rs).
     pub(crate) rebalance: crate::rebalance::RebalanceSettings,
     /// On the manager's leader, only under the test hook `TUNDRA_TEST_CLAIM_IN_MEMORY`: who
@@ -135,6 +137,7 @@ impl ClusterNode {
             lsn: AtomicU64::new(start_lsn as u64),
             next_request: AtomicU64::new(random_u64()? | 1),
             manager_turn: tokio::sync::Mutex::new(()),
+            deletes: tokio::sync::Mutex::new(()),
             rebalance,
             move_claim: Mutex::new(None),
             background: Mutex::new(Default::default()),
@@ -143,8 +146,9 @@ impl ClusterNode {
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
-        for def in defs {
-            cluster.runtime.block_on(cluster.open_replica(&def))?;
+        // A volume marked deleting starts no group: the delete upkeep finishes it (delete.rs).
+        for def in defs.iter().filter(|def| !def.deleting) {
+            cluster.runtime.block_on(cluster.open_replica(def))?;
         }
         let weak = Arc::downgrade(&cluster);
         cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak.clone())) });
@@ -153,6 +157,7 @@ impl ClusterNode {
         cluster.start_manager()?;
         cluster.start_redo_upkeep();
         cluster.start_leader_balance(leader_balance);
+        cluster.start_delete_upkeep();
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
         if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {
@@ -256,6 +261,7 @@ impl ClusterNode {
             Forward::RedoMembership { volume, change } => self.change_redo_membership(volume, change).await,
             Forward::ManagerJoin => self.join_manager().await,
             Forward::ManagerLeave => self.leave_manager().await,
+            Forward::Delete { volume, step } => self.delete_step(volume, step).await,
         }
     }
 
@@ -414,6 +420,7 @@ impl ClusterNode {
                 moves: Vec::new(),
                 redo: None,
                 redo_move: None,
+                deleting: false,
             };
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;
@@ -435,7 +442,7 @@ impl ClusterNode {
 
     /// [`ClusterNode::ask`], asked again while the node is unreachable, for up to
     /// [`CONNECT_WAIT`] (a node that just started may not have connected to its peers yet).
-    async fn ask_patiently(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
+    pub(crate) async fn ask_patiently(&self, node: u64, forward: Forward) -> Result<Answer, Refusal> {
         let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
         loop {
             match self.ask(node, forward.clone()).await {

@@ -99,6 +99,7 @@ impl ClusterNode {
         if !self.is_replicated(volume) {
             return Err(Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)));
         }
+        self.refuse_deleting(volume)?;
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
         if chunk.volume() != volume.volume.id
             || u64::from(chunk.index()) * volume.volume.chunk_bytes >= volume.volume.size_bytes
@@ -311,6 +312,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Members { .. } => "a membership",
         Answer::Manager(_) => "a manager answer",
         Answer::ChunkSizes(_) => "chunk sizes",
+        Answer::Deleting(_) => "a delete state",
     }
 }
 

@@ -10,6 +10,8 @@
 //! - [`catalog`]: which volumes are replicated, in `cluster-volumes.json`.
 //! - [`cluster`]: [`ClusterNode`], built from a node and its config; peers' requests; volume
 //!   creation.
+//! - [`delete`]: a replicated volume deleted from every node, marked first, finished by each
+//!   node even across its restart.
 //! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
 //! - [`manager`]: the cluster manager's Raft group on its members, the nodes' reports to its
 //!   leader, placement and moves through it.
@@ -26,6 +28,7 @@
 pub mod background;
 pub mod catalog;
 pub mod cluster;
+pub mod delete;
 mod io;
 pub mod leaders;
 pub mod manager;

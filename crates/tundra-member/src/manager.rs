@@ -679,7 +679,8 @@ impl ClusterNode {
         for (node, u) in &usage {
             self.propose(Command::AddNode { node: NodeId(*node), capacity: spaces(u).0 }).await?;
         }
-        let defs = self.catalog.lock().volumes().to_vec();
+        // A volume being deleted is not adopted (delete.rs).
+        let defs: Vec<_> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).cloned().collect();
         for def in defs {
             for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
                 let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();

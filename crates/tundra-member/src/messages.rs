@@ -52,6 +52,10 @@ pub struct VolumeDef {
     /// A move of a redo replica under way, entered in every catalog as a chunk's is.
     #[serde(default)]
     pub redo_move: Option<RedoMove>,
+    /// The volume is being deleted (delete.rs): entered in every catalog before any node
+    /// drops anything, so that every node finishes the delete, even one that restarts.
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 /// A replica of a volume's redo group moving from one node to another (migrate.rs).
@@ -166,6 +170,8 @@ pub enum Forward {
     ManagerJoin,
     /// Stop this node's member of the manager's group for good (manager_members.rs).
     ManagerLeave,
+    /// A step of deleting a replicated volume here (delete.rs).
+    Delete { volume: u32, step: crate::delete::DeleteStep },
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -189,9 +195,15 @@ pub enum Answer {
     Status(LocalStatus),
     Redo(crate::redo::RedoReply),
     Usage(NodeUsage),
-    Members { voters: Vec<u64>, learners: Vec<u64> },
+    Members {
+        voters: Vec<u64>,
+        learners: Vec<u64>,
+    },
     Manager(crate::manager::ManagerReply),
     ChunkSizes(Vec<ChunkSize>),
+    /// A volume in this node's catalog: `None` when it is not there (never was, or deleted),
+    /// else whether it is marked deleting.
+    Deleting(Option<bool>),
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

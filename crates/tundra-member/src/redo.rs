@@ -323,6 +323,7 @@ impl ClusterNode {
         if !self.is_replicated(volume) {
             return Err(Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)));
         }
+        self.refuse_deleting(volume)?;
         let group = redo_group(volume);
         let local = NodeService(self.node.clone());
         let reply = match call {

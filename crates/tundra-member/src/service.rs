@@ -2,7 +2,7 @@
 //! through [`ClusterNode`]'s page I/O (to the chunks' leaders), everything else to the node
 //! as it is served alone (`tundra_node::native`, `tundra_node::nbd`). A replicated volume's
 //! redo stream, reads at an LSN and reader leases go to its redo group's leader
-//! ([`crate::redo`]). Operations not built for replicated volumes yet (resize, delete, heavy
+//! ([`crate::redo`]). Operations not built for replicated volumes yet (resize, heavy
 //! compression) are refused with a message that says so, never done on one replica alone.
 
 use std::sync::Arc;
@@ -38,6 +38,7 @@ impl ClusterService {
         if !self.cluster.is_replicated(volume) {
             return Ok(None);
         }
+        self.cluster.refuse_deleting(volume).map_err(service_error)?;
         self.cluster.node.volume(VolumeId(volume)).map(Some).map_err(|e| ServiceError::not_found(e.message()))
     }
 
@@ -90,7 +91,9 @@ impl Service for ClusterService {
 
     fn volume_delete(&self, name: &str) -> Result<(), ServiceError> {
         let info = self.local.volume_lookup(name)?;
-        self.not_built(info.id, "deleting")?;
+        if self.cluster.is_replicated(info.id) {
+            return self.cluster.delete_replicated(info.id).map_err(service_error);
+        }
         self.local.volume_delete(name)
     }
 
