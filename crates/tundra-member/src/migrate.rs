@@ -547,7 +547,6 @@ impl ClusterNode {
         self.block_on(self.execute_redo_move(&def, from, to))
     }
 
-
     /// Moves one redo replica off a draining `node`, if it holds any; answers the volume's
     /// name and the target, or `None` when the node holds no redo replica.
     pub(crate) fn drain_redo_step(&self, node: u64) -> Result<Option<(String, u64)>, Refusal> {

@@ -212,7 +212,8 @@ impl ClusterNode {
                 }
                 chunks.push(status);
             }
-            let mut group = group_status(def, def.redo_replicas(), &views, tundra_raft::redo_machine::redo_group(def.id), 0);
+            let mut group =
+                group_status(def, def.redo_replicas(), &views, tundra_raft::redo_machine::redo_group(def.id), 0);
             group.moving = def.redo_move;
             redo.push(group);
         }
