@@ -567,10 +567,9 @@ fn redo_settled(cluster: &Cluster, nodes: u64, volume: &str) -> Result<Vec<u64>,
             .collect();
         let moving: Vec<&serde_json::Value> = groups.iter().map(|g| &g["moving"]).collect();
         let streams: Vec<u64> = (1..=nodes).filter(|&id| local_durable_lsn(cluster, id, volume) > 0).collect();
-        if moving.iter().all(|m| m.is_null()) && sets.iter().all(|s| *s == sets[0]) && sets[0].len() == 3 {
-            if streams == sets[0] {
-                return Ok(sets[0].clone());
-            }
+        let agreed = sets.iter().all(|s| *s == sets[0]) && sets[0].len() == 3;
+        if moving.iter().all(|m| m.is_null()) && agreed && streams == sets[0] {
+            return Ok(sets[0].clone());
         }
         if started.elapsed() > Duration::from_secs(10) {
             return Err(format!(
