@@ -160,7 +160,7 @@ impl ClusterNode {
         cluster.start_delete_upkeep();
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
-        if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty()) {
+        if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty() || def.redo_move.is_some()) {
             cluster.runtime.spawn(async move {
                 tokio::time::sleep(SETTLE_DELAY).await;
                 if let Some(cluster) = weak.upgrade() {

@@ -48,6 +48,12 @@ pub enum AdminRequest {
         from: u64,
         to: u64,
     },
+    /// Moves volume `volume`'s redo replica from node `from` to node `to`.
+    MoveRedo {
+        volume: String,
+        from: u64,
+        to: u64,
+    },
     /// Plan under `policy` (`logical` or `compression-aware`) and, unless `dry_run`, make the
     /// plan's first move not in `skip` (rebalance.rs); answers a `RebalanceProgress`.
     RebalanceStep {
@@ -86,6 +92,10 @@ impl ClusterNode {
             AdminRequest::DrainStep { node } => serde_json::to_value(self.drain_step(node)?),
             AdminRequest::Move { volume, chunk, from, to } => {
                 self.move_replica(&volume, chunk, from, to)?;
+                Ok(serde_json::json!({ "moved": true }))
+            }
+            AdminRequest::MoveRedo { volume, from, to } => {
+                self.move_redo_replica(&volume, from, to)?;
                 Ok(serde_json::json!({ "moved": true }))
             }
             AdminRequest::RebalanceStep { policy, dry_run, skip, run } => {
@@ -300,12 +310,20 @@ impl ClusterNode {
         Ok(false)
     }
 
-    /// Settles every move this node's catalog lists.
+    /// Settles every move this node's catalog lists: chunks' and redo groups'.
     pub(crate) async fn settle_all(&self) {
         let moves: Vec<(u32, ChunkMove)> =
             self.catalog.lock().volumes().iter().flat_map(|def| def.moves.iter().map(move |m| (def.id, *m))).collect();
         for (volume, moving) in moves {
             let _ = self.settle(volume, moving).await;
+        }
+        if test_redo_settle_off() {
+            return;
+        }
+        let redo_moves: Vec<(u32, crate::messages::RedoMove)> =
+            self.catalog.lock().volumes().iter().filter_map(|def| def.redo_move.map(|m| (def.id, m))).collect();
+        for (volume, moving) in redo_moves {
+            let _ = self.settle_redo(volume, moving).await;
         }
     }
 
@@ -425,6 +443,25 @@ impl ClusterNode {
     }
 }
 
+/// The checks of a redo replica's move on a catalog's definition: the source holds a replica,
+/// the target none.
+fn check_redo_move(def: &VolumeDef, from: u64, to: u64) -> Result<(), Refusal> {
+    let replicas = def.redo_replicas();
+    if !replicas.contains(&from) {
+        return Err(Refusal::Invalid(format!(
+            "node {from} holds no replica of volume {:?}'s redo stream (its replicas are on nodes {replicas:?})",
+            def.name
+        )));
+    }
+    if replicas.contains(&to) {
+        return Err(Refusal::Invalid(format!(
+            "node {to} already holds a replica of volume {:?}'s redo stream (its replicas are on nodes {replicas:?})",
+            def.name
+        )));
+    }
+    Ok(())
+}
+
 /// [`CATCH_UP_LIMIT`], or `TUNDRA_TEST_CATCH_UP_LIMIT_MS` (a test-only hook, so that a kill
 /// test's rollback does not wait 30 seconds).
 fn catch_up_limit() -> std::time::Duration {
@@ -442,6 +479,20 @@ async fn test_catch_up_delay() {
     }
 }
 
+/// A test-only hook: `TUNDRA_TEST_REDO_MOVE_STOP=after-catch-up` (or `after-voters`) makes the
+/// coordinator of a redo replica's move stop there, as if it died: the move stays in the
+/// catalogs for [`ClusterNode::settle_redo`]. Unset in production.
+fn test_redo_move_stop(at: &str) -> Option<Refusal> {
+    let stop = std::env::var("TUNDRA_TEST_REDO_MOVE_STOP").is_ok_and(|v| v == at);
+    stop.then(|| Refusal::Unavailable(format!("the move's coordinator stopped {at} (TUNDRA_TEST_REDO_MOVE_STOP)")))
+}
+
+/// A test-only hook: `TUNDRA_TEST_REDO_SETTLE=off` leaves redo moves unsettled (the behaviour
+/// before they were settled), for the twin of the settling test. Unset in production.
+fn test_redo_settle_off() -> bool {
+    std::env::var("TUNDRA_TEST_REDO_SETTLE").is_ok_and(|v| v == "off")
+}
+
 fn refused(answer: Result<Answer, Refusal>) -> Option<Refusal> {
     answer.err()
 }
@@ -452,8 +503,50 @@ fn refused(answer: Result<Answer, Refusal>) -> Option<Refusal> {
 /// (from the log, or from a copy of the stream: tundra-raft's `redo_machine`), makes the
 /// voters the old set without the source and with the target, the source stops its replica
 /// and drops its stream, and every catalog learns the new set. A move that fails before the
-/// voter change is rolled back.
+/// voter change is rolled back. A move whose outcome is unknown (its coordinator died) is
+/// settled from the group's membership as a chunk's is ([`ClusterNode::settle_redo`]).
 impl ClusterNode {
+    /// Moves volume `volume`'s redo replica from node `from` to node `to` (`tundra cluster
+    /// move --redo`).
+    pub fn move_redo_replica(&self, volume: &str, from: u64, to: u64) -> Result<(), Refusal> {
+        let def = self.catalog.lock().volumes().iter().find(|v| v.name == volume).cloned();
+        let def = def.ok_or_else(|| Refusal::Invalid(format!("no replicated volume is named {volume:?}")))?;
+        let members = self.membership.ids();
+        if let Some(unknown) = [from, to].into_iter().find(|n| !members.contains(n)) {
+            return Err(Refusal::Invalid(format!("node {unknown} is not a member of this cluster")));
+        }
+        if from == to {
+            return Err(Refusal::Invalid(format!("a move from node {from} to itself")));
+        }
+        check_redo_move(&def, from, to)?;
+        let owner = crate::manager::MoveOwner::Move { node: self.me };
+        self.block_on(self.claim_moves(owner))?;
+        let done = self.claimed_redo_move(def.id, from, to);
+        self.block_on(self.release_moves(owner));
+        done
+    }
+
+    /// [`ClusterNode::move_redo_replica`] once it holds the claim on moves: the checks again
+    /// on the catalog as settling left it.
+    fn claimed_redo_move(&self, volume: u32, from: u64, to: u64) -> Result<(), Refusal> {
+        self.block_on(self.settle_all());
+        let def = self.def_of(volume)?;
+        if let Some(m) = def.redo_move {
+            return Err(Refusal::Unavailable(format!(
+                "a move of volume {:?}'s redo replica from node {} to node {} is under way and could not be settled \
+                 yet; try again",
+                def.name, m.from, m.to
+            )));
+        }
+        check_redo_move(&def, from, to)?;
+        let state = self.manager_state()?;
+        let target = state.nodes().get(&NodeId(to)).map(|n| n.status);
+        if target.is_some_and(|s| s != tundra_cluster::state::NodeStatus::Active) {
+            return Err(Refusal::Invalid(format!("node {to} is draining or dead: it takes no replica")));
+        }
+        self.block_on(self.execute_redo_move(&def, from, to))
+    }
+
     /// Moves one redo replica off a draining `node`, if it holds any; answers the volume's
     /// name and the target, or `None` when the node holds no redo replica.
     pub(crate) fn drain_redo_step(&self, node: u64) -> Result<Option<(String, u64)>, Refusal> {
@@ -528,10 +621,16 @@ impl ClusterNode {
             self.roll_back_redo(def.id, moving, old).await;
             return Err(why);
         }
+        if let Some(stopped) = test_redo_move_stop("after-catch-up") {
+            return Err(stopped);
+        }
         let voters: Vec<u64> = old.iter().copied().filter(|&n| n != from).chain([to]).collect();
         let change = MembershipChange::Voters(voters);
         match self.to_leader(group, Forward::RedoMembership { volume: def.id, change }).await {
-            Ok(_) => self.finish_redo(def.id, moving).await,
+            Ok(_) => match test_redo_move_stop("after-voters") {
+                Some(stopped) => Err(stopped),
+                None => self.finish_redo(def.id, moving).await,
+            },
             // The change may have committed unseen: the group's membership says.
             Err(why) => match self.redo_members(def.id).await {
                 Ok((voters, _)) if voters.contains(&to) && !voters.contains(&from) => {
@@ -584,6 +683,27 @@ impl ClusterNode {
         }
         let _ = self.ask(moving.to, Forward::DropRedo { volume }).await;
         let _ = self.tell_all_redo(volume, old, None).await;
+    }
+
+    /// Finishes or rolls back a redo move whose outcome is unknown (its coordinator died),
+    /// from the group's membership at its leader, by the rules of a chunk's
+    /// ([`ClusterNode::settle`]): the target a voter means finished (a joint configuration
+    /// completed first), otherwise rolled back, the learner removed. Answers whether it
+    /// finished.
+    pub(crate) async fn settle_redo(&self, volume: u32, moving: crate::messages::RedoMove) -> Result<bool, Refusal> {
+        let group = tundra_raft::redo_machine::redo_group(volume);
+        let (voters, _) = self.redo_members(volume).await?;
+        if voters.contains(&moving.to) {
+            if voters.contains(&moving.from) {
+                let target: Vec<u64> = voters.iter().copied().filter(|&n| n != moving.from).collect();
+                let change = MembershipChange::Voters(target);
+                self.to_leader(group, Forward::RedoMembership { volume, change }).await?;
+            }
+            self.finish_redo(volume, moving).await?;
+            return Ok(true);
+        }
+        self.roll_back_redo(volume, moving, voters).await;
+        Ok(false)
     }
 
     async fn redo_members(&self, volume: u32) -> Result<(Vec<u64>, Vec<u64>), Refusal> {

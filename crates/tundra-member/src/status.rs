@@ -2,7 +2,8 @@
 //! nodes (`nodes[]`: `id`, `addr`, `up`, the drive's logical and physical usage and capacity,
 //! the compression ratio, the chunks whose replicas it runs) and the chunks (`chunks[]`: `volume`, `chunk`,
 //! `replicas`, `leader`, `term`, `commit_index`, `applied_index`, `lag`, and each replica's
-//! applied index), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
+//! applied index, and `moving`, the move of a replica the answering node's catalog lists as
+//! under way), and the same of each volume's redo group (`redo[]`). A chunk's figures are its leader's; `lag` is how many committed entries the
 //! replica furthest behind has not applied (null while a replica does not answer). `traffic`
 //! counts the bytes the answering node sent its peers: Raft messages and everything else;
 //! `repair` what repair of bad pages and the scrub did there; `manager` the cluster manager's
@@ -65,6 +66,9 @@ pub struct ChunkStatus {
     /// Each replica's last purged log index, by node id (null for a node that did not answer
     /// or has purged nothing): how far the group's log has been compacted.
     pub replica_purged: BTreeMap<u64, Option<u64>>,
+    /// The move of one of the group's replicas that the answering node's catalog lists as
+    /// under way (null when none): `from` and `to`.
+    pub moving: Option<crate::messages::RedoMove>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -199,6 +203,8 @@ impl ClusterNode {
             let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
             for chunk in crate::cluster::chunks(&volume.volume) {
                 let mut status = group_status(def, def.replicas_of(chunk.index()), &views, chunk, chunk.index());
+                status.moving =
+                    def.move_of(chunk.index()).map(|m| crate::messages::RedoMove { from: m.from, to: m.to });
                 let first = status.leader.into_iter().chain(status.replicas.iter().copied());
                 if let Some(size) = first.filter_map(|n| size_of(n, def.id, chunk.index())).next() {
                     status.logical_bytes = Some(size.logical_bytes);
@@ -206,7 +212,10 @@ impl ClusterNode {
                 }
                 chunks.push(status);
             }
-            redo.push(group_status(def, def.redo_replicas(), &views, tundra_raft::redo_machine::redo_group(def.id), 0));
+            let mut group =
+                group_status(def, def.redo_replicas(), &views, tundra_raft::redo_machine::redo_group(def.id), 0);
+            group.moving = def.redo_move;
+            redo.push(group);
         }
         let repair = self.host.repair_stats();
         let manager = self.block_on(self.manager_status());
@@ -250,5 +259,6 @@ fn group_status(
         logical_bytes: None,
         physical_bytes: None,
         replica_purged: replicas.iter().map(|&n| (n, of(n).and_then(|g| g.purged_index))).collect(),
+        moving: None,
     }
 }

@@ -1,6 +1,7 @@
 //! `tundra cluster status`: a cluster's nodes and chunk groups as the node asked sees them
 //! (its stats' `cluster` object, which it gathers from every peer). `tundra cluster drain` and
-//! `tundra cluster move`: chunk replicas moved by the node asked (tundra-member's `migrate`),
+//! `tundra cluster move`: chunk replicas (and with `--redo`, replicas of a volume's redo stream)
+//! moved by the node asked (tundra-member's `migrate`),
 //! one CLUSTER_ADMIN request per move so that progress shows.
 
 use anyhow::{Context, Result, bail};
@@ -46,12 +47,16 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connect: Connect,
     },
-    /// Moves chunk CHUNK of volume VOLUME from node FROM to node TO.
+    /// Moves chunk CHUNK of volume VOLUME from node FROM to node TO; with --redo instead of
+    /// --chunk, the volume's redo replica (its redo stream's group) on FROM.
     Move {
         #[arg(long)]
         volume: String,
+        #[arg(long, required_unless_present = "redo", conflicts_with = "redo")]
+        chunk: Option<u32>,
+        /// Move the replica of the volume's redo stream instead of a chunk's.
         #[arg(long)]
-        chunk: u32,
+        redo: bool,
         #[arg(long)]
         from: u64,
         #[arg(long)]
@@ -68,10 +73,16 @@ pub fn run(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Rebalance { policy, dry_run, max_moves, json, connect } => {
             crate::rebalance::run(&policy, dry_run, max_moves, json, &connect)
         }
-        ClusterCommand::Move { volume, chunk, from, to, connect } => {
+        ClusterCommand::Move { volume, chunk: Some(chunk), redo: false, from, to, connect } => {
             let request = serde_json::json!({ "move": { "volume": volume, "chunk": chunk, "from": from, "to": to } });
             connect.client()?.cluster_admin(&request.to_string())?;
             println!("moved chunk {chunk} of {volume:?} from node {from} to node {to}");
+            Ok(())
+        }
+        ClusterCommand::Move { volume, from, to, connect, .. } => {
+            let request = serde_json::json!({ "move_redo": { "volume": volume, "from": from, "to": to } });
+            connect.client()?.cluster_admin(&request.to_string())?;
+            println!("moved the redo stream of {volume:?} from node {from} to node {to}");
             Ok(())
         }
     }

@@ -13,7 +13,7 @@ mod common_links;
 
 use std::time::{Duration, Instant};
 
-use common::succeeds;
+use common::{fails, succeeds};
 use common_cluster::Cluster;
 use tundra_env::{Rng, seed_from_env};
 use tundra_proto::{AppendOutcome, LATEST_LSN, ReadAt, RedoAppend};
@@ -408,11 +408,20 @@ fn redo_replicas(cluster: &Cluster, asked: u64, volume: &str) -> Vec<u64> {
     group["replicas"].as_array().expect("replicas").iter().filter_map(serde_json::Value::as_u64).collect()
 }
 
-/// Drains a follower of a redo group whose log was purged (so its new replica is built from a
-/// copy of a replica's stream, not from the log) while the writer appends; `bug` is the
-/// copy's injected fault. Answers the drained node, the writer's model and last LSN, and how
-/// many batches it appended during the drain.
-fn drain_a_redo_follower(bug: Option<&str>) -> (Cluster, u32, u64, Model, u64, usize) {
+/// Which replica of the redo group a drain takes, and whether its log is purged first.
+#[derive(Clone, Copy)]
+struct Drained {
+    /// The group's leader (else a follower).
+    leader: bool,
+    /// 400 batches first, and a wait until every replica purged its log, so that the new
+    /// replica is built from a copy of a replica's stream, not from the log (else 40 batches).
+    purged: bool,
+}
+
+/// Drains a replica of a redo group while the writer appends; `bug` is the copy's injected
+/// fault. Answers the drained node, the writer's model and last LSN, and how many batches it
+/// appended during the drain.
+fn drain_a_redo_replica(bug: Option<&str>, drained: Drained) -> (Cluster, u32, u64, Model, u64, usize) {
     let mut rng = Rng::new(seed_from_env(16));
     let mut cluster = Cluster::of_size(4, |_| None, "physical = \"256MiB\"");
     if let Some(bug) = bug {
@@ -431,19 +440,22 @@ fn drain_a_redo_follower(bug: Option<&str>) -> (Cluster, u32, u64, Model, u64, u
     let mut lsn = 0u64;
     // 256 entries to a mark, 64 kept behind what all hold: 400 batches purge every replica,
     // so a new replica cannot catch up from the log alone.
-    for _ in 0..400 {
+    for _ in 0..if drained.purged { 400 } else { 40 } {
         let records = batch(&mut rng, lsn + 1);
         writer.append(&cluster, &replicas, lsn, &records);
         records.iter().for_each(|r| model.apply(r));
         lsn = records.last().expect("records").lsn.0;
     }
     let started = Instant::now();
-    while redo_purged(&cluster, 1, "log").0.iter().filter(|&&p| p > 0).count() < 3 {
+    while drained.purged && redo_purged(&cluster, 1, "log").0.iter().filter(|&&p| p > 0).count() < 3 {
         assert!(started.elapsed() < FAILOVER, "the redo log was never purged");
         std::thread::sleep(Duration::from_millis(200));
     }
     let leader = redo_leader(&cluster, 1, "log");
-    let drained = *replicas.iter().find(|&&id| id != leader).expect("a follower");
+    let drained = match drained.leader {
+        true => leader,
+        false => *replicas.iter().find(|&&id| id != leader).expect("a follower"),
+    };
     let via = *replicas.iter().find(|&&id| id != drained).expect("another replica");
 
     // The writer appends through `via` while the drain runs.
@@ -483,7 +495,8 @@ fn drain_a_redo_follower(bug: Option<&str>) -> (Cluster, u32, u64, Model, u64, u
 /// every page reads back through every node.
 #[test]
 fn a_drain_moves_a_redo_replica_built_from_a_copy_of_the_stream() {
-    let (cluster, volume, drained, model, lsn, during) = drain_a_redo_follower(None);
+    let (cluster, volume, drained, model, lsn, during) =
+        drain_a_redo_replica(None, Drained { leader: false, purged: true });
     println!("the writer appended {during} batches during the drain");
     assert!(during > 0, "the writer appended nothing during the drain");
     let status = cluster.status(1);
@@ -500,11 +513,191 @@ fn a_drain_moves_a_redo_replica_built_from_a_copy_of_the_stream() {
     }
 }
 
+/// A drain of the node that leads the volume's redo group while the writer appends through
+/// another replica: the leader makes the voters the set without itself, steps down once that
+/// committed, and the others elect a leader among themselves. Afterwards the drained node
+/// holds no redo replica and no stream, every replica's own stream ends at the writer's last
+/// acknowledged batch, and every page reads back through every node. (The twin of this check
+/// is `a_copy_without_its_last_batch_is_caught`.)
+#[test]
+fn a_drain_of_the_redo_leader_moves_its_replica_and_loses_nothing() {
+    let (cluster, volume, drained, model, lsn, during) =
+        drain_a_redo_replica(None, Drained { leader: true, purged: false });
+    println!("the writer appended {during} batches during the drain of the redo leader");
+    assert!(during > 0, "the writer appended nothing during the drain");
+    let status = cluster.status(1);
+    let replicas = redo_replicas(&cluster, 1, "log");
+    assert_eq!(replicas.len(), 3, "{status:#}");
+    assert!(!replicas.contains(&drained), "{status:#}");
+    let leader = redo_leader(&cluster, 1, "log");
+    assert!(replicas.contains(&leader) && leader != drained, "led by {leader}: {status:#}");
+    replicas_hold(&cluster, &replicas, "log", lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(local_durable_lsn(&cluster, drained, "log"), 0, "the drained node still has its stream");
+    for id in 1..=4 {
+        assert_eq!(check_pages(&cluster, id, volume, &model, LATEST_LSN, lsn), PAGES as usize);
+    }
+}
+
 /// Twin: a copy that leaves out its stream's last batch is caught by the same check (the new
 /// replica's own stream stops short of the writer's acknowledged batches).
 #[test]
 fn a_copy_without_its_last_batch_is_caught() {
-    let (cluster, _, _, _, lsn, _) = drain_a_redo_follower(Some("drop-last-batch"));
+    let (cluster, _, _, _, lsn, _) =
+        drain_a_redo_replica(Some("drop-last-batch"), Drained { leader: false, purged: true });
     let replicas = redo_replicas(&cluster, 1, "log");
     assert!(replicas_hold(&cluster, &replicas, "log", lsn).is_err(), "the short copy went unnoticed");
+}
+
+/// The redo group of `volume` as every node's catalog holds it, once settled: every node's
+/// status lists no move of a redo replica under way and the same three replicas, and exactly
+/// those nodes hold a stream of their own; the replicas. Waits up to 10 s.
+fn redo_settled(cluster: &Cluster, nodes: u64, volume: &str) -> Result<Vec<u64>, String> {
+    let started = Instant::now();
+    loop {
+        let groups: Vec<serde_json::Value> = (1..=nodes)
+            .map(|id| {
+                let status = cluster.status(id);
+                let group = status["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == volume).cloned());
+                group.unwrap_or(serde_json::Value::Null)
+            })
+            .collect();
+        let sets: Vec<Vec<u64>> = groups
+            .iter()
+            .map(|g| g["replicas"].as_array().into_iter().flatten().filter_map(serde_json::Value::as_u64).collect())
+            .collect();
+        let moving: Vec<&serde_json::Value> = groups.iter().map(|g| &g["moving"]).collect();
+        let streams: Vec<u64> = (1..=nodes).filter(|&id| local_durable_lsn(cluster, id, volume) > 0).collect();
+        let agreed = sets.iter().all(|s| *s == sets[0]) && sets[0].len() == 3;
+        if moving.iter().all(|m| m.is_null()) && agreed && streams == sets[0] {
+            return Ok(sets[0].clone());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "not settled: the catalogs' redo replicas {sets:?}, moves under way {moving:?}, nodes with a stream \
+                 {streams:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Four nodes whose coordinators of redo moves stop at `stop_at` as if they died
+/// (`TUNDRA_TEST_REDO_MOVE_STOP`), with settling of redo moves off when not `settle`; volume
+/// `log`'s redo group on three of them with 30 batches appended; then `tundra cluster move
+/// --redo` of a follower's replica to the fourth node, which fails half done and leaves the
+/// move in every catalog. Answers the cluster, the writer's state, the old replicas, the
+/// source and the target.
+fn abandoned_redo_move(stop_at: &str, settle: bool) -> (Cluster, Writer, Model, u64, Vec<u64>, u64, u64) {
+    let mut rng = Rng::new(seed_from_env(17));
+    let mut cluster = Cluster::of_size(4, |_| None, "physical = \"256MiB\"");
+    cluster.env.push(("TUNDRA_TEST_REDO_MOVE_STOP".into(), stop_at.into()));
+    if !settle {
+        cluster.env.push(("TUNDRA_TEST_REDO_SETTLE".into(), "off".into()));
+    }
+    cluster.start_all();
+    let addr = cluster.member(1).addr();
+    succeeds(&["volume", "create", "log", "--size", "16MiB", "--replicas", "3", "--addr", &addr]);
+    let volume = tundra_client::Client::connect(cluster.member(1).native)
+        .and_then(|mut c| c.volume_lookup("log"))
+        .expect("look the volume up")
+        .id;
+    let replicas = redo_replicas(&cluster, 1, "log");
+    let mut model = Model::new();
+    let mut writer = Writer { volume, client: None };
+    let mut lsn = 0u64;
+    for _ in 0..30 {
+        let records = batch(&mut rng, lsn + 1);
+        writer.append(&cluster, &replicas, lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        lsn = records.last().expect("records").lsn.0;
+    }
+    let leader = redo_leader(&cluster, 1, "log");
+    let source = *replicas.iter().find(|&&id| id != leader).expect("a follower");
+    let target = (1..=4).find(|id| !replicas.contains(id)).expect("a fourth node");
+    let (from, to) = (source.to_string(), target.to_string());
+    let args = ["cluster", "move", "--volume", "log", "--redo", "--from", &from, "--to", &to, "--addr", &addr];
+    fails(&args, &format!("stopped {stop_at}"));
+    for id in 1..=4 {
+        let status = cluster.status(id);
+        let group = status["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "log").cloned());
+        let moving = group.map(|g| g["moving"].clone()).unwrap_or_default();
+        assert_eq!(moving, serde_json::json!({ "from": source, "to": target }), "node {id}: {status:#}");
+    }
+    (cluster, writer, model, lsn, replicas, source, target)
+}
+
+/// Appends 20 more batches through `order`, then checks that every replica's own stream ends
+/// at the writer's last batch and that every page reads back through every node.
+fn append_and_check(cluster: &Cluster, writer: &mut Writer, model: &mut Model, lsn: &mut u64, order: &[u64]) {
+    let mut rng = Rng::new(seed_from_env(18));
+    for _ in 0..20 {
+        let records = batch(&mut rng, *lsn + 1);
+        writer.append(cluster, order, *lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        *lsn = records.last().expect("records").lsn.0;
+    }
+    replicas_hold(cluster, order, "log", *lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    for id in 1..=4 {
+        assert_eq!(check_pages(cluster, id, writer.volume, model, LATEST_LSN, *lsn), PAGES as usize);
+    }
+}
+
+/// A redo move whose coordinator died after the target caught up as a learner (before the
+/// voter change) stays in every catalog until the next drain, move or rebalance step (here a
+/// rebalance's dry run) settles it: the target is not a voter, so it is rolled back, the
+/// learner removed and its stream dropped. Bad `cluster move --redo` requests are refused
+/// with clear errors and change nothing.
+#[test]
+fn a_redo_move_whose_coordinator_died_before_the_voter_change_is_rolled_back() {
+    let (cluster, mut writer, mut model, mut lsn, replicas, source, target) =
+        abandoned_redo_move("after-catch-up", true);
+    let addr = cluster.member(1).addr();
+    succeeds(&["cluster", "rebalance", "--policy", "logical", "--dry-run", "--addr", &addr]);
+    let settled = redo_settled(&cluster, 4, "log").unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(settled, replicas, "rolled back to the old replicas");
+    append_and_check(&cluster, &mut writer, &mut model, &mut lsn, &replicas);
+
+    // Refusals, each leaving the group as it was.
+    let (from, to) = (source.to_string(), target.to_string());
+    let other = replicas.iter().find(|&&id| id != source).expect("another replica").to_string();
+    let refused = |volume: &str, from: &str, to: &str, needle: &str| {
+        let args = ["cluster", "move", "--volume", volume, "--redo", "--from", from, "--to", to, "--addr", &addr];
+        fails(&args, needle);
+    };
+    refused("nope", &from, &to, "no replicated volume is named \"nope\"");
+    refused("log", &to, &from, &format!("node {target} holds no replica of volume \"log\"'s redo stream"));
+    refused("log", &from, &other, &format!("node {other} already holds a replica of volume \"log\"'s redo stream"));
+    refused("log", &from, "9", "node 9 is not a member of this cluster");
+    refused("log", &from, &from, "to itself");
+    let neither =
+        common::tundra(&["cluster", "move", "--volume", "log", "--from", &from, "--to", &to, "--addr", &addr]);
+    let text = String::from_utf8_lossy(&neither.stderr);
+    assert!(!neither.status.success() && text.contains("--chunk"), "a move of neither a chunk nor redo: {text}");
+    assert_eq!(redo_settled(&cluster, 4, "log").expect("unchanged"), replicas);
+}
+
+/// A redo move whose coordinator died after the voter change committed (before the source
+/// dropped its replica and the catalogs learned the set) is finished by the next settling:
+/// the target is a voter, so the source drops its stream and every catalog takes the new set.
+#[test]
+fn a_redo_move_whose_coordinator_died_after_the_voter_change_is_finished() {
+    let (cluster, mut writer, mut model, mut lsn, replicas, source, target) = abandoned_redo_move("after-voters", true);
+    let addr = cluster.member(1).addr();
+    succeeds(&["cluster", "rebalance", "--policy", "logical", "--dry-run", "--addr", &addr]);
+    let settled = redo_settled(&cluster, 4, "log").unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    let mut expected: Vec<u64> = replicas.iter().copied().filter(|&id| id != source).chain([target]).collect();
+    expected.sort_unstable();
+    assert_eq!(settled, expected, "finished: the target in the source's place");
+    append_and_check(&cluster, &mut writer, &mut model, &mut lsn, &expected);
+}
+
+/// Twin: with redo moves left unsettled (as before they were settled), the same step leaves
+/// the move in the catalogs and the learner's stream on the target, and the check fails.
+#[test]
+fn an_unsettled_redo_move_is_caught() {
+    let (cluster, ..) = abandoned_redo_move("after-catch-up", false);
+    let addr = cluster.member(1).addr();
+    succeeds(&["cluster", "rebalance", "--policy", "logical", "--dry-run", "--addr", &addr]);
+    let unsettled = redo_settled(&cluster, 4, "log");
+    assert!(unsettled.is_err(), "a redo move left in the catalogs passed as settled: {unsettled:?}");
 }
