@@ -311,15 +311,18 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// The lowest voter other than this leader silent for at least `after`, counted from the
-    /// later of its last report and `since` (when this node began to lead), with how long.
+    /// The lowest voter other than this leader, known to the state, silent for at least
+    /// `after`, counted from the later of its last report and `since` (when this node began
+    /// to lead), with how long.
     fn silent_voter(&self, after: Duration, since: u64) -> Option<(u64, u64)> {
         let (voters, _) = self.host.members(manager_group()).ok()?;
         let view = self.host.manager_view()?;
         let state = &view.lock().state;
         let now = now_unix_ms();
+        // A voter the state does not hold yet (a state still empty, rebuilt by the first
+        // leader once every node answers) is not judged.
         voters.into_iter().filter(|&v| v != self.me).find_map(|v| {
-            let last = state.node(NodeId(v)).and_then(|n| n.reported_unix_ms).unwrap_or(0).max(since);
+            let last = state.node(NodeId(v))?.reported_unix_ms.unwrap_or(0).max(since);
             let silent_ms = now.saturating_sub(last);
             (silent_ms >= after.as_millis() as u64).then_some((v, silent_ms))
         })

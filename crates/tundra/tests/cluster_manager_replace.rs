@@ -51,12 +51,13 @@ fn cluster(env: &[(&str, &str)]) -> Cluster {
     cluster
 }
 
-/// The `manager` object of the status asked of `asked` once the manager has a leader.
+/// The `manager` object of the status asked of `asked` once the manager has a leader and its
+/// state holds every node (a state still empty is rebuilt only once every node answers).
 fn manager(cluster: &Cluster, asked: u64) -> serde_json::Value {
     let started = Instant::now();
     loop {
         let manager = cluster.status(asked)["manager"].clone();
-        if manager["leader"].as_u64().is_some() {
+        if manager["leader"].as_u64().is_some() && manager["nodes"].as_array().is_some_and(|n| n.len() == 5) {
             return manager;
         }
         assert!(started.elapsed() < REPLACED_WAIT, "no manager leader: {manager:#}\n{}", cluster.logs());
@@ -118,8 +119,13 @@ fn the_manager_replaces_dead_members_and_a_returning_one_retires() {
     let follower = (1..=3).find(|&n| n != leader).expect("a member that does not lead");
     let started = Instant::now();
     cluster.kill9(follower);
-    let after_one = live_voters(&cluster, 5, &[follower], REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
-    println!("member {follower} killed: voters {:?} after {:.1} s", voters(&after_one), started.elapsed().as_secs_f64());
+    let after_one =
+        live_voters(&cluster, 5, &[follower], REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    println!(
+        "member {follower} killed: voters {:?} after {:.1} s",
+        voters(&after_one),
+        started.elapsed().as_secs_f64()
+    );
     let replaced = &after_one["last_replacement"];
     assert_eq!(replaced["replaced"], follower, "{after_one:#}");
     assert_eq!(replaced["by"], 4, "the lowest up node that is not a member: {after_one:#}");
@@ -129,7 +135,8 @@ fn the_manager_replaces_dead_members_and_a_returning_one_retires() {
     let started = Instant::now();
     cluster.kill9(leader);
     let dead = [follower, leader];
-    let after_two = live_voters(&cluster, 5, &dead, REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    let after_two =
+        live_voters(&cluster, 5, &dead, REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
     println!("leader {leader} killed: voters {:?} after {:.1} s", voters(&after_two), started.elapsed().as_secs_f64());
     assert_eq!(after_two["last_replacement"]["replaced"], leader, "{after_two:#}");
     let addr5 = cluster.member(5).addr();
@@ -143,13 +150,15 @@ fn the_manager_replaces_dead_members_and_a_returning_one_retires() {
     cluster.start(follower);
     cluster.env.clear();
     retired(&cluster, leader, REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
-    let settled = live_voters(&cluster, 5, &dead, REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    let settled =
+        live_voters(&cluster, 5, &dead, REPLACED_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
     std::thread::sleep(WATCH);
     assert!(
         retired(&cluster, follower, Duration::ZERO).is_err(),
         "the twin: an ex-member kept running must fail the retirement oracle"
     );
-    let watched = live_voters(&cluster, 5, &dead, Duration::ZERO).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    let watched =
+        live_voters(&cluster, 5, &dead, Duration::ZERO).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
     assert_eq!(voters(&watched), voters(&settled), "{settled:#} then {watched:#}");
     assert_eq!(watched["term"], settled["term"], "an ex-member moved the term: {settled:#} then {watched:#}");
     assert_eq!(watched["leader"], settled["leader"], "{settled:#} then {watched:#}");
