@@ -199,7 +199,8 @@ pub struct ManagedSize {
 pub enum ManagerReply {
     Done,
     Replicas(Vec<u64>),
-    Status(ManagerStatus),
+    /// Boxed: the status is far larger than every other answer.
+    Status(Box<ManagerStatus>),
     DrainPlan {
         held: Vec<u64>,
         next: Option<Move>,
@@ -421,7 +422,7 @@ impl ClusterNode {
             // A member that knows another leader sends the caller there.
             return match self.local_leader(group) {
                 Some(leader) if leader != self.me => Err(Refusal::NotLeader { leader: Some(leader) }),
-                _ => Ok(Answer::Manager(ManagerReply::Status(self.manager_status_here()))),
+                _ => Ok(Answer::Manager(ManagerReply::Status(Box::new(self.manager_status_here())))),
             };
         }
         if let ManagerCall::MemberCheck { node } = call {
@@ -888,10 +889,10 @@ impl ClusterNode {
     /// The manager as its leader sees it (or why it does not answer), for the status.
     pub(crate) async fn manager_status(&self) -> ManagerStatus {
         match self.to_manager_within(ManagerCall::Status, STATUS_WAIT).await {
-            Ok(ManagerReply::Status(status)) if status.leader.is_some() => status,
+            Ok(ManagerReply::Status(status)) if status.leader.is_some() => *status,
             Ok(ManagerReply::Status(mut status)) => {
                 status.error.get_or_insert_with(|| "the manager has no leader".into());
-                status
+                *status
             }
             Ok(other) => ManagerStatus { error: Some(format!("answered {other:?}")), ..Default::default() },
             Err(why) => ManagerStatus {

@@ -349,7 +349,7 @@ impl ClusterNode {
     /// manager, at report round `round`: asks the leader whether it is still a member, and
     /// stops its member for good if not (module doc).
     pub(crate) async fn retire_if_replaced(&self, round: u64) {
-        if round > CHECK_FIRST_ROUNDS && round % CHECK_EVERY_ROUNDS != 0 {
+        if round > CHECK_FIRST_ROUNDS && !round.is_multiple_of(CHECK_EVERY_ROUNDS) {
             return;
         }
         let group = manager_group();
