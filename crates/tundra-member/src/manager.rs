@@ -22,6 +22,8 @@
 //!   state chooses) and each move's `BeginMove` and `FinishMove` or `AbortMove`
 //!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
 //!   manager holds in flight is in the catalogs too);
+//! - a member of its own group silent for `[cluster] manager_replace_after`, replaced by an
+//!   up node (manager_members.rs, from the leader's report round);
 //! - moves its state holds in flight that the catalogs ended while no leader heard (its
 //!   leader died mid-move): ended as the catalogs say. A move the catalogs still list is
 //!   settled by migrate.rs's `settle` (at a node's start, before a drain or a move), which
