@@ -73,6 +73,11 @@ pub struct ClusterNode {
     pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// The background rebalancer's thread, joined at shutdown.
     pub(crate) rebalancer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// `[cluster] manager_replace_after`: how long a manager member may be silent before the
+    /// manager's leader replaces it (manager_members.rs); None: never.
+    pub(crate) manager_replace_after: Option<Duration>,
+    /// The manager's members' bookkeeping on this node (manager_members.rs).
+    pub(crate) member_work: crate::manager_members::MemberWork,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -85,6 +90,7 @@ impl ClusterNode {
         let membership = Membership::from_config(config)?;
         let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
         let leader_balance = crate::leaders::LeaderBalanceSettings::from_config(config)?;
+        let manager_replace_after = crate::manager_members::replace_after_from_config(config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tundra-member")
@@ -143,6 +149,8 @@ impl ClusterNode {
             background: Mutex::new(Default::default()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             rebalancer: Mutex::new(None),
+            manager_replace_after,
+            member_work: Default::default(),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();

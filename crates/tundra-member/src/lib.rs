@@ -15,6 +15,8 @@
 //! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
 //! - [`manager`]: the cluster manager's Raft group on its members, the nodes' reports to its
 //!   leader, placement and moves through it.
+//! - [`manager_members`]: the manager's members replaced (a drained node's, a silent one's
+//!   after `manager_replace_after`) and a replaced node's member retired when it comes back.
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - [`rebalance`]: `tundra cluster rebalance`'s steps, planned from the manager's chunk sizes.
 //! - [`background`]: the manager leader's background rebalance rounds (`rebalance_every`).

@@ -22,6 +22,8 @@
 //!   state chooses) and each move's `BeginMove` and `FinishMove` or `AbortMove`
 //!   (migrate.rs enters a move in the catalogs first and ends it there first, so whatever the
 //!   manager holds in flight is in the catalogs too);
+//! - a member of its own group silent for `[cluster] manager_replace_after`, replaced by an
+//!   up node (manager_members.rs, from the leader's report round);
 //! - moves its state holds in flight that the catalogs ended while no leader heard (its
 //!   leader died mid-move): ended as the catalogs say. A move the catalogs still list is
 //!   settled by migrate.rs's `settle` (at a node's start, before a drain or a move), which
@@ -55,7 +57,7 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// How long a call waits for the manager's leader before it is refused.
 const MANAGER_WAIT: Duration = Duration::from_secs(10);
 /// How long the leader waits to have applied its whole log.
-const SETTLE_LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(5);
 /// Entries between two snapshots of the manager's state.
 const LOGS_PER_SNAPSHOT: u64 = 1024;
 /// How long a status waits for the manager.
@@ -179,6 +181,11 @@ pub enum ManagerCall {
     ReplaceMember {
         drained: u64,
     },
+    /// Whether `node` is still in the manager's group (a voter, a learner, or being added):
+    /// asked by a node whose member's log says it is a voter (manager_members.rs).
+    MemberCheck {
+        node: u64,
+    },
 }
 
 /// One chunk's size as the manager's state holds it.
@@ -194,7 +201,8 @@ pub struct ManagedSize {
 pub enum ManagerReply {
     Done,
     Replicas(Vec<u64>),
-    Status(ManagerStatus),
+    /// Boxed: the status is far larger than every other answer.
+    Status(Box<ManagerStatus>),
     DrainPlan {
         held: Vec<u64>,
         next: Option<Move>,
@@ -209,6 +217,8 @@ pub enum ManagerReply {
         bytes: Vec<u8>,
         now_unix_ms: u64,
     },
+    /// The answer to `MemberCheck`.
+    Member(bool),
 }
 
 /// The manager as `tundra cluster status --json` shows it (`manager`).
@@ -237,6 +247,16 @@ pub struct ManagerStatus {
     pub unknown_nodes: Vec<u64>,
     #[serde(default)]
     pub report_stale_after_ms: u64,
+    /// The group's learners (a member being added).
+    #[serde(default)]
+    pub learners: Vec<u64>,
+    /// `[cluster] manager_replace_after` of the leader that answered, in milliseconds (null:
+    /// off): a voter silent this long is replaced (manager_members.rs).
+    #[serde(default)]
+    pub replace_after_ms: Option<u64>,
+    /// The last silent member this leader replaced since it started.
+    #[serde(default)]
+    pub last_replacement: Option<crate::manager_members::MemberReplacement>,
     /// Why the manager did not answer (then every other figure is empty).
     pub error: Option<String>,
 }
@@ -336,6 +356,9 @@ impl ClusterNode {
         }
         if self.local_leader(manager_group()) == Some(self.me) {
             let _ = self.end_settled_moves().await;
+            self.replace_silent_member().await;
+        } else if self.host.manager_view().is_some() {
+            self.retire_if_replaced(reporter.round).await;
         }
     }
 
@@ -345,7 +368,7 @@ impl ClusterNode {
         self.to_manager_within(call, MANAGER_WAIT).await
     }
 
-    async fn to_manager_within(&self, call: ManagerCall, wait: Duration) -> Result<ManagerReply, Refusal> {
+    pub(crate) async fn to_manager_within(&self, call: ManagerCall, wait: Duration) -> Result<ManagerReply, Refusal> {
         // The configured members first, then every other node: a drain may have given a
         // member's place to another node (manager_members.rs), and a member that is not the
         // leader names the leader.
@@ -401,7 +424,18 @@ impl ClusterNode {
             // A member that knows another leader sends the caller there.
             return match self.local_leader(group) {
                 Some(leader) if leader != self.me => Err(Refusal::NotLeader { leader: Some(leader) }),
-                _ => Ok(Answer::Manager(ManagerReply::Status(self.manager_status_here()))),
+                _ => Ok(Answer::Manager(ManagerReply::Status(Box::new(self.manager_status_here())))),
+            };
+        }
+        if let ManagerCall::MemberCheck { node } = call {
+            // Without the manager's turn: a replacement holds it while it waits for the node
+            // it adds, which may be asking this (manager_members.rs).
+            return match self.local_leader(group) {
+                Some(leader) if leader == self.me => {
+                    self.host.settle(group, SETTLE_LIMIT).await.map_err(refusal)?;
+                    Ok(Answer::Manager(ManagerReply::Member(self.is_member_now(node)?)))
+                }
+                leader => Err(Refusal::NotLeader { leader }),
             };
         }
         if let ManagerCall::ChunkSizes | ManagerCall::State = call {
@@ -426,7 +460,9 @@ impl ClusterNode {
             self.reconcile().await?;
         }
         let reply = match call {
-            ManagerCall::Status | ManagerCall::ChunkSizes | ManagerCall::State => unreachable!("answered above"),
+            ManagerCall::Status | ManagerCall::ChunkSizes | ManagerCall::State | ManagerCall::MemberCheck { .. } => {
+                unreachable!("answered above")
+            }
             ManagerCall::Report { node, usage } => {
                 self.take_report(node, usage).await?;
                 ManagerReply::Done
@@ -795,6 +831,9 @@ impl ClusterNode {
         status.leader = metrics.current_leader;
         status.term = metrics.current_term;
         status.members = metrics.membership_config.membership().voter_ids().collect();
+        status.learners = metrics.membership_config.membership().learner_ids().collect();
+        status.replace_after_ms = self.manager_replace_after.map(|after| after.as_millis() as u64);
+        status.last_replacement = self.member_work.last.lock().clone();
         let view = view.lock();
         status.applied_index = view.applied.map(|id| id.index);
         let state = &view.state;
@@ -853,10 +892,10 @@ impl ClusterNode {
     /// The manager as its leader sees it (or why it does not answer), for the status.
     pub(crate) async fn manager_status(&self) -> ManagerStatus {
         match self.to_manager_within(ManagerCall::Status, STATUS_WAIT).await {
-            Ok(ManagerReply::Status(status)) if status.leader.is_some() => status,
+            Ok(ManagerReply::Status(status)) if status.leader.is_some() => *status,
             Ok(ManagerReply::Status(mut status)) => {
                 status.error.get_or_insert_with(|| "the manager has no leader".into());
-                status
+                *status
             }
             Ok(other) => ManagerStatus { error: Some(format!("answered {other:?}")), ..Default::default() },
             Err(why) => ManagerStatus {

@@ -97,6 +97,16 @@ pub const REBALANCE_EVERY_MIN: std::time::Duration = std::time::Duration::from_m
 /// `rebalance_every`'s text: "off", or a whole number followed by `ms`, `s`, `m` or `h`, at
 /// least [`REBALANCE_EVERY_MIN`].
 pub fn parse_period(text: &str) -> Result<Option<std::time::Duration>, String> {
+    parse_period_at_least(text, REBALANCE_EVERY_MIN, "the rounds")
+}
+
+/// A period's text as [`parse_period`] reads it, at least `min`; `what` names what "off"
+/// turns off, for the error.
+pub fn parse_period_at_least(
+    text: &str,
+    min: std::time::Duration,
+    what: &str,
+) -> Result<Option<std::time::Duration>, String> {
     let text = text.trim();
     if text == "off" {
         return Ok(None);
@@ -115,11 +125,8 @@ pub fn parse_period(text: &str) -> Result<Option<std::time::Duration>, String> {
     };
     let millis = number.checked_mul(millis_per).ok_or("a period too long")?;
     let period = std::time::Duration::from_millis(millis);
-    if period < REBALANCE_EVERY_MIN {
-        return Err(format!(
-            "shorter than {} ms (write \"off\" to turn the rounds off)",
-            REBALANCE_EVERY_MIN.as_millis()
-        ));
+    if period < min {
+        return Err(format!("shorter than {} ms (write \"off\" to turn {what} off)", min.as_millis()));
     }
     Ok(Some(period))
 }

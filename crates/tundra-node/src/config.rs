@@ -107,6 +107,10 @@ pub struct ClusterConfig {
     /// "500ms" or "1m" ("5s" when absent); "off" or "0s" turns it off. A node leading fewer
     /// than its share of the chunk groups it is a replica of campaigns for a few of them.
     pub leader_balance_every: Option<String>,
+    /// How long a member of the cluster manager's group may go without a report before the
+    /// manager's leader gives its place to an up node (tundra-member's `manager_members.rs`):
+    /// "60s" when absent, at least the 5 s after which a report is stale; "off" never.
+    pub manager_replace_after: Option<String>,
 }
 
 /// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under

@@ -194,6 +194,16 @@ fn status(json: bool, connect: &Connect) -> Result<()> {
             manager["moves_in_flight"].as_array().map_or(0, Vec::len),
         ),
     }
+    let replaced = &manager["last_replacement"];
+    if !replaced.is_null() {
+        println!(
+            "manager member replaced	node {} by node {}	silent {:.1} s	replace after {:.1} s",
+            replaced["replaced"],
+            replaced["by"],
+            replaced["silent_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+            manager["replace_after_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+        );
+    }
     let background = &manager["background_rebalance"];
     if let Some(every) = background["every_ms"].as_u64() {
         let last = &background["last_round"];
