@@ -701,3 +701,28 @@ fn an_unsettled_redo_move_is_caught() {
     let unsettled = redo_settled(&cluster, 4, "log");
     assert!(unsettled.is_err(), "a redo move left in the catalogs passed as settled: {unsettled:?}");
 }
+
+/// A redo move whose coordinator stopped (after the learner caught up, before the voter
+/// change) and whose process is then killed with SIGKILL is settled by that node's own start:
+/// its catalog lists the move, and it settles it once its peers are connected (rolled back,
+/// the target not being a voter), with no drain, move or rebalance step asked of anyone.
+#[test]
+fn a_killed_coordinator_settles_its_redo_move_when_it_starts_again() {
+    let (mut cluster, mut writer, mut model, mut lsn, replicas, ..) = abandoned_redo_move("after-catch-up", true);
+    cluster.kill9(1);
+    cluster.start(1);
+    let settled = redo_settled(&cluster, 4, "log").unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(settled, replicas, "rolled back to the old replicas");
+    append_and_check(&cluster, &mut writer, &mut model, &mut lsn, &replicas);
+}
+
+/// Twin: with settling off, the restarted coordinator leaves the move in the catalogs, and
+/// the same check fails.
+#[test]
+fn a_killed_coordinator_that_does_not_settle_is_caught() {
+    let (mut cluster, ..) = abandoned_redo_move("after-catch-up", false);
+    cluster.kill9(1);
+    cluster.start(1);
+    let unsettled = redo_settled(&cluster, 4, "log");
+    assert!(unsettled.is_err(), "a redo move left in the catalogs passed as settled: {unsettled:?}");
+}
