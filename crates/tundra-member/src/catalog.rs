@@ -180,3 +180,53 @@ impl Catalog {
         write().map_err(|e| format!("writing {}: {e}", self.path.display()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(id: u32, name: &str) -> VolumeDef {
+        VolumeDef {
+            id,
+            name: name.to_string(),
+            size_bytes: 16 << 20,
+            page_size: 8192,
+            replicas: vec![1, 2, 3],
+            chunks: Vec::new(),
+            moves: Vec::new(),
+            redo: None,
+            redo_move: None,
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn a_delete_mark_and_a_removal_are_durable_and_touch_only_their_volume() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut catalog = Catalog::open(dir.path()).expect("open");
+        catalog.add(def(1, "a")).expect("add a");
+        catalog.add(def(2, "b")).expect("add b");
+        catalog.mark_deleting(1).expect("mark a");
+        assert!(catalog.mark_deleting(9).is_err(), "an unknown volume is refused");
+
+        let mut reopened = Catalog::open(dir.path()).expect("reopen");
+        assert!(reopened.get(1).expect("a").deleting, "the mark survives a reopen");
+        assert!(!reopened.get(2).expect("b").deleting, "only volume a is marked");
+        reopened.remove(1).expect("remove a");
+        reopened.remove(1).expect("removing it again changes nothing");
+
+        let last = Catalog::open(dir.path()).expect("reopen");
+        assert!(last.get(1).is_none(), "the removal survives a reopen");
+        assert_eq!(last.get(2), Some(&def(2, "b")), "volume b is as it was");
+    }
+
+    #[test]
+    fn a_catalog_written_before_delete_marks_reads_as_unmarked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let old =
+            r#"{"format":1,"volumes":[{"id":4,"name":"v","size_bytes":16777216,"page_size":8192,"replicas":[1,2,3]}]}"#;
+        std::fs::write(dir.path().join(CATALOG_FILE), old).expect("write");
+        let catalog = Catalog::open(dir.path()).expect("open");
+        assert!(!catalog.get(4).expect("v").deleting);
+    }
+}
