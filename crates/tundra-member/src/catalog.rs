@@ -83,32 +83,27 @@ impl Catalog {
         replicas: Vec<u64>,
         moving: Option<crate::messages::ChunkMove>,
     ) -> Result<(), String> {
-        let mut volumes = self.volumes.clone();
-        let def = volumes
-            .iter_mut()
-            .find(|v| v.id == volume)
-            .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
-        let count = crate::cluster::chunk_spans(def.size_bytes).len();
-        if chunk as usize >= count || replicas.is_empty() {
-            return Err(format!("chunk {chunk} of volume {:?} with replicas {replicas:?}", def.name));
-        }
-        if def.chunks.len() != count {
-            def.chunks = (0..count as u32).map(|index| def.replicas_of(index).to_vec()).collect();
-        }
-        // The redo group keeps its replicas whatever the chunks' become.
-        if def.redo.is_none() {
-            def.redo = Some(def.replicas.clone());
-        }
-        def.chunks[chunk as usize] = replicas;
-        def.moves.retain(|m| m.chunk != chunk);
-        def.moves.extend(moving);
-        let mut all: Vec<u64> = def.chunks.iter().flatten().copied().collect();
-        all.sort_unstable();
-        all.dedup();
-        def.replicas = all;
-        self.write(&volumes)?;
-        self.volumes = volumes;
-        Ok(())
+        self.update(volume, |def| {
+            let count = crate::cluster::chunk_spans(def.size_bytes).len();
+            if chunk as usize >= count || replicas.is_empty() {
+                return Err(format!("chunk {chunk} of volume {:?} with replicas {replicas:?}", def.name));
+            }
+            if def.chunks.len() != count {
+                def.chunks = (0..count as u32).map(|index| def.replicas_of(index).to_vec()).collect();
+            }
+            // The redo group keeps its replicas whatever the chunks' become.
+            if def.redo.is_none() {
+                def.redo = Some(def.replicas.clone());
+            }
+            def.chunks[chunk as usize] = replicas;
+            def.moves.retain(|m| m.chunk != chunk);
+            def.moves.extend(moving);
+            let mut all: Vec<u64> = def.chunks.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            def.replicas = all;
+            Ok(())
+        })
     }
 
     /// Enters the volume's redo replica set and the move of one under way, durably.
@@ -118,34 +113,38 @@ impl Catalog {
         mut replicas: Vec<u64>,
         moving: Option<crate::messages::RedoMove>,
     ) -> Result<(), String> {
-        let mut volumes = self.volumes.clone();
-        let def = volumes
-            .iter_mut()
-            .find(|v| v.id == volume)
-            .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
-        if replicas.is_empty() {
-            return Err(format!("the redo group of volume {:?} with no replica", def.name));
-        }
-        replicas.sort_unstable();
-        replicas.dedup();
-        def.redo = Some(replicas);
-        def.redo_move = moving;
-        self.write(&volumes)?;
-        self.volumes = volumes;
-        Ok(())
+        self.update(volume, |def| {
+            if replicas.is_empty() {
+                return Err(format!("the redo group of volume {:?} with no replica", def.name));
+            }
+            replicas.sort_unstable();
+            replicas.dedup();
+            def.redo = Some(replicas);
+            def.redo_move = moving;
+            Ok(())
+        })
     }
 
     /// Marks a volume deleting, durably (delete.rs); an unknown id is refused.
     pub fn mark_deleting(&mut self, volume: u32) -> Result<(), String> {
+        if self.get(volume).is_some_and(|def| def.deleting) {
+            return Ok(());
+        }
+        self.update(volume, |def| {
+            def.deleting = true;
+            Ok(())
+        })
+    }
+
+    /// Changes volume `volume`'s definition with `change`, durably: written whole to the file
+    /// before it is taken here; an unknown id, or a change that fails, changes nothing.
+    fn update(&mut self, volume: u32, change: impl FnOnce(&mut VolumeDef) -> Result<(), String>) -> Result<(), String> {
         let mut volumes = self.volumes.clone();
         let def = volumes
             .iter_mut()
             .find(|v| v.id == volume)
             .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
-        if def.deleting {
-            return Ok(());
-        }
-        def.deleting = true;
+        change(def)?;
         self.write(&volumes)?;
         self.volumes = volumes;
         Ok(())

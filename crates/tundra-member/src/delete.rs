@@ -83,7 +83,7 @@ impl ClusterNode {
             let mut missing = Vec::new();
             for node in self.membership.ids() {
                 if let Err(why) = self.ask(node, Forward::Delete { volume, step: DeleteStep::Finish }).await {
-                    missing.push(format!("node {node} ({})", why_text(&why)));
+                    missing.push(format!("node {node} ({why})"));
                 }
             }
             if missing.is_empty() {
@@ -127,7 +127,7 @@ impl ClusterNode {
                 return Err(Refusal::Unavailable(format!(
                     "node {node} does not answer ({}): a replicated volume is deleted on every node at once; nothing \
                      was deleted, try again once it is up",
-                    why_text(&why)
+                    why
                 )));
             }
         }
@@ -137,8 +137,7 @@ impl ClusterNode {
                 return Err(Refusal::Unavailable(format!(
                     "volume {:?} is marked deleting on node(s) {marked:?} (it takes no I/O there), but node {node} did \
                      not answer ({}): run the delete again to finish it",
-                    def.name,
-                    why_text(&why)
+                    def.name, why
                 )));
             }
             marked.push(node);
@@ -245,20 +244,8 @@ impl ClusterNode {
                 continue;
             }
             if let Err(why) = self.finish_here(def.id).await {
-                eprintln!(
-                    "tundra: node {}: finishing the delete of volume {:?}: {}",
-                    self.me,
-                    def.name,
-                    why_text(&why)
-                );
+                eprintln!("tundra: node {}: finishing the delete of volume {:?}: {}", self.me, def.name, why);
             }
         }
-    }
-}
-
-fn why_text(refusal: &Refusal) -> String {
-    match refusal {
-        Refusal::Invalid(why) | Refusal::Unavailable(why) => why.clone(),
-        Refusal::NotLeader { leader } => format!("not the leader (leader {leader:?})"),
     }
 }

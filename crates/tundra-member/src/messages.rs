@@ -231,6 +231,15 @@ pub enum Refusal {
     Invalid(String),
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Invalid(why) | Refusal::Unavailable(why) => f.write_str(why),
+            Refusal::NotLeader { leader } => write!(f, "not the leader (leader {leader:?})"),
+        }
+    }
+}
+
 /// One group as a node sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupView {

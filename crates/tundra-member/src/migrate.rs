@@ -329,7 +329,13 @@ impl ClusterNode {
 
     async fn members(&self, volume: u32, chunk: ChunkId) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
         let query = Forward::Membership { volume, chunk: chunk.index(), change: MembershipChange::Query };
-        match self.to_leader(chunk, query).await? {
+        self.query_members(chunk, query).await
+    }
+
+    /// The voters and learners of `group` as its leader answers `query` (a chunk's or a redo
+    /// group's membership query).
+    async fn query_members(&self, group: ChunkId, query: Forward) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
+        match self.to_leader(group, query).await? {
             Answer::Members { voters, learners } => Ok((voters, learners)),
             other => Err(Refusal::Unavailable(format!("a membership query answered {other:?}"))),
         }
@@ -709,10 +715,7 @@ impl ClusterNode {
     async fn redo_members(&self, volume: u32) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
         let group = tundra_raft::redo_machine::redo_group(volume);
         let query = Forward::RedoMembership { volume, change: MembershipChange::Query };
-        match self.to_leader(group, query).await? {
-            Answer::Members { voters, learners } => Ok((voters, learners)),
-            other => Err(Refusal::Unavailable(format!("a membership query answered {other:?}"))),
-        }
+        self.query_members(group, query).await
     }
 
     /// Enters the redo group's replica set and move in every node's catalog; every node must

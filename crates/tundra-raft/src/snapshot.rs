@@ -403,14 +403,7 @@ impl SnapshotFiles {
             out.write(&bytes)?;
         }
         let extents_len = out.finish()?;
-        match (self.path(&fresh), self.path(&name)) {
-            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
-            _ => {
-                let mut memory = self.memory.lock();
-                let data = memory.remove(&fresh).unwrap_or_default();
-                memory.insert(name, data);
-            }
-        }
+        self.rename(&fresh, name)?;
         self.remove_other_extents(group, id);
         Ok(Manifest { chunk: group, mark, extents_len, images })
     }
@@ -485,14 +478,7 @@ impl SnapshotFiles {
             return Err(why);
         }
         let len = out.finish()?;
-        match (self.path(&fresh), self.path(&name)) {
-            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
-            _ => {
-                let mut memory = self.memory.lock();
-                let data = memory.remove(&fresh).unwrap_or_default();
-                memory.insert(name, data);
-            }
-        }
+        self.rename(&fresh, name)?;
         self.remove_other_extents(group, id);
         Ok((len, crc))
     }
@@ -523,15 +509,26 @@ impl SnapshotFiles {
             return Err(format!("snapshot {id}: its extents fail their checksum; staging again"));
         }
         stages.remove(&group);
-        let claimed = Self::claimed_name(group, id);
-        match (self.path(&name), self.path(&claimed)) {
+        self.take_claimed(group, id, &name)?;
+        Ok(())
+    }
+
+    /// Renames file `from` to `to` (on disk, or in memory for the simulation).
+    fn rename(&self, from: &str, to: String) -> Result<(), String> {
+        match (self.path(from), self.path(&to)) {
             (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
             _ => {
                 let mut memory = self.memory.lock();
-                let data = memory.remove(&name).unwrap_or_default();
-                memory.insert(claimed, data);
+                let data = memory.remove(from).unwrap_or_default();
+                memory.insert(to, data);
             }
         }
+        Ok(())
+    }
+
+    /// Makes stage `name` the group's claimed stage of snapshot `id`, dropping an older claim.
+    fn take_claimed(&self, group: GroupId, id: &str, name: &str) -> Result<(), String> {
+        self.rename(name, Self::claimed_name(group, id))?;
         if let Some(old) = self.claimed.lock().insert(group, id.to_string()).filter(|old| old != id) {
             self.remove(&Self::claimed_name(group, &old));
         }
@@ -577,18 +574,7 @@ impl SnapshotFiles {
             }
         }
         stages.remove(&group);
-        let claimed = Self::claimed_name(group, id);
-        match (self.path(&name), self.path(&claimed)) {
-            (Some(from), Some(to)) => std::fs::rename(&from, &to).map_err(|e| format!("{}: {e}", to.display()))?,
-            _ => {
-                let mut memory = self.memory.lock();
-                let data = memory.remove(&name).unwrap_or_default();
-                memory.insert(claimed, data);
-            }
-        }
-        if let Some(old) = self.claimed.lock().insert(group, id.to_string()).filter(|old| old != id) {
-            self.remove(&Self::claimed_name(group, &old));
-        }
+        self.take_claimed(group, id, &name)?;
         Ok(())
     }
 

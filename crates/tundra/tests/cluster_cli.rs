@@ -18,11 +18,10 @@ mod common_cluster;
 mod common_links;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{fails, realdata_heap, succeeds};
-use common_cluster::Cluster;
+use common_cluster::{Cluster, nbdcopy};
 
 /// How long a restarted node may take to catch up.
 const CATCH_UP: Duration = Duration::from_secs(60);
@@ -42,15 +41,6 @@ fn real_file(dir: &std::path::Path) -> (PathBuf, &'static str) {
     let path = dir.join("real.file");
     std::fs::write(&path, bytes).expect("write the real file");
     (path, what)
-}
-
-#[track_caller]
-fn nbdcopy(args: &[&str]) {
-    let out = Command::new("nbdcopy")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("nbdcopy: {e} (install it with scripts/install-deps: libnbd-bin)"));
-    assert!(out.status.success(), "nbdcopy {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Reads `len` bytes of `uri` into a file and returns them.

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{fails, realdata_heap, succeeds};
-use common_cluster::Cluster;
+use common_cluster::{Cluster, nbdcopy};
 use serde_json::Value;
 
 /// How long the nodes have to finish a marked delete by themselves (their upkeep looks every
@@ -36,15 +36,6 @@ fn some_file(dir: &Path) -> PathBuf {
     let path = dir.join("input.file");
     std::fs::write(&path, bytes).expect("write the input");
     path
-}
-
-#[track_caller]
-fn nbdcopy(args: &[&str]) {
-    let out = Command::new("nbdcopy")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("nbdcopy: {e} (install it with scripts/install-deps: libnbd-bin)"));
-    assert!(out.status.success(), "nbdcopy {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn read_back(cluster: &Cluster, node: u64, volume: &str, name: &str, len: usize) -> Vec<u8> {

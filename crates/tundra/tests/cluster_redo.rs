@@ -489,6 +489,21 @@ fn drain_a_redo_replica(bug: Option<&str>, drained: Drained) -> (Cluster, u32, u
     (cluster, volume, drained, model, lsn, during)
 }
 
+/// What both drain tests check once the drain ended: the writer appended during it, three
+/// replicas hold the redo group without the drained node, each one's own stream ends at the
+/// writer's last batch `lsn`, and the drained node holds no stream. Answers node 1's status and
+/// the replicas.
+fn drained_of_redo(cluster: &Cluster, drained: u64, during: usize, lsn: u64) -> (serde_json::Value, Vec<u64>) {
+    assert!(during > 0, "the writer appended nothing during the drain");
+    let status = cluster.status(1);
+    let replicas = redo_replicas(cluster, 1, "log");
+    assert_eq!(replicas.len(), 3, "{status:#}");
+    assert!(!replicas.contains(&drained), "{status:#}");
+    replicas_hold(cluster, &replicas, "log", lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(local_durable_lsn(cluster, drained, "log"), 0, "the drained node still has its stream");
+    (status, replicas)
+}
+
 /// A drain moves a node's redo replica: the new replica is built from a copy of a replica's
 /// stream (the group's log was purged), the writer appends throughout, and afterwards the
 /// drained node holds nothing, every replica's own stream holds every acknowledged batch, and
@@ -498,15 +513,9 @@ fn a_drain_moves_a_redo_replica_built_from_a_copy_of_the_stream() {
     let (cluster, volume, drained, model, lsn, during) =
         drain_a_redo_replica(None, Drained { leader: false, purged: true });
     println!("the writer appended {during} batches during the drain");
-    assert!(during > 0, "the writer appended nothing during the drain");
-    let status = cluster.status(1);
-    let replicas = redo_replicas(&cluster, 1, "log");
-    assert_eq!(replicas.len(), 3, "{status:#}");
-    assert!(!replicas.contains(&drained), "{status:#}");
+    let (status, _) = drained_of_redo(&cluster, drained, during, lsn);
     let node = status["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == drained).cloned());
     assert_eq!(node.expect("the drained node")["chunks"].as_array().map(Vec::len), Some(0), "{status:#}");
-    replicas_hold(&cluster, &replicas, "log", lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
-    assert_eq!(local_durable_lsn(&cluster, drained, "log"), 0, "the drained node still has its stream");
     for id in 1..=4 {
         assert_eq!(check_pages(&cluster, id, volume, &model, LATEST_LSN, lsn), PAGES as usize);
         check_pages(&cluster, id, volume, &model, lsn - 20, lsn);
@@ -524,15 +533,9 @@ fn a_drain_of_the_redo_leader_moves_its_replica_and_loses_nothing() {
     let (cluster, volume, drained, model, lsn, during) =
         drain_a_redo_replica(None, Drained { leader: true, purged: false });
     println!("the writer appended {during} batches during the drain of the redo leader");
-    assert!(during > 0, "the writer appended nothing during the drain");
-    let status = cluster.status(1);
-    let replicas = redo_replicas(&cluster, 1, "log");
-    assert_eq!(replicas.len(), 3, "{status:#}");
-    assert!(!replicas.contains(&drained), "{status:#}");
+    let (status, replicas) = drained_of_redo(&cluster, drained, during, lsn);
     let leader = redo_leader(&cluster, 1, "log");
     assert!(replicas.contains(&leader) && leader != drained, "led by {leader}: {status:#}");
-    replicas_hold(&cluster, &replicas, "log", lsn).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
-    assert_eq!(local_durable_lsn(&cluster, drained, "log"), 0, "the drained node still has its stream");
     for id in 1..=4 {
         assert_eq!(check_pages(&cluster, id, volume, &model, LATEST_LSN, lsn), PAGES as usize);
     }

@@ -264,3 +264,13 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Runs `nbdcopy` with `args`; panics with its message when it fails.
+#[track_caller]
+pub fn nbdcopy(args: &[&str]) {
+    let out = std::process::Command::new("nbdcopy")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("nbdcopy: {e} (install it with scripts/install-deps: libnbd-bin)"));
+    assert!(out.status.success(), "nbdcopy {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
