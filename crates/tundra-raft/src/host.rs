@@ -90,7 +90,7 @@ pub struct Host {
     /// Requests this node proposed as a leader whose proposals have not answered yet.
     pending: Mutex<std::collections::HashSet<u64>>,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
-    pub(crate) repair: crate::repair::Repair,
+    pub(crate) repair: Arc<crate::repair::Repair>,
     /// The state of this node's member of the manager group, if it runs one.
     manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
     /// Snapshots captured to send and staged as received (snapshot.rs).
@@ -134,7 +134,7 @@ impl Host {
             hook,
             requests: Arc::default(),
             pending: Mutex::default(),
-            repair: crate::repair::Repair::default(),
+            repair: Arc::default(),
             manager: Mutex::new(None),
             files: Arc::new(SnapshotFiles::in_memory()),
             purge_unsynced: Arc::default(),
@@ -243,6 +243,7 @@ impl Host {
             self.hook.clone(),
             self.requests.clone(),
             (self.id, self.files.clone()),
+            self.repairer(),
         )?;
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.groups.lock().insert(group, raft);

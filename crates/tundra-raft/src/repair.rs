@@ -33,7 +33,7 @@ use tundra_store::pages::Pages;
 use tundra_store::store::RepairOutcome;
 
 use crate::host::{Error, Host};
-use crate::network::{Envelope, Reply, Rpc};
+use crate::network::{Envelope, Reply, Rpc, Transport};
 use crate::types::GroupId;
 
 /// How long a replica waits for one peer's copy of a page.
@@ -55,6 +55,9 @@ pub struct RepairStats {
     /// Bad pages no peer had a good copy of when asked (a read of one failed; the scrub tries
     /// again on its next pass).
     pub unrepairable: u64,
+    /// Pages whose stored image was unreadable or failed its checksum when a snapshot of its
+    /// chunk was captured here (state_machine.rs): repaired first, then captured.
+    pub bad_found_by_snapshots: u64,
 }
 
 /// A node's repair counters, its scrub task, and (for the simulation's twin test) a switch
@@ -67,6 +70,7 @@ pub struct Repair {
     bad_found_by_reads: AtomicU64,
     pages_repaired: AtomicU64,
     unrepairable: AtomicU64,
+    bad_found_by_snapshots: AtomicU64,
     disabled: AtomicBool,
     scrub: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -80,6 +84,7 @@ impl Repair {
             bad_found_by_reads: self.bad_found_by_reads.load(Ordering::Relaxed),
             pages_repaired: self.pages_repaired.load(Ordering::Relaxed),
             unrepairable: self.unrepairable.load(Ordering::Relaxed),
+            bad_found_by_snapshots: self.bad_found_by_snapshots.load(Ordering::Relaxed),
         }
     }
 
@@ -132,72 +137,13 @@ impl Host {
     }
 
     /// Rewrites a bad page from the first peer that holds a good copy of the same version.
-    /// `Superseded` when the page was written again meanwhile (or is sound after all).
     async fn repair_page(&self, path: &Pages, chunk: ChunkId, page: PageNo) -> Result<RepairOutcome, Error> {
-        if path.verify_stored(chunk, page).is_ok() {
-            return Ok(RepairOutcome::Superseded);
-        }
-        let Some(bad) = path.store().entry(chunk, page) else {
-            bump(&self.repair.unrepairable);
-            return Err(Error::Corrupted(format!(
-                "page {} of chunk {}: its journal record is damaged",
-                page.0, chunk.0
-            )));
-        };
-        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
-            bump(&self.repair.unrepairable);
-            return Err(Error::Corrupted(format!(
-                "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
-                page.0,
-                chunk.0,
-                self.id()
-            )));
-        }
-        // Why each peer gave no copy, and whether any might give one later (it did not answer,
-        // or holds another version while it catches up): then the read is worth asking again.
-        let (mut why, mut transient) = (Vec::new(), false);
-        for peer in self.peers_of(chunk) {
-            let copy = match self.fetch(peer, chunk, page).await {
-                Ok(copy) => copy,
-                Err(Fetch::Unreachable(error)) => {
-                    transient = true;
-                    why.push(format!("node {peer}: {error}"));
-                    continue;
-                }
-                Err(Fetch::NoGoodCopy(error)) => {
-                    why.push(format!("node {peer}: {error}"));
-                    continue;
-                }
-            };
-            let same = copy.lsn == bad.lsn
-                && copy.image.checksum == bad.checksum
-                && copy.image.encoding == bad.encoding
-                && copy.image.bytes.len() == usize::from(bad.stored_len);
-            if !same {
-                transient = true;
-                why.push(format!("node {peer}: holds LSN {}", copy.lsn.0));
-                continue;
-            }
-            if let Err(error) = path.verify_image(chunk, &copy) {
-                why.push(format!("node {peer}: its copy fails here: {error}"));
-                continue;
-            }
-            let outcome = path.store().repair_page(chunk, bad, &copy).map_err(|e| Error::Unavailable(e.to_string()))?;
-            if outcome == RepairOutcome::Repaired {
-                bump(&self.repair.pages_repaired);
-            }
-            return Ok(outcome);
-        }
-        bump(&self.repair.unrepairable);
-        let message = format!(
-            "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
-            page.0,
-            chunk.0,
-            self.id(),
-            bad.lsn.0,
-            why.join("; ")
-        );
-        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+        self.repairer().repair_page(path, chunk, page, &self.peers_of(chunk)).await
+    }
+
+    /// What a chunk's state machine repairs with (a snapshot capture's bad pages).
+    pub(crate) fn repairer(&self) -> Repairer {
+        Repairer { id: self.id(), transport: self.transport().clone(), repair: self.repair.clone() }
     }
 
     /// The other voters of a chunk's group, in id order.
@@ -205,29 +151,6 @@ impl Host {
         let Ok(raft) = self.raft(chunk) else { return Vec::new() };
         let voters: Vec<u64> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
         voters.into_iter().filter(|&id| id != self.id()).collect()
-    }
-
-    /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
-    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
-        let envelope = Envelope { from: self.id(), to: peer, group: chunk, rpc: Rpc::FetchPage { page: page.0 } };
-        let bytes = match tokio::time::timeout(FETCH_TIMEOUT, self.transport().call(envelope)).await {
-            Ok(Ok(Reply::Page(Ok(bytes)))) => bytes,
-            Ok(Ok(Reply::Page(Err(why)))) => return Err(Fetch::NoGoodCopy(why)),
-            Ok(Ok(_)) => return Err(Fetch::NoGoodCopy("a reply of another kind".into())),
-            Ok(Err(why)) => return Err(Fetch::Unreachable(why)),
-            Err(_) => return Err(Fetch::Unreachable("no answer in time".into())),
-        };
-        match StoreCommand::decode(&bytes) {
-            Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() <= 1 => {
-                // A peer without the page may not have applied its write yet.
-                pages
-                    .pop()
-                    .filter(|put| put.page == page)
-                    .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
-            }
-            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk".into())),
-            Err(error) => Err(Fetch::NoGoodCopy(error.to_string())),
-        }
     }
 
     /// A peer's request for this replica's copy of a page: its stored image, verified, as an
@@ -290,5 +213,117 @@ impl Host {
         if let Some(old) = self.repair.scrub.lock().replace(task) {
             old.abort();
         }
+    }
+}
+
+/// Rewrites bad pages from peers' copies: what the reads, the scrub and a snapshot capture
+/// (state_machine.rs) share. Cheap to clone.
+#[derive(Clone)]
+pub struct Repairer {
+    id: u64,
+    transport: Arc<dyn Transport>,
+    repair: Arc<Repair>,
+}
+
+impl Repairer {
+    /// Rewrites a bad page from the first of `peers` that holds a good copy of the same
+    /// version. `Superseded` when the page was written again meanwhile (or is sound after all).
+    pub(crate) async fn repair_page(
+        &self,
+        path: &Pages,
+        chunk: ChunkId,
+        page: PageNo,
+        peers: &[u64],
+    ) -> Result<RepairOutcome, Error> {
+        if path.verify_stored(chunk, page).is_ok() {
+            return Ok(RepairOutcome::Superseded);
+        }
+        let Some(bad) = path.store().entry(chunk, page) else {
+            bump(&self.repair.unrepairable);
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {}: its journal record is damaged",
+                page.0, chunk.0
+            )));
+        };
+        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
+            bump(&self.repair.unrepairable);
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
+                page.0, chunk.0, self.id
+            )));
+        }
+        // Why each peer gave no copy, and whether any might give one later (it did not answer,
+        // or holds another version while it catches up): then the read is worth asking again.
+        let (mut why, mut transient) = (Vec::new(), false);
+        for &peer in peers {
+            let copy = match self.fetch(peer, chunk, page).await {
+                Ok(copy) => copy,
+                Err(Fetch::Unreachable(error)) => {
+                    transient = true;
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+                Err(Fetch::NoGoodCopy(error)) => {
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+            };
+            let same = copy.lsn == bad.lsn
+                && copy.image.checksum == bad.checksum
+                && copy.image.encoding == bad.encoding
+                && copy.image.bytes.len() == usize::from(bad.stored_len);
+            if !same {
+                transient = true;
+                why.push(format!("node {peer}: holds LSN {}", copy.lsn.0));
+                continue;
+            }
+            if let Err(error) = path.verify_image(chunk, &copy) {
+                why.push(format!("node {peer}: its copy fails here: {error}"));
+                continue;
+            }
+            let outcome = path.store().repair_page(chunk, bad, &copy).map_err(|e| Error::Unavailable(e.to_string()))?;
+            if outcome == RepairOutcome::Repaired {
+                bump(&self.repair.pages_repaired);
+            }
+            return Ok(outcome);
+        }
+        bump(&self.repair.unrepairable);
+        let message = format!(
+            "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
+            page.0,
+            chunk.0,
+            self.id,
+            bad.lsn.0,
+            why.join("; ")
+        );
+        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+    }
+
+    /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
+    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
+        let envelope = Envelope { from: self.id, to: peer, group: chunk, rpc: Rpc::FetchPage { page: page.0 } };
+        let bytes = match tokio::time::timeout(FETCH_TIMEOUT, self.transport.call(envelope)).await {
+            Ok(Ok(Reply::Page(Ok(bytes)))) => bytes,
+            Ok(Ok(Reply::Page(Err(why)))) => return Err(Fetch::NoGoodCopy(why)),
+            Ok(Ok(_)) => return Err(Fetch::NoGoodCopy("a reply of another kind".into())),
+            Ok(Err(why)) => return Err(Fetch::Unreachable(why)),
+            Err(_) => return Err(Fetch::Unreachable("no answer in time".into())),
+        };
+        match StoreCommand::decode(&bytes) {
+            Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() <= 1 => {
+                // A peer without the page may not have applied its write yet.
+                pages
+                    .pop()
+                    .filter(|put| put.page == page)
+                    .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
+            }
+            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk".into())),
+            Err(error) => Err(Fetch::NoGoodCopy(error.to_string())),
+        }
+    }
+
+    /// Counts a bad page a snapshot capture found.
+    pub(crate) fn found_by_snapshot(&self) {
+        bump(&self.repair.bad_found_by_snapshots);
     }
 }

@@ -24,6 +24,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 
 use parking_lot::Mutex;
+use tundra_store::ErrorKind;
 use tundra_store::command::PagePut;
 use tundra_store::ids::{ChunkId, Lsn, PageNo};
 use tundra_store::index::Encoding;
@@ -38,6 +39,43 @@ pub type ExtentsSink<'a> = dyn FnMut(&[u8]) -> Result<(), String> + 'a;
 pub const PIECE_BYTES: usize = 1 << 20;
 
 const MAGIC: &[u8; 8] = b"TNDSNAP\0";
+
+/// A page a capture could not copy as good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadImage {
+    pub page: PageNo,
+    /// The image was read, and failed its check; otherwise the read itself failed.
+    pub readable: bool,
+    pub why: String,
+}
+
+/// Why [`SnapshotFiles::capture`] gave no snapshot.
+#[derive(Debug)]
+pub enum CaptureError {
+    /// These pages' images here are bad; every other image was good.
+    BadPages(Vec<BadImage>),
+    /// Anything else (the snapshot files, the store).
+    Failed(String),
+}
+
+impl From<String> for CaptureError {
+    fn from(why: String) -> CaptureError {
+        CaptureError::Failed(why)
+    }
+}
+
+impl std::fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CaptureError::BadPages(bad) => {
+                let pages: Vec<String> = bad.iter().map(|b| format!("page {}: {}", b.page.0, b.why)).collect();
+                write!(f, "{} bad page image(s) here: {}", bad.len(), pages.join("; "))
+            }
+            CaptureError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 const MANIFEST_FORMAT: u16 = 1;
 const KIND_PAGE: u8 = 0;
 const KIND_HEAVY: u8 = 1;
@@ -377,18 +415,41 @@ impl SnapshotFiles {
     /// answers the manifest. Called between two applies: the copy is of exactly the state the
     /// apply mark `mark` names. The extents are written to a new file, then renamed over any of
     /// the same id (a transfer reading an older copy keeps its own).
-    pub fn capture(&self, store: &Store, group: GroupId, id: &str, mark: Vec<u8>) -> Result<Manifest, String> {
+    ///
+    /// Each page's image goes through `check` first (the state machine decompresses it and
+    /// compares its checksum), so a bad copy here is not handed on as the chunk's. A page that
+    /// cannot be read or fails `check` does not stop the capture: every such page is listed in
+    /// [`CaptureError::BadPages`], for the caller to repair from a peer and capture again.
+    pub fn capture(
+        &self,
+        store: &Store,
+        group: GroupId,
+        id: &str,
+        mark: Vec<u8>,
+        check: &dyn Fn(&PagePut) -> tundra_store::Result<()>,
+    ) -> Result<Manifest, CaptureError> {
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");
         self.remove(&fresh);
         let mut out = CaptureWriter::open(self, &fresh)?;
         let mut images = Vec::new();
+        let mut bad = Vec::new();
         for (page, entry, slots) in store.snapshot_plan(group) {
-            let Some(image) = store.snapshot_image(group, page, &entry, slots).map_err(|e| e.to_string())? else {
-                continue;
+            let image = match store.snapshot_image(group, page, &entry, slots) {
+                Ok(Some(image)) => image,
+                Ok(None) => continue,
+                Err(error) if matches!(error.kind(), ErrorKind::Corrupted | ErrorKind::Io) => {
+                    bad.push(BadImage { page, readable: false, why: error.to_string() });
+                    continue;
+                }
+                Err(error) => return Err(CaptureError::Failed(error.to_string())),
             };
             let (bytes, what) = match image {
                 ChunkImage::Page(put) => {
+                    if let Err(error) = check(&put) {
+                        bad.push(BadImage { page, readable: true, why: error.to_string() });
+                        continue;
+                    }
                     let what = Holds::Page {
                         page: put.page,
                         encoding: put.image.encoding,
@@ -403,6 +464,10 @@ impl SnapshotFiles {
             out.write(&bytes)?;
         }
         let extents_len = out.finish()?;
+        if !bad.is_empty() {
+            self.remove(&fresh);
+            return Err(CaptureError::BadPages(bad));
+        }
         self.rename(&fresh, name)?;
         self.remove_other_extents(group, id);
         Ok(Manifest { chunk: group, mark, extents_len, images })

@@ -16,7 +16,7 @@ use tundra_store::store::{PageImage, Store};
 use tundra_store::volume::{Volume, VolumeMode};
 
 use crate::network::{Call, Envelope, Link, Reply, Rpc, Transport, push_extents};
-use crate::snapshot::{Manifest, PIECE_BYTES, SnapshotBug, SnapshotFiles};
+use crate::snapshot::{CaptureError, Manifest, PIECE_BYTES, SnapshotBug, SnapshotFiles};
 
 const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 512 };
 const CHUNK: ChunkId = ChunkId(1 << 32);
@@ -146,12 +146,49 @@ impl Drop for TempDir {
 
 const ID: &str = "n1-t1.1-i100";
 
+/// The check of a capture whose images are all good (these stores' images are random bytes,
+/// not pages a codec decodes).
+fn sound(_: &PagePut) -> tundra_store::Result<()> {
+    Ok(())
+}
+
+/// Pages that fail the capture's check are all listed, the capture gives no extents, and a
+/// capture told to take them as stored gives the whole chunk.
+#[test]
+fn a_capture_lists_every_bad_page_and_keeps_no_extents() {
+    let dir = TempDir::new("bad-pages");
+    let source = store();
+    fill(&source, 14, 300, 2);
+    let files = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
+    let bad_pages = [7u32, 150, 299];
+    let check = |put: &PagePut| {
+        if bad_pages.contains(&put.page.0) {
+            Err(tundra_store::Error::corrupted(format!("page {} fails its checksum", put.page.0)))
+        } else {
+            Ok(())
+        }
+    };
+    match files.capture(&source, CHUNK, ID, b"mark".to_vec(), &check) {
+        Err(CaptureError::BadPages(bad)) => {
+            let pages: Vec<u32> = bad.iter().map(|b| b.page.0).collect();
+            assert_eq!(pages, bad_pages, "every bad page, in page order");
+            assert!(bad.iter().all(|b| b.readable && b.why.contains("checksum")), "{bad:?}");
+        }
+        other => panic!("a capture with bad pages answered {:?}", other.map(|m| m.images.len())),
+    }
+    assert_eq!(files.extents_len(CHUNK, ID).unwrap(), 0, "a failed capture left extents to send");
+    let left = std::fs::read_dir(dir.0.join("sender")).unwrap().count();
+    assert_eq!(left, 0, "a failed capture left a file behind");
+    let manifest = files.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap();
+    assert_eq!(manifest.images.len(), 300 + 2, "every page and both segments");
+}
+
 /// A source chunk captured on disk; answers the source, its files and the manifest's bytes.
 fn captured(dir: &TempDir, pages: u32, segments: u32) -> (Store, SnapshotFiles, Vec<u8>) {
     let source = store();
     fill(&source, 14, pages, segments);
     let files = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
-    let manifest = files.capture(&source, CHUNK, ID, b"mark".to_vec()).unwrap();
+    let manifest = files.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap();
     (source, files, manifest.encode())
 }
 
@@ -289,7 +326,7 @@ fn measure_a_chunk_move() {
     let stored_blocks = source.stats().stored_bytes;
     let start = std::time::Instant::now();
     let sender = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
-    let manifest = sender.capture(&source, CHUNK, ID, b"mark".to_vec()).unwrap().encode();
+    let manifest = sender.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap().encode();
     let captured = start.elapsed();
     let receiver = Arc::new(SnapshotFiles::in_dir(dir.0.join("receiver")).unwrap());
     let link = TestLink::new(receiver.clone());

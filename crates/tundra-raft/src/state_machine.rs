@@ -23,7 +23,13 @@ use tundra_store::store::{Durability, Store};
 use tundra_store::{Error, ErrorKind};
 
 use crate::mark::ApplyMark;
-use crate::snapshot::SnapshotFiles;
+use std::collections::BTreeSet;
+
+use tundra_store::command::PagePut;
+use tundra_store::ids::PageNo;
+
+use crate::repair::Repairer;
+use crate::snapshot::{CaptureError, SnapshotFiles};
 use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
 
 /// The request ids of the entries each group applied lately, on this node: a leader asked
@@ -89,6 +95,8 @@ pub struct ChunkStateMachine {
     requests: Arc<AppliedRequests>,
     node: NodeId,
     files: Arc<SnapshotFiles>,
+    /// Repairs the bad pages a capture finds (repair.rs).
+    repairer: Repairer,
     /// Whether openraft has asked for the current snapshot since the replica opened: the first
     /// time is its start, which wants only the snapshot's metadata (see
     /// [`RaftStateMachine::get_current_snapshot`]).
@@ -104,6 +112,7 @@ impl ChunkStateMachine {
         hook: Option<ApplyHook>,
         requests: Arc<AppliedRequests>,
         (node, files): (NodeId, Arc<SnapshotFiles>),
+        repairer: Repairer,
     ) -> Result<ChunkStateMachine, String> {
         let mark = match pages.store().chunk_mark(group) {
             Some(bytes) => ApplyMark::decode(&bytes).map_err(|e| format!("chunk {}: {e}", group.0))?,
@@ -118,6 +127,7 @@ impl ChunkStateMachine {
             requests,
             node,
             files,
+            repairer,
             asked_since_open: false,
         })
     }
@@ -177,13 +187,58 @@ impl ChunkStateMachine {
 
     /// The chunk's images copied to the snapshot files, and the manifest (snapshot.rs). The id
     /// names this node and the log id: the same node at the same log id holds the same images.
-    fn capture(&self, id: &str) -> Result<Vec<u8>, String> {
-        let store = self.store();
-        let capture = || self.files.capture(store, self.group, id, self.mark.encode());
+    /// The pages in `as_stored` are copied as they are stored, unchecked.
+    fn capture(&self, id: &str, as_stored: &BTreeSet<PageNo>) -> Result<Vec<u8>, CaptureError> {
+        let (store, pages, group) = (self.store(), &self.pages, self.group);
+        let check = |put: &PagePut| if as_stored.contains(&put.page) { Ok(()) } else { pages.verify_image(group, put) };
+        let capture = || self.files.capture(store, group, id, self.mark.encode(), &check);
         let manifest = if self.files.on_disk() { tokio::task::block_in_place(capture) } else { capture() }?;
         Ok(manifest.encode())
     }
+
+    /// [`ChunkStateMachine::capture`], with the bad pages it finds repaired from the other
+    /// voters first (seed 000 §3.2.1: three copies, so one bad copy is rewritten from a good
+    /// one), then captured again. Applies wait meanwhile: the snapshot is the state between two
+    /// applies, and a repair rewrites a page at its own version only (repair.rs).
+    ///
+    /// A page no voter gives a good copy of is copied as stored when it could be read: its
+    /// checksum travels with it, so the receiver's reads find it bad and repair it in turn,
+    /// never serve it. A page that cannot be read at all leaves the capture failed, and
+    /// openraft stops the group on this node with the reason in its log.
+    async fn capture_repairing(&self, id: &str) -> Result<Vec<u8>, String> {
+        let mut as_stored = BTreeSet::new();
+        for _ in 0..CAPTURE_PASSES {
+            let bad = match self.capture(id, &as_stored) {
+                Ok(manifest) => return Ok(manifest),
+                Err(CaptureError::Failed(why)) => return Err(why),
+                Err(CaptureError::BadPages(bad)) => bad,
+            };
+            let peers: Vec<u64> =
+                self.mark.membership.membership().voter_ids().filter(|&voter| voter != self.node).collect();
+            for image in bad {
+                self.repairer.found_by_snapshot();
+                let repaired = self.repairer.repair_page(&self.pages, self.group, image.page, &peers).await;
+                match repaired {
+                    Ok(_) => {}
+                    Err(_) if image.readable => {
+                        as_stored.insert(image.page);
+                    }
+                    Err(error) => {
+                        return Err(format!(
+                            "chunk {}: page {} cannot be read here ({}) and was not repaired: {error}",
+                            self.group.0, image.page.0, image.why
+                        ));
+                    }
+                }
+            }
+        }
+        self.capture(id, &as_stored).map_err(|e| format!("chunk {}: {e}", self.group.0))
+    }
 }
+
+/// How many times a capture repairs what it found bad and starts again before its last try:
+/// a repaired page is good on the next pass unless the media fails again meanwhile.
+const CAPTURE_PASSES: usize = 3;
 
 fn apply_error(log_id: LogId<NodeId>, error: Error) -> StorageError<NodeId> {
     StorageIOError::apply(log_id, openraft::AnyError::error(error.to_string())).into()
@@ -225,7 +280,7 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
             Some(id) => format!("n{}-t{}.{}-i{}", self.node, id.leader_id.term, id.leader_id.node_id, id.index),
             None => format!("n{}-empty", self.node),
         };
-        let result = self.capture(&snapshot_id).map(|data| {
+        let result = self.capture_repairing(&snapshot_id).await.map(|data| {
             let meta =
                 SnapshotMeta { last_log_id: applied, last_membership: self.mark.membership.clone(), snapshot_id };
             self.snapshot = Some((meta.clone(), data.clone()));

@@ -115,6 +115,7 @@ fn add_repair(total: &mut RepairStats, other: &RepairStats) {
     total.bad_found_by_reads += other.bad_found_by_reads;
     total.pages_repaired += other.pages_repaired;
     total.unrepairable += other.unrepairable;
+    total.bad_found_by_snapshots += other.bad_found_by_snapshots;
 }
 
 /// The faults one seed turns on, and how often.

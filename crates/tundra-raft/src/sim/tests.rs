@@ -37,6 +37,7 @@ fn seeds_without_violations() {
     assert!(total.snapshots_sent > 0, "no replica was brought back by a snapshot");
     assert!(total.snapshot_pieces > 0, "no snapshot's extents were sent in pieces");
     assert!(total.pages_corrupted > 0 && total.repair.pages_repaired > 0, "no bad page was repaired");
+    assert!(total.repair.bad_found_by_snapshots > 0, "no snapshot capture met a bad page");
 }
 
 /// Replays one seed (TUNDRA_SEED) and prints its trace.
@@ -168,7 +169,7 @@ fn a_page_bad_on_every_replica_reads_as_an_error() {
 pub fn summary(r: &Report) -> String {
     format!(
         "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} snapshot_pieces={} partitions={} crashes={} restarts={} \
-         log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} pages_repaired={} \
+         log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} bad_found_by_snapshots={} pages_repaired={} \
          unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
          violations={}",
@@ -187,6 +188,7 @@ pub fn summary(r: &Report) -> String {
         r.pages_corrupted,
         r.repair.bad_found_by_reads,
         r.repair.bad_found_by_scrub,
+        r.repair.bad_found_by_snapshots,
         r.repair.pages_repaired,
         r.repair.unrepairable,
         r.repair.pages_scrubbed,
@@ -202,4 +204,76 @@ pub fn summary(r: &Report) -> String {
         r.log_flushes,
         r.violations.len()
     )
+}
+
+/// A snapshot captured on a replica whose copy of a page went bad: the capture repairs the
+/// page from another voter and captures it good, and the group keeps running there. `Err`
+/// says which check failed; with repair off (the twin) the capture still succeeds, copying
+/// the bad image as stored, and the check that the page is good again fails.
+fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
+    crate::runtime::seed_thread_rng(9);
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    runtime.block_on(async {
+        let mut rng = Rng::new(9);
+        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, LogFault::None, applied, false).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        let pages: Vec<_> = (0..6).map(|p| (PageNo(p), content(u64::from(p) + 1), Lsn(u64::from(p) + 1))).collect();
+        leader.write_pages(chunk, &pages).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        // A follower's copy of page 3 goes bad.
+        let i = (0..cluster.nodes.len())
+            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
+            .expect("a follower");
+        let host = cluster.nodes[i].host.clone().expect("up");
+        if repair_off {
+            host.disable_repair();
+        }
+        let corrupted = (0..10).any(|_| cluster.corrupt(i, chunk, PageNo(3), &mut rng).is_some());
+        assert!(corrupted, "page 3 could not be made bad");
+        let raft = host.raft(chunk).expect("the replica runs");
+        let applied = raft.metrics().borrow().last_applied;
+        raft.trigger().snapshot().await.expect("a snapshot asked for");
+        let mut built = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let metrics = raft.metrics().borrow().clone();
+            if let Err(fatal) = &metrics.running_state {
+                return Err(format!("the group stopped on node {}: {fatal}", host.id()));
+            }
+            if metrics.snapshot.is_some() && metrics.snapshot >= applied {
+                built = true;
+                break;
+            }
+        }
+        let stats = host.repair_stats();
+        let page_good = host.pages_of(chunk).verify_stored(chunk, PageNo(3)).is_ok();
+        cluster.shutdown().await;
+        if !built {
+            return Err("no snapshot was built".into());
+        }
+        if stats.bad_found_by_snapshots == 0 {
+            return Err("the capture did not find the bad page".into());
+        }
+        if !page_good || stats.pages_repaired == 0 {
+            return Err(format!("page 3 is still bad after the snapshot ({stats:?})"));
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn a_snapshot_over_a_bad_page_repairs_it_first() {
+    snapshot_over_a_bad_page(false).expect("the capture repaired the page");
+}
+
+#[test]
+fn a_capture_that_does_not_repair_is_caught() {
+    let verdict = snapshot_over_a_bad_page(true);
+    let why = verdict.expect_err("a capture without repair passed the check");
+    assert!(why.contains("still bad"), "{why}");
 }
