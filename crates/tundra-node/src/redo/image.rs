@@ -272,20 +272,26 @@ impl Node {
         let _upkeep = stream.as_ref().map(|s| s.upkeep.lock());
         let mut head =
             CopyHead { volume: id, page_size: volume.volume.page_size, fence: 0, start_lsn: 0, durable_lsn: 0 };
-        let mut batches: Vec<RedoBatch> = Vec::new();
+        // How many of the log's batches the copy carries.
+        let mut count = 0usize;
         if let Some(stream) = &stream {
             head.fence = stream.log.fence().0;
             head.start_lsn = stream.log.start_lsn().0;
             head.durable_lsn = stream.log.durable_lsn().0;
-            // Read before anything is written, so a log that fails its checks writes nothing;
-            // the log's records are a bounded ring (the stream's slot of the fast device).
+            // Every batch is read and checked before anything is written, so a log that fails
+            // its checks writes nothing; none is kept: they are read again below and streamed
+            // one at a time (the stream's upkeep is held, and a copy is taken between two
+            // applies, so the log is the same both times).
+            let mut last_prev = None;
             for batch in stream.log.read_after(Lsn(head.start_lsn)).map_err(redo_error)? {
-                batches.push(batch.map_err(redo_error)?);
+                last_prev = Some(batch.map_err(redo_error)?.prev_lsn.0);
+                count += 1;
             }
             if bug == CopyBug::DropLastBatch
-                && let Some(last) = batches.pop()
+                && let Some(prev) = last_prev
             {
-                head.durable_lsn = last.prev_lsn.0;
+                count -= 1;
+                head.durable_lsn = prev;
             }
         }
         out(&head.encode()).map_err(Error::Io)?;
@@ -302,12 +308,20 @@ impl Node {
                 put_item(out, kind, &body)?;
             }
         }
-        for batch in &batches {
+        let mut sent = 0usize;
+        if let Some(stream) = stream.as_ref().filter(|_| count > 0) {
             let mut body = Vec::new();
-            codec::encode_batch(batch, &mut body);
-            put_item(out, KIND_BATCH, &body)?;
+            for batch in stream.log.read_after(Lsn(head.start_lsn)).map_err(redo_error)?.take(count) {
+                body.clear();
+                codec::encode_batch(&batch.map_err(redo_error)?, &mut body);
+                put_item(out, KIND_BATCH, &body)?;
+                sent += 1;
+            }
         }
-        put_item(out, KIND_END, &(batches.len() as u64).to_le_bytes())?;
+        if sent != count {
+            return Err(Error::Io(format!("the redo log held {count} batches, then {sent} while it was copied")));
+        }
+        put_item(out, KIND_END, &(count as u64).to_le_bytes())?;
         Ok(head)
     }
 
