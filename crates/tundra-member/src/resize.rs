@@ -71,7 +71,7 @@ pub struct VolumeSizes {
 /// A test-only hook: `TUNDRA_TEST_RESIZE_STOP_AFTER_GROW` makes the coordinator stop after
 /// phase 1, as if it died there: `all` (or any value not a number) after every node grew and
 /// the new groups elected leaders, a number `n` after the first `n` nodes grew (nothing
-/// initialized). Unset in production.
+/// initialized; the coordinator grows first). Unset in production.
 fn test_stop_after_grow() -> Option<usize> {
     let value = std::env::var("TUNDRA_TEST_RESIZE_STOP_AFTER_GROW").ok()?;
     Some(value.parse().unwrap_or(usize::MAX))
@@ -165,7 +165,9 @@ impl ClusterNode {
         }
         let first_new = chunk_spans(smallest).len() as u32;
         let sets = self.place_grown(&def, size_bytes, first_new).await?;
-        let nodes = self.membership.ids();
+        // The coordinator first (a test hook that stops after one node grew stops there).
+        let mut nodes = self.membership.ids();
+        nodes.sort_by_key(|&node| node != self.me);
         let stop = test_stop_after_grow();
         let mut grown = Vec::new();
         for &node in &nodes {

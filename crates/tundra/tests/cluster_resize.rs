@@ -1,0 +1,255 @@
+//! Growing a replicated volume (crates/tundra-member/src/resize.rs): `tundra volume resize`
+//! through one node of three grows the volume on every node, within its last chunk and into
+//! a new chunk placed by the manager; old pages read back as written, new ones are written
+//! and read through every node, and a restart of every node keeps the size and the data. A
+//! shrink, or a resize with a node down, is refused and changes nothing. A resize whose
+//! coordinator stopped after growing the stores leaves every node serving the old size (a
+//! write past it refused through every node) and is finished by running it again. The twin:
+//! with the range checks on the store's size instead of the catalog's served size, a write
+//! in the new range is taken while only one store grew.
+
+mod common;
+#[path = "common/cluster.rs"]
+mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
+
+use std::time::Duration;
+
+use common::{fails, succeeds};
+use common_cluster::Cluster;
+use serde_json::Value;
+use tundra_client::Client;
+use tundra_proto::WriteMode;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const PAGE: u64 = 8192;
+
+/// Thin drives: a volume of a little over 1 GiB on 256 MiB drives (its pages are few).
+fn cluster(env: &[(&str, &str)]) -> Cluster {
+    let mut cluster = Cluster::with_drive(|_| None, "physical = \"256MiB\"\novercommit = true");
+    cluster.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    cluster.start_all();
+    cluster
+}
+
+fn create(cluster: &Cluster, name: &str, size: &str) {
+    succeeds(&["volume", "create", name, "--size", size, "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+}
+
+fn client(cluster: &Cluster, node: u64) -> Client {
+    Client::connect(cluster.member(node).native).expect("connect")
+}
+
+/// A page's bytes: its number and a salt, repeated.
+fn pattern(page: u64, salt: u8) -> Vec<u8> {
+    (0..PAGE).map(|i| (page as u8).wrapping_mul(31) ^ (i as u8) ^ salt).collect()
+}
+
+fn write(cluster: &Cluster, node: u64, volume: &str, page: u64, salt: u8) -> Result<(), String> {
+    let mut c = client(cluster, node);
+    let id = c.volume_lookup(volume).expect("lookup").id;
+    c.write_page(id, page, WriteMode::Auto, &pattern(page, salt)).map_err(|e| e.to_string())
+}
+
+fn read(cluster: &Cluster, node: u64, volume: &str, page: u64) -> Vec<u8> {
+    let mut c = client(cluster, node);
+    let id = c.volume_lookup(volume).expect("lookup").id;
+    c.read_page(id, page).unwrap_or_else(|e| panic!("read page {page} through node {node}: {e}"))
+}
+
+/// The size node `node` serves for `volume`.
+fn size_on(cluster: &Cluster, node: u64, volume: &str) -> u64 {
+    client(cluster, node).volume_lookup(volume).expect("lookup").size_bytes
+}
+
+fn resize(cluster: &Cluster, node: u64, volume: &str, size: &str) {
+    succeeds(&["volume", "resize", volume, "--size", size, "--addr", &cluster.member(node).addr()]);
+}
+
+/// The replica sets `cluster status --json` shows for `volume`'s chunks, by chunk index.
+fn chunk_replicas(status: &Value, volume: &str) -> Vec<(u64, Vec<u64>)> {
+    let mut chunks: Vec<(u64, Vec<u64>)> = status["chunks"]
+        .as_array()
+        .expect("chunks")
+        .iter()
+        .filter(|c| c["volume"] == volume)
+        .map(|c| {
+            let index = c["chunk"].as_u64().or_else(|| c["index"].as_u64()).expect("a chunk index");
+            let replicas = c["replicas"].as_array().expect("replicas").iter().filter_map(Value::as_u64).collect();
+            (index, replicas)
+        })
+        .collect();
+    chunks.sort();
+    chunks
+}
+
+#[test]
+fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node() {
+    let mut cluster = cluster(&[]);
+    create(&cluster, "v", "64MiB");
+    let old_pages: Vec<u64> = (0..16).chain([64 * MIB / PAGE - 1]).collect();
+    for &page in &old_pages {
+        write(&cluster, 1, "v", page, 1).expect("write an old page");
+    }
+
+    // A shrink is refused, and nothing changes.
+    let refused = fails(&["volume", "resize", "v", "--size", "32MiB", "--addr", &cluster.member(2).addr()], "shrink");
+    println!("shrink: {refused}");
+    // With a node down, refused with the node named, and nothing changes.
+    cluster.stop(3);
+    let refused =
+        fails(&["volume", "resize", "v", "--size", "128MiB", "--addr", &cluster.member(1).addr()], "does not answer");
+    assert!(refused.contains("node 3") && refused.contains("nothing was changed"), "{refused}");
+    cluster.start(3);
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), 64 * MIB, "node {node} changed size by a refused resize");
+    }
+    let past = write(&cluster, 2, "v", 64 * MIB / PAGE, 2).expect_err("a write past the end");
+    println!("past the end: {past}");
+
+    // Within the first chunk.
+    resize(&cluster, 2, "v", "128MiB");
+    let mid = 100 * MIB / PAGE;
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), 128 * MIB, "node {node}");
+        write(&cluster, node, "v", mid + node, 3).unwrap_or_else(|e| panic!("write through node {node}: {e}"));
+    }
+    for node in 1..=3 {
+        for writer in 1..=3 {
+            assert!(read(&cluster, node, "v", mid + writer) == pattern(mid + writer, 3), "node {node}");
+        }
+    }
+
+    // Into a second chunk, placed by the manager.
+    resize(&cluster, 3, "v", "1088MiB");
+    let far = (GIB + 32 * MIB) / PAGE;
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), GIB + 64 * MIB, "node {node}");
+        write(&cluster, node, "v", far + node, 4).unwrap_or_else(|e| panic!("write in chunk 1 through node {node}: {e}"));
+    }
+    let last = (GIB + 64 * MIB) / PAGE - 1;
+    write(&cluster, 1, "v", last, 5).expect("the last page");
+    write(&cluster, 1, "v", last + 1, 5).expect_err("a page past the new end");
+    let chunks = chunk_replicas(&cluster.status(1), "v");
+    println!("chunks: {chunks:?}");
+    assert_eq!(chunks.len(), 2, "status shows both chunks: {chunks:?}");
+    assert_eq!(chunks[1].0, 1);
+    assert_eq!(chunks[1].1.len(), 3, "the new chunk has three replicas: {chunks:?}");
+
+    let check = |cluster: &Cluster, when: &str| {
+        for node in 1..=3 {
+            for &page in &old_pages {
+                assert!(read(cluster, node, "v", page) == pattern(page, 1), "{when}: old page {page} via node {node}");
+            }
+            for writer in 1..=3 {
+                assert!(read(cluster, node, "v", mid + writer) == pattern(mid + writer, 3), "{when}: node {node}");
+                assert!(read(cluster, node, "v", far + writer) == pattern(far + writer, 4), "{when}: node {node}");
+            }
+            assert!(read(cluster, node, "v", last) == pattern(last, 5), "{when}: node {node}");
+        }
+    };
+    check(&cluster, "after the resizes");
+
+    // A restart of every node keeps the size and the data.
+    for node in 1..=3 {
+        cluster.stop(node);
+    }
+    cluster.start_all();
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), GIB + 64 * MIB, "node {node} after a restart");
+    }
+    check(&cluster, "after a restart of every node");
+    write(&cluster, 2, "v", far + 10, 6).expect("a write in chunk 1 after the restart");
+    assert!(read(&cluster, 3, "v", far + 10) == pattern(far + 10, 6));
+}
+
+#[test]
+fn a_resize_whose_coordinator_stopped_after_growing_is_finished_by_running_it_again() {
+    let mut cluster = cluster(&[("TUNDRA_TEST_RESIZE_STOP_AFTER_GROW", "all")]);
+    create(&cluster, "v", "64MiB");
+    write(&cluster, 1, "v", 3, 1).expect("write");
+    let stopped = fails(
+        &["volume", "resize", "v", "--size", "1088MiB", "--addr", &cluster.member(1).addr()],
+        "coordinator stops here",
+    );
+    println!("{stopped}");
+    // Stores grown, chunk 1 placed and led, and every node still serves 64 MiB: a write past it
+    // is refused, naming the resize under way, through every node.
+    let mid = 100 * MIB / PAGE;
+    let far = (GIB + 32 * MIB) / PAGE;
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), 64 * MIB, "node {node} serves the new size before phase 2");
+        for page in [mid, far] {
+            let refused = write(&cluster, node, "v", page, 2).expect_err("a write past the served size");
+            assert!(refused.contains("resize"), "node {node}, page {page}: {refused}");
+        }
+    }
+    println!("refused between the phases: {}", write(&cluster, 2, "v", far, 2).unwrap_err());
+
+    // A node restarted between the phases comes up as it was: the old size served.
+    cluster.stop(2);
+    cluster.start(2);
+    assert_eq!(size_on(&cluster, 2, "v"), 64 * MIB);
+    assert!(write(&cluster, 2, "v", far, 2).is_err());
+
+    // Run again (through a coordinator without the hook): finished.
+    cluster.stop(1);
+    cluster.env.clear();
+    cluster.start(1);
+    resize(&cluster, 1, "v", "1088MiB");
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "v"), GIB + 64 * MIB, "node {node}");
+        write(&cluster, node, "v", far + node, 3).unwrap_or_else(|e| panic!("write through node {node}: {e}"));
+    }
+    for node in 1..=3 {
+        assert!(read(&cluster, node, "v", 3) == pattern(3, 1), "the old page via node {node}");
+        for writer in 1..=3 {
+            assert!(read(&cluster, node, "v", far + writer) == pattern(far + writer, 3), "node {node}");
+        }
+    }
+    assert_eq!(chunk_replicas(&cluster.status(3), "v").len(), 2);
+}
+
+/// Three nodes (with `range_from_store`, range checks on each store's size), a 64 MiB volume
+/// resized to 128 MiB through the leader of its chunk, whose coordinator stops once that one
+/// node grew: the cluster, the leader, and the outcome of a write at 100 MiB through it.
+fn grown_on_the_leader_only(range_from_store: bool) -> (Cluster, u64, Result<(), String>) {
+    let mut env = vec![("TUNDRA_TEST_RESIZE_STOP_AFTER_GROW", "1")];
+    if range_from_store {
+        env.push(("TUNDRA_TEST_RESIZE_RANGE_FROM_STORE", "1"));
+    }
+    let cluster = cluster(&env);
+    create(&cluster, "v", "64MiB");
+    write(&cluster, 1, "v", 0, 1).expect("write");
+    let leader = cluster.leader(1, "v");
+    let stopped =
+        fails(&["volume", "resize", "v", "--size", "128MiB", "--addr", &cluster.member(leader).addr()], "stops here");
+    assert!(stopped.contains(&format!("[{leader}]")), "only the coordinator grew: {stopped}");
+    std::thread::sleep(Duration::from_millis(200));
+    let outcome = write(&cluster, leader, "v", 100 * MIB / PAGE, 2);
+    (cluster, leader, outcome)
+}
+
+#[test]
+fn a_write_past_the_served_size_is_refused_while_only_some_stores_grew() {
+    let (cluster, leader, outcome) = grown_on_the_leader_only(false);
+    let refused = outcome.expect_err("a write in the new range while two stores had not grown");
+    assert!(refused.contains("resize"), "{refused}");
+    for node in (1..=3).filter(|&n| n != leader) {
+        assert!(write(&cluster, node, "v", 100 * MIB / PAGE, 2).is_err(), "node {node} took the write");
+    }
+}
+
+/// The twin: checking the range against the store's size, the leader (whose store grew) takes
+/// the write while its followers' stores have not grown: the replicas would differ.
+#[test]
+fn with_range_checks_on_the_store_size_a_write_is_taken_before_every_store_grew() {
+    let (cluster, leader, outcome) = grown_on_the_leader_only(true);
+    assert!(
+        outcome.is_ok(),
+        "the store-size check refused the write through node {leader}: {outcome:?}\n{}",
+        cluster.logs()
+    );
+}
