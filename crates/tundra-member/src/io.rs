@@ -327,7 +327,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Manager(_) => "a manager answer",
         Answer::ChunkSizes(_) => "chunk sizes",
         Answer::Deleting(_) => "a delete state",
-        Answer::Sizes(_) => "a volume's sizes",
+        Answer::Resize(_) => "a volume's sizes",
     }
 }
 

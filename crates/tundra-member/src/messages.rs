@@ -217,8 +217,8 @@ pub enum Answer {
     /// A volume in this node's catalog: `None` when it is not there (never was, or deleted),
     /// else whether it is marked deleting.
     Deleting(Option<bool>),
-    /// A volume's sizes on this node (resize.rs).
-    Sizes(crate::resize::VolumeSizes),
+    /// A volume's sizes on this node and whether its store can grow (resize.rs).
+    Resize(crate::resize::ResizeCheck),
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

@@ -10,14 +10,18 @@
 //!
 //! 1. **Grow.** Every node must answer first, or nothing changes. The manager counts the old
 //!    last chunk at its new span (`GrowChunk`) and places each new chunk (seed 000 §4.2.1, as
-//!    at a creation). Then on every node: the catalog takes the new size and the new chunks'
-//!    replica sets durably, keeping the old size as `served_bytes`; the store's volume grows;
+//!    at a creation). Then on every node: the store's volume grows; the catalog takes the new
+//!    size and the new chunks' replica sets durably, keeping the old size as `served_bytes`;
 //!    the new chunks' groups start where the node is a replica. The new groups' first leaders
 //!    initialize them and each elects a leader. No node serves the new range yet.
 //! 2. **Serve.** Every node's catalog serves the whole new size.
 //!
-//! The catalog is written before the store grows, so a node that crashed in between grows its
-//! store at its next start (`ClusterNode::open_replica`). A coordinator that stops between
+//! The store grows before the catalog names the new size: a store larger than its catalog's
+//! size serves nothing past the catalog's (every range check and every group started stops
+//! there), so a node that crashed in between comes up as it was, and a store that cannot grow
+//! (no space) leaves its node unchanged; every node is asked whether its store can grow before
+//! any does. A node whose catalog names a size its store lacks (a catalog restored from
+//! another node's) grows its store at its start (`ClusterNode::open_replica`). A coordinator that stops between
 //! the phases, or a node that does not answer, leaves stores grown and the served size as it
 //! was on the nodes not yet at phase 2: the same command again finishes it (each step is
 //! idempotent). Meanwhile a client sees the old size on those nodes: a read or write past it
@@ -42,8 +46,8 @@ const FIRST_LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(20
 /// One node's part of a resize, asked by the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResizeStep {
-    /// Answer the volume's sizes here.
-    Query,
+    /// Answer the volume's sizes here, and whether its store can grow to `size_bytes`.
+    Query { size_bytes: u64 },
     /// Phase 1 here: the catalog takes `size_bytes` and the replica sets of chunks
     /// `first_new..` (`sets`, in order; those this node entered before are skipped), the store
     /// grows and the new chunks' groups this node runs start.
@@ -66,6 +70,14 @@ pub struct VolumeSizes {
     /// The node holds a redo stream of the volume.
     pub takes_redo: bool,
     pub deleting: bool,
+}
+
+/// A node's answer to [`ResizeStep::Query`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeCheck {
+    pub sizes: VolumeSizes,
+    /// Why the node's store cannot grow to the size asked (no space), if it cannot.
+    pub refusal: Option<String>,
 }
 
 /// A test-only hook: `TUNDRA_TEST_RESIZE_STOP_AFTER_GROW` makes the coordinator stop after
@@ -150,7 +162,7 @@ impl ClusterNode {
                 )));
             }
         }
-        let sizes = self.sizes_everywhere(&def).await?;
+        let sizes = self.sizes_everywhere(&def, size_bytes).await?;
         let smallest = sizes.iter().map(|s| s.size_bytes).min().unwrap_or(def.size_bytes);
         let largest = sizes.iter().map(|s| s.size_bytes).max().unwrap_or(def.size_bytes);
         if size_bytes < largest {
@@ -211,22 +223,28 @@ impl ClusterNode {
     }
 
     /// Every node's sizes of the volume: all must answer, none may hold its redo stream or
-    /// have it marked deleting.
-    async fn sizes_everywhere(&self, def: &VolumeDef) -> Result<Vec<VolumeSizes>, Refusal> {
+    /// have it marked deleting, and every store must be able to grow to `size_bytes`.
+    async fn sizes_everywhere(&self, def: &VolumeDef, size_bytes: u64) -> Result<Vec<VolumeSizes>, Refusal> {
         let mut sizes = Vec::new();
         for node in self.membership.ids() {
-            let step = ResizeStep::Query;
+            let step = ResizeStep::Query { size_bytes };
             match self.ask_patiently(node, Forward::Resize { volume: def.id, step }).await {
-                Ok(Answer::Sizes(s)) if s.takes_redo => {
+                Ok(Answer::Resize(check)) if check.sizes.takes_redo => {
                     return Err(Refusal::Invalid(format!(
                         "volume {:?} takes redo (node {node} holds its stream): resizing it is not supported",
                         def.name
                     )));
                 }
-                Ok(Answer::Sizes(s)) if s.deleting => {
+                Ok(Answer::Resize(check)) if check.sizes.deleting => {
                     return Err(Refusal::Invalid(format!("volume {:?} is being deleted", def.name)));
                 }
-                Ok(Answer::Sizes(s)) => sizes.push(s),
+                Ok(Answer::Resize(ResizeCheck { refusal: Some(why), .. })) => {
+                    return Err(Refusal::Invalid(format!(
+                        "node {node} cannot grow volume {:?} to {size_bytes} bytes ({why}); nothing was changed",
+                        def.name
+                    )));
+                }
+                Ok(Answer::Resize(check)) => sizes.push(check.sizes),
                 Ok(other) => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
                 Err(why) => {
                     return Err(Refusal::Unavailable(format!(
@@ -244,7 +262,8 @@ impl ClusterNode {
     /// sets, in order.
     async fn place_grown(&self, def: &VolumeDef, size_bytes: u64, first_new: u32) -> Result<Vec<Vec<u64>>, Refusal> {
         let spans = chunk_spans(size_bytes);
-        let (state, now_unix_ms) = self.manager_state_now().await?;
+        // As at a creation: every node just answered, and placement waits for their fresh reports.
+        let (state, now_unix_ms) = self.manager_state_reported_by(&self.membership.ids()).await?;
         let replicas = state.config().replicas;
         let usage = crate::placement::reported_usage(&state, now_unix_ms);
         let added: Vec<u64> = spans[first_new.saturating_sub(1) as usize..].to_vec();
@@ -306,16 +325,20 @@ impl ClusterNode {
     /// This node's part of a resize.
     pub(crate) async fn resize_step(&self, volume: u32, step: ResizeStep) -> Result<Answer, Refusal> {
         match step {
-            ResizeStep::Query => {
+            ResizeStep::Query { size_bytes } => {
                 let def = self.def_here(volume)?;
                 let store = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-                Ok(Answer::Sizes(VolumeSizes {
+                let refusal = tokio::task::block_in_place(|| self.node.volume_resize_check(&def.name, size_bytes))
+                    .err()
+                    .map(|e| e.to_string());
+                let sizes = VolumeSizes {
                     size_bytes: def.size_bytes,
                     served_bytes: def.served_size(),
                     store_bytes: store.volume.size_bytes,
                     takes_redo: self.node.takes_redo(&store),
                     deleting: def.deleting,
-                }))
+                };
+                Ok(Answer::Resize(ResizeCheck { sizes, refusal }))
             }
             ResizeStep::Grow { size_bytes, first_new, sets } => {
                 self.grow_here(volume, size_bytes, first_new, &sets).await.map(|()| Answer::Done)
@@ -330,13 +353,22 @@ impl ClusterNode {
         }
     }
 
-    /// Phase 1 here: the catalog first (durably), then the store and the new groups.
+    /// Phase 1 here: the store first, then the catalog (durably), then the new groups. A store
+    /// grown past its catalog's size (a crash in between, or a catalog write that failed)
+    /// changes nothing: every range check and every group started stops at the catalog's
+    /// size, and the resize run again enters it.
     async fn grow_here(&self, volume: u32, size_bytes: u64, first_new: u32, sets: &[Vec<u64>]) -> Result<(), Refusal> {
         // One change of a volume's definition at a time here (a delete's steps too).
         let _one = self.deletes.lock().await;
         let def = self.def_here(volume)?;
         if def.deleting {
             return Err(Refusal::Invalid(format!("volume {:?} is being deleted", def.name)));
+        }
+        if def.size_bytes > size_bytes {
+            return Err(Refusal::Invalid(format!(
+                "volume {:?} is {} bytes on node {}: a resize to more is under way",
+                def.name, def.size_bytes, self.me
+            )));
         }
         if def.size_bytes < size_bytes {
             let before = chunk_spans(def.size_bytes).len() as u32;
@@ -347,13 +379,16 @@ impl ClusterNode {
                 ))
             })?;
             let added = sets.get(skip as usize..).unwrap_or(&[]);
-            tokio::task::block_in_place(|| self.catalog.lock().grow(volume, size_bytes, added))
-                .map_err(Refusal::Invalid)?;
-        } else if def.size_bytes > size_bytes {
-            return Err(Refusal::Invalid(format!(
-                "volume {:?} is {} bytes on node {}: a resize to more is under way",
-                def.name, def.size_bytes, self.me
-            )));
+            tokio::task::block_in_place(|| -> Result<(), String> {
+                let store = self.node.volume(VolumeId(volume)).map_err(|e| e.to_string())?;
+                if store.volume.size_bytes < size_bytes {
+                    self.node
+                        .volume_resize(&def.name, size_bytes)
+                        .map_err(|e| format!("growing replicated volume {:?} here: {e}", def.name))?;
+                }
+                self.catalog.lock().grow(volume, size_bytes, added)
+            })
+            .map_err(Refusal::Invalid)?;
         }
         let def = self.def_here(volume)?;
         // Invalid, not Unavailable: a store that cannot grow (no space) will not by asking again.
@@ -376,7 +411,11 @@ impl ClusterNode {
             volume = tokio::task::block_in_place(|| self.node.volume_resize(&def.name, def.size_bytes))
                 .map_err(|e| format!("growing replicated volume {:?} here: {e}", def.name))?;
         }
+        // Only the catalog's chunks: a store grown past the catalog (module doc) starts no group
+        // for a chunk the catalog does not place.
+        let count = chunk_spans(def.size_bytes).len() as u32;
         let groups: Vec<ChunkId> = crate::cluster::chunks(&volume.volume)
+            .filter(|chunk| chunk.index() < count)
             .filter(|chunk| def.runs(self.me, chunk.index()) && self.host.raft(*chunk).is_err())
             .collect();
         if groups.is_empty() {

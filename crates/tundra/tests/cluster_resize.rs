@@ -26,9 +26,9 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const PAGE: u64 = 8192;
 
-/// Thin drives: a volume of a little over 1 GiB on 256 MiB drives (its pages are few).
+/// Thin drives: a volume of a little over 1 GiB on 512 MiB drives (its pages are few).
 fn cluster(env: &[(&str, &str)]) -> Cluster {
-    let mut cluster = Cluster::with_drive(|_| None, "physical = \"256MiB\"\novercommit = true");
+    let mut cluster = Cluster::with_drive(|_| None, "physical = \"512MiB\"\novercommit = true");
     cluster.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     cluster.start_all();
     cluster
