@@ -368,7 +368,10 @@ impl ClusterNode {
     /// may not have reached the manager yet, and placing before them would count those nodes
     /// as unknown and call the cluster full. After the wait the state is taken as it is, and
     /// placement names the nodes still unknown.
-    pub(crate) async fn manager_state_reported_by(&self, nodes: &[u64]) -> Result<(tundra_cluster::ClusterState, u64), Refusal> {
+    pub(crate) async fn manager_state_reported_by(
+        &self,
+        nodes: &[u64],
+    ) -> Result<(tundra_cluster::ClusterState, u64), Refusal> {
         let deadline = std::time::Instant::now() + REPORTS_WAIT;
         loop {
             let (state, now_unix_ms) = self.manager_state_now().await?;

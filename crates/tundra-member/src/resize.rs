@@ -343,7 +343,9 @@ impl ClusterNode {
             ResizeStep::Grow { size_bytes, first_new, sets } => {
                 self.grow_here(volume, size_bytes, first_new, &sets).await.map(|()| Answer::Done)
             }
-            ResizeStep::Initialize { first_new } => self.initialize_from(volume, first_new).await.map(|()| Answer::Done),
+            ResizeStep::Initialize { first_new } => {
+                self.initialize_from(volume, first_new).await.map(|()| Answer::Done)
+            }
             ResizeStep::Serve { size_bytes } => {
                 let _one = self.deletes.lock().await;
                 tokio::task::block_in_place(|| self.catalog.lock().serve_all(volume, size_bytes))

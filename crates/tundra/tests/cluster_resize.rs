@@ -127,7 +127,8 @@ fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node()
     let far = (GIB + 32 * MIB) / PAGE;
     for node in 1..=3 {
         assert_eq!(size_on(&cluster, node, "v"), GIB + 64 * MIB, "node {node}");
-        write(&cluster, node, "v", far + node, 4).unwrap_or_else(|e| panic!("write in chunk 1 through node {node}: {e}"));
+        write(&cluster, node, "v", far + node, 4)
+            .unwrap_or_else(|e| panic!("write in chunk 1 through node {node}: {e}"));
     }
     let last = (GIB + 64 * MIB) / PAGE - 1;
     write(&cluster, 1, "v", last, 5).expect("the last page");
