@@ -64,6 +64,16 @@ fn size_on(cluster: &Cluster, node: u64, volume: &str) -> u64 {
     client(cluster, node).volume_lookup(volume).expect("lookup").size_bytes
 }
 
+/// The size a new NBD connection to node `node` is told for `volume`.
+fn nbd_size(cluster: &Cluster, node: u64, volume: &str) -> u64 {
+    let out = std::process::Command::new("nbdinfo")
+        .args(["--size", &cluster.member(node).uri(volume)])
+        .output()
+        .expect("nbdinfo");
+    assert!(out.status.success(), "nbdinfo: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("nbdinfo --size prints a number")
+}
+
 fn resize(cluster: &Cluster, node: u64, volume: &str, size: &str) {
     succeeds(&["volume", "resize", volume, "--size", size, "--addr", &cluster.member(node).addr()]);
 }
@@ -114,6 +124,7 @@ fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node()
     let mid = 100 * MIB / PAGE;
     for node in 1..=3 {
         assert_eq!(size_on(&cluster, node, "v"), 128 * MIB, "node {node}");
+        assert_eq!(nbd_size(&cluster, node, "v"), 128 * MIB, "the NBD export of node {node}");
         write(&cluster, node, "v", mid + node, 3).unwrap_or_else(|e| panic!("write through node {node}: {e}"));
     }
     for node in 1..=3 {
@@ -138,6 +149,12 @@ fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node()
     assert_eq!(chunks.len(), 2, "status shows both chunks: {chunks:?}");
     assert_eq!(chunks[1].0, 1);
     assert_eq!(chunks[1].1.len(), 3, "the new chunk has three replicas: {chunks:?}");
+    // The manager learned the new chunk: two chunks, each on every node.
+    let manager = &cluster.status(2)["manager"];
+    assert_eq!(manager["chunks"], 2, "{manager}");
+    for node in manager["nodes"].as_array().expect("the manager's nodes") {
+        assert_eq!(node["chunks"], 2, "{manager}");
+    }
 
     let check = |cluster: &Cluster, when: &str| {
         for node in 1..=3 {
@@ -188,6 +205,11 @@ fn a_resize_whose_coordinator_stopped_after_growing_is_finished_by_running_it_ag
         }
     }
     println!("refused between the phases: {}", write(&cluster, 2, "v", far, 2).unwrap_err());
+    assert_eq!(nbd_size(&cluster, 3, "v"), 64 * MIB, "a new NBD connection is told the old size");
+    // A smaller size than the one under way is refused, naming it.
+    let refused =
+        fails(&["volume", "resize", "v", "--size", "128MiB", "--addr", &cluster.member(2).addr()], "under way");
+    assert!(refused.contains(&(GIB + 64 * MIB).to_string()), "{refused}");
 
     // A node restarted between the phases comes up as it was: the old size served.
     cluster.stop(2);
