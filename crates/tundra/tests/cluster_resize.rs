@@ -4,7 +4,8 @@
 //! and read through every node, and a restart of every node keeps the size and the data. A
 //! shrink, or a resize with a node down, is refused and changes nothing. A resize whose
 //! coordinator stopped after growing the stores leaves every node serving the old size (a
-//! write past it refused through every node) and is finished by running it again. The twin:
+//! write or a redo batch past it refused through every node) and is finished by running it
+//! again. A volume that takes redo is not resized. The twin:
 //! with the range checks on the store's size instead of the catalog's served size, a write
 //! in the new range is taken while only one store grew.
 
@@ -20,7 +21,10 @@ use common::{fails, succeeds};
 use common_cluster::Cluster;
 use serde_json::Value;
 use tundra_client::Client;
-use tundra_proto::WriteMode;
+use tundra_proto::{AppendOutcome, RedoAppend, WriteMode};
+use tundra_redo::codec::encode_record;
+use tundra_redo::{Payload, RedoRecord};
+use tundra_store::ids::Lsn;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -57,6 +61,18 @@ fn read(cluster: &Cluster, node: u64, volume: &str, page: u64) -> Vec<u8> {
     let mut c = client(cluster, node);
     let id = c.volume_lookup(volume).expect("lookup").id;
     c.read_page(id, page).unwrap_or_else(|e| panic!("read page {page} through node {node}: {e}"))
+}
+
+/// A redo batch of one record (a whole image of `page` at LSN 1), the volume's first, appended
+/// through node `node`.
+fn append_first_redo(cluster: &Cluster, node: u64, volume: &str, page: u64) -> Result<AppendOutcome, String> {
+    let mut c = client(cluster, node);
+    let id = c.volume_lookup(volume).expect("lookup").id;
+    let record = RedoRecord { lsn: Lsn(1), page, payload: Payload::Image(pattern(page, 9)) };
+    let mut bytes = Vec::new();
+    encode_record(&record, &mut bytes);
+    let append = RedoAppend { volume: id, writer_epoch: 1, prev_lsn: 0, end_lsn: 1, record_count: 1, records: &bytes };
+    c.append_redo(&append).map_err(|e| e.to_string())
 }
 
 /// The size node `node` serves for `volume`.
@@ -183,6 +199,21 @@ fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node()
     assert!(read(&cluster, 3, "v", far + 10) == pattern(far + 10, 6));
 }
 
+/// A replicated volume that takes redo is not resized (its stream's page versions are sized
+/// at the stream's start), and nothing changes.
+#[test]
+fn a_replicated_volume_that_takes_redo_is_not_resized() {
+    let cluster = cluster(&[]);
+    create(&cluster, "r", "64MiB");
+    assert_eq!(append_first_redo(&cluster, 2, "r", 5), Ok(AppendOutcome::Ok { durable_lsn: 1 }));
+    let refused =
+        fails(&["volume", "resize", "r", "--size", "128MiB", "--addr", &cluster.member(1).addr()], "takes redo");
+    println!("{refused}");
+    for node in 1..=3 {
+        assert_eq!(size_on(&cluster, node, "r"), 64 * MIB, "node {node}");
+    }
+}
+
 #[test]
 fn a_resize_whose_coordinator_stopped_after_growing_is_finished_by_running_it_again() {
     let mut cluster = cluster(&[("TUNDRA_TEST_RESIZE_STOP_AFTER_GROW", "all")]);
@@ -206,6 +237,12 @@ fn a_resize_whose_coordinator_stopped_after_growing_is_finished_by_running_it_ag
     }
     println!("refused between the phases: {}", write(&cluster, 2, "v", far, 2).unwrap_err());
     assert_eq!(nbd_size(&cluster, 3, "v"), 64 * MIB, "a new NBD connection is told the old size");
+    // Redo is refused between the phases too (a stream started now would take records past
+    // the served size).
+    let refused = append_first_redo(&cluster, 3, "v", far).expect_err("a redo batch between the phases");
+    assert!(refused.contains("resize"), "{refused}");
+    let refused = append_first_redo(&cluster, 1, "v", 2).expect_err("a redo batch between the phases");
+    assert!(refused.contains("resize"), "{refused}");
     // A smaller size than the one under way is refused, naming it.
     let refused =
         fails(&["volume", "resize", "v", "--size", "128MiB", "--addr", &cluster.member(2).addr()], "under way");
