@@ -344,7 +344,9 @@ impl ClusterNode {
         let def = self.catalog.lock().get(volume).cloned();
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let all: Vec<ChunkId> = chunks(&volume.volume).collect();
+        // The catalog's chunks: a store grown past its catalog (resize.rs) has no more.
+        let count = chunk_spans(def.size_bytes).len() as u32;
+        let all: Vec<ChunkId> = chunks(&volume.volume).filter(|chunk| chunk.index() < count).collect();
         let firsts =
             first_leaders(&all.iter().map(|chunk| def.replicas_of(chunk.index()).to_vec()).collect::<Vec<_>>());
         for (chunk, first) in all.into_iter().zip(firsts) {
