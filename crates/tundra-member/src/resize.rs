@@ -21,9 +21,9 @@
 //! there), so a node that crashed in between comes up as it was, and a store that cannot grow
 //! (no space) leaves its node unchanged; every node is asked whether its store can grow before
 //! any does. A node whose catalog names a size its store lacks (a catalog restored from
-//! another node's) grows its store at its start (`ClusterNode::open_replica`). A coordinator that stops between
-//! the phases, or a node that does not answer, leaves stores grown and the served size as it
-//! was on the nodes not yet at phase 2: the same command again finishes it (each step is
+//! another node's) grows its store at its start (`ClusterNode::open_replica`). A coordinator
+//! that stops between the phases, or a node that does not answer, leaves stores grown and the
+//! served size as it was on the nodes not yet at phase 2: the same command again finishes it (each step is
 //! idempotent). Meanwhile a client sees the old size on those nodes: a read or write past it
 //! is refused with a message that names the resize under way, and a node already at phase 2
 //! whose chunk's leader is not refuses it the same way (the leader checks its own served
@@ -48,9 +48,9 @@ const FIRST_LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(20
 pub enum ResizeStep {
     /// Answer the volume's sizes here, and whether its store can grow to `size_bytes`.
     Query { size_bytes: u64 },
-    /// Phase 1 here: the catalog takes `size_bytes` and the replica sets of chunks
-    /// `first_new..` (`sets`, in order; those this node entered before are skipped), the store
-    /// grows and the new chunks' groups this node runs start.
+    /// Phase 1 here: the store grows, the catalog takes `size_bytes` and the replica sets of
+    /// chunks `first_new..` (`sets`, in order; those this node entered before are skipped),
+    /// and the new chunks' groups this node runs start.
     Grow { size_bytes: u64, first_new: u32, sets: Vec<Vec<u64>> },
     /// The groups of chunks `first_new..` whose first leader is this node are initialized.
     Initialize { first_new: u32 },
