@@ -4,9 +4,9 @@
 //! snapshot").
 //!
 //! Versions (a new field or variant is a new version byte; a member refuses versions it does
-//! not know). Commands are version 3 ([`COMMAND_VERSION`]): version 2 added `ChunkSizes` after
+//! not know). Commands are version 4 ([`COMMAND_VERSION`]): version 2 added `ChunkSizes` after
 //! the version 1 variants, version 3 added `Report`, `PlaceChunkAt`, `Claim`, `Release` and
-//! `RecordRound` after those; entries an older build wrote to the log still decode, as any
+//! `RecordRound` after those, version 4 `GrowChunk` after those; entries an older build wrote to the log still decode, as any
 //! command their version had. Snapshots are version 3 ([`SNAPSHOT_VERSION`]): version 2's
 //! chunk records say whether a chunk's size was ever reported (`Option`), version 3's node
 //! records carry the node's last timed report (usage, time, thin provisioning) and the state
@@ -36,9 +36,11 @@ use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, che
 use crate::usage::{NodeId, Space};
 
 /// The version byte that starts every command this build encodes.
-pub const COMMAND_VERSION: u8 = 3;
-/// The older command versions that still decode (version 2: every variant up to
-/// `ChunkSizes`; version 1: every variant before it).
+pub const COMMAND_VERSION: u8 = 4;
+/// The older command versions that still decode (version 3: every variant up to
+/// `RecordRound`; version 2: every variant up to `ChunkSizes`; version 1: every variant
+/// before it).
+pub const COMMAND_VERSION_3: u8 = 3;
 pub const COMMAND_VERSION_2: u8 = 2;
 pub const COMMAND_VERSION_1: u8 = 1;
 /// The version byte that starts every snapshot this build writes.
@@ -96,6 +98,7 @@ impl Command {
             | Command::Claim { .. }
             | Command::Release { .. }
             | Command::RecordRound(_) => 3,
+            Command::GrowChunk { .. } => 4,
             _ => 1,
         }
     }
@@ -122,6 +125,7 @@ impl Command {
             Command::Claim { .. } => "Claim",
             Command::Release { .. } => "Release",
             Command::RecordRound(_) => "RecordRound",
+            Command::GrowChunk { .. } => "GrowChunk",
         }
     }
 
@@ -678,7 +682,46 @@ mod tests {
                 let error = Command::decode(&older).unwrap_err();
                 assert!(error.message().contains("added in version 3"), "{error}");
             }
+            // A version 3 entry (an older build's) still decodes.
+            let mut v3 = bytes.clone();
+            v3[0] = COMMAND_VERSION_3;
+            assert_eq!(Command::decode(&v3).unwrap(), command);
         }
+    }
+
+    /// `GrowChunk` (version 4) round-trips and is refused as any older version; applied, the
+    /// chunk's expectation and its nodes' space grow, and a smaller figure changes nothing.
+    #[test]
+    fn grow_chunk_is_version_4_and_grows_the_expectation() {
+        let chunk = ChunkId(7 << 32 | 2);
+        let command = Command::GrowChunk { chunk, expected_logical_bytes: 3 * GIB };
+        let bytes = command.encode();
+        assert_eq!(bytes[0], COMMAND_VERSION);
+        assert_eq!(Command::decode(&bytes).unwrap(), command);
+        for old in [COMMAND_VERSION_3, COMMAND_VERSION_2, COMMAND_VERSION_1] {
+            let mut older = bytes.clone();
+            older[0] = old;
+            let error = Command::decode(&older).unwrap_err();
+            assert!(error.message().contains("added in version 4"), "{error}");
+        }
+        let (mut state, _) = state();
+        let before = state.chunk(chunk).unwrap().clone();
+        let node = *before.replicas.iter().next().unwrap();
+        let space_before = state.node(node).unwrap().chunk_space;
+        state.apply(&command).unwrap();
+        state.check_invariants();
+        let after = state.chunk(chunk).unwrap().clone();
+        assert_eq!(after.expected.logical_bytes, 3 * GIB);
+        assert_eq!(after.size.logical_bytes, 3 * GIB);
+        assert_eq!(state.node(node).unwrap().chunk_space.logical_bytes, space_before.logical_bytes + 2 * GIB);
+        let smaller = Command::GrowChunk { chunk, expected_logical_bytes: GIB };
+        let grown = state.clone();
+        state.apply(&smaller).unwrap();
+        assert_eq!(state, grown, "a smaller expectation changes nothing");
+        let decoded = ClusterState::decode(&state.encode()).unwrap();
+        decoded.check_invariants();
+        assert_eq!(decoded, state);
+        assert!(state.apply(&Command::GrowChunk { chunk: ChunkId(99 << 32), expected_logical_bytes: GIB }).is_err());
     }
 
     /// A state with a timed report, a claim and a round record round-trips through a snapshot.

@@ -222,6 +222,15 @@ pub enum Command {
     },
     /// Version 3. What the background rebalancer's last round did.
     RecordRound(RoundRecord),
+    /// Version 4. A placed chunk's expected logical bytes become at least
+    /// `expected_logical_bytes`: the last chunk of a volume grown within it
+    /// (`tundra volume resize`), so that placement and planning count it at its new span. A
+    /// figure at or below the chunk's expectation changes nothing (a resize run again).
+    GrowChunk {
+        #[serde(with = "crate::codec::chunk_id")]
+        chunk: ChunkId,
+        expected_logical_bytes: u64,
+    },
 }
 
 /// One chunk's size in a [`Command::ChunkSizes`].
@@ -258,7 +267,8 @@ impl Command {
             }
             Command::PlaceChunk { expected_logical_bytes, .. }
             | Command::PlaceChunkAt { expected_logical_bytes, .. }
-            | Command::AdoptChunk { expected_logical_bytes, .. } => vec![Space::new(*expected_logical_bytes, 0)],
+            | Command::AdoptChunk { expected_logical_bytes, .. }
+            | Command::GrowChunk { expected_logical_bytes, .. } => vec![Space::new(*expected_logical_bytes, 0)],
             Command::Report { capacity, used, .. } => vec![*capacity, *used],
             Command::Claim { lease_ms, .. } => {
                 if *lease_ms == 0 || *lease_ms > CLAIM_LEASE_MAX_MS {
@@ -425,6 +435,7 @@ impl ClusterState {
                 }
             }
             Command::RecordRound(record) => self.last_round = Some(record.clone()),
+            Command::GrowChunk { chunk, expected_logical_bytes } => self.grow_chunk(*chunk, *expected_logical_bytes)?,
         }
         Ok(Applied::Done)
     }
@@ -552,6 +563,36 @@ impl ClusterState {
         self.chunk_total = self.chunk_total.plus(size);
         let state = ChunkState { size, expected: size, reported: None, replicas: replicas.clone(), moving: None };
         self.chunks.insert(chunk, state);
+        Ok(())
+    }
+
+    /// A grown chunk's expectation (`GrowChunk`): the chunk counts at the larger of the new
+    /// expectation and what it reported, on its replicas and in a move in flight, as a
+    /// report's new size would.
+    fn grow_chunk(&mut self, chunk: ChunkId, expected_logical_bytes: u64) -> Result<()> {
+        let state = self.chunk_ref(chunk)?;
+        if expected_logical_bytes <= state.expected.logical_bytes {
+            return Ok(());
+        }
+        let old = state.size;
+        let expected = self.expected_size(expected_logical_bytes);
+        let size = state.reported.map_or(expected, |reported| counted_size(expected, reported));
+        let replicas: Vec<NodeId> = state.replicas.iter().copied().collect();
+        let moving = state.moving;
+        for node in replicas {
+            let n = self.nodes.get_mut(&node).expect("a replica's node is a member");
+            n.chunk_space = n.chunk_space.minus(old).plus(size);
+        }
+        if let Some(m) = moving {
+            let to = self.nodes.get_mut(&m.to).expect("a move's target is a member");
+            to.incoming = to.incoming.minus(old).plus(size);
+            let from = self.nodes.get_mut(&m.from).expect("a move's source is a member");
+            from.outgoing = from.outgoing.minus(old).plus(size);
+        }
+        self.chunk_total = self.chunk_total.minus(old).plus(size);
+        let state = self.chunks.get_mut(&chunk).expect("checked above");
+        state.expected = expected;
+        state.size = size;
         Ok(())
     }
 

@@ -136,6 +136,67 @@ impl Catalog {
         })
     }
 
+    /// A resize's first phase here (resize.rs), durably: the volume's size becomes
+    /// `size_bytes` with the replica sets of its chunks past the old last one in `added`
+    /// (one per new chunk), while `served_bytes` keeps the size served before. The same
+    /// growth again changes nothing; a smaller size is refused.
+    pub fn grow(&mut self, volume: u32, size_bytes: u64, added: &[Vec<u64>]) -> Result<(), String> {
+        self.update(volume, |def| {
+            if size_bytes < def.size_bytes {
+                return Err(format!(
+                    "volume {:?} is {} bytes here; a replicated volume does not shrink (to {size_bytes})",
+                    def.name, def.size_bytes
+                ));
+            }
+            let before = crate::cluster::chunk_spans(def.size_bytes).len();
+            let after = crate::cluster::chunk_spans(size_bytes).len();
+            if added.len() != after - before || added.iter().any(Vec::is_empty) {
+                return Err(format!(
+                    "volume {:?} grown to {size_bytes} bytes takes {} new chunks, and {} replica sets came",
+                    def.name,
+                    after - before,
+                    added.len()
+                ));
+            }
+            if def.chunks.len() != before {
+                def.chunks = (0..before as u32).map(|index| def.replicas_of(index).to_vec()).collect();
+            }
+            // The redo group keeps its replicas whatever the chunks' become.
+            if def.redo.is_none() {
+                def.redo = Some(def.replicas.clone());
+            }
+            def.chunks.extend(added.iter().cloned());
+            let mut all: Vec<u64> = def.chunks.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            def.replicas = all;
+            def.served_bytes = Some(def.served_size());
+            def.size_bytes = size_bytes;
+            if def.served_bytes == Some(def.size_bytes) {
+                def.served_bytes = None;
+            }
+            Ok(())
+        })
+    }
+
+    /// A resize's second phase here, durably: the volume serves its whole `size_bytes`, which
+    /// must be what the first phase entered.
+    pub fn serve_all(&mut self, volume: u32, size_bytes: u64) -> Result<(), String> {
+        if self.get(volume).is_some_and(|def| def.served_bytes.is_none() && def.size_bytes == size_bytes) {
+            return Ok(());
+        }
+        self.update(volume, |def| {
+            if def.size_bytes != size_bytes {
+                return Err(format!(
+                    "volume {:?} is {} bytes here, not {size_bytes}: its resize's first phase did not reach this node",
+                    def.name, def.size_bytes
+                ));
+            }
+            def.served_bytes = None;
+            Ok(())
+        })
+    }
+
     /// Changes volume `volume`'s definition with `change`, durably: written whole to the file
     /// before it is taken here; an unknown id, or a change that fails, changes nothing.
     fn update(&mut self, volume: u32, change: impl FnOnce(&mut VolumeDef) -> Result<(), String>) -> Result<(), String> {
@@ -196,6 +257,7 @@ mod tests {
             redo: None,
             redo_move: None,
             deleting: false,
+            served_bytes: None,
         }
     }
 
@@ -227,5 +289,53 @@ mod tests {
         std::fs::write(dir.path().join(CATALOG_FILE), old).expect("write");
         let catalog = Catalog::open(dir.path()).expect("open");
         assert!(!catalog.get(4).expect("v").deleting);
+        assert_eq!(catalog.get(4).expect("v").served_bytes, None, "an older catalog serves its whole size");
+        assert_eq!(catalog.get(4).expect("v").served_size(), 16 << 20);
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_growth_keeps_the_served_size_until_served_and_is_durable() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut catalog = Catalog::open(dir.path()).expect("open");
+        catalog.add(def(1, "a")).expect("add a");
+        catalog.add(def(2, "b")).expect("add b");
+        // Within the first chunk: no new chunk.
+        assert!(catalog.grow(1, 32 << 20, &[vec![1, 2, 3]]).is_err(), "a replica set for no new chunk");
+        catalog.grow(1, 32 << 20, &[]).expect("grow within the chunk");
+        // Across into a second chunk, placed on other nodes.
+        catalog.grow(1, GIB + (64 << 20), &[vec![2, 3, 4]]).expect("grow into a new chunk");
+        let reopened = Catalog::open(dir.path()).expect("reopen");
+        let a = reopened.get(1).expect("a");
+        assert_eq!(a.size_bytes, GIB + (64 << 20));
+        assert_eq!(a.served_bytes, Some(16 << 20), "the size served before the first growth");
+        assert_eq!(a.served_size(), 16 << 20);
+        assert_eq!(a.chunks, vec![vec![1, 2, 3], vec![2, 3, 4]]);
+        assert_eq!(a.replicas, vec![1, 2, 3, 4]);
+        assert_eq!(a.redo_replicas(), &[1, 2, 3], "the redo group keeps its replicas");
+        assert_eq!(reopened.get(2), Some(&def(2, "b")), "volume b is as it was");
+
+        let mut catalog = reopened;
+        catalog.grow(1, GIB + (64 << 20), &[]).expect("the same growth again changes nothing");
+        assert!(catalog.grow(1, GIB, &[]).is_err(), "a shrink is refused");
+        assert!(catalog.serve_all(1, 2 * GIB).is_err(), "a size the first phase did not enter");
+        assert_eq!(catalog.get(1).expect("a").served_size(), 16 << 20, "refusals change nothing");
+        catalog.serve_all(1, GIB + (64 << 20)).expect("serve");
+        catalog.serve_all(1, GIB + (64 << 20)).expect("serving again changes nothing");
+        let last = Catalog::open(dir.path()).expect("reopen");
+        assert_eq!(last.get(1).expect("a").served_bytes, None);
+        assert_eq!(last.get(1).expect("a").served_size(), GIB + (64 << 20));
+    }
+
+    /// The twin of the served size: a definition whose range is its store's size would serve
+    /// the grown range before the second phase; `served_size` does not.
+    #[test]
+    fn between_the_phases_the_served_size_is_the_old_one() {
+        let mut grown = def(1, "a");
+        grown.size_bytes = 64 << 20;
+        grown.served_bytes = Some(16 << 20);
+        assert_ne!(grown.served_size(), grown.size_bytes);
+        assert_eq!(grown.served_size(), 16 << 20);
     }
 }

@@ -241,7 +241,7 @@ impl ClusterNode {
                 self.open_replica(&def).await.map_err(Refusal::Invalid)?;
                 Ok(Answer::Done)
             }
-            Forward::Initialize { volume } => self.initialize(volume).await.map(|()| Answer::Done),
+            Forward::Initialize { volume } => self.initialize_from(volume, 0).await.map(|()| Answer::Done),
             Forward::LocalStatus => Ok(Answer::Status(self.local_status())),
             Forward::Redo { volume, call } => {
                 let t0 = std::time::Instant::now();
@@ -270,6 +270,7 @@ impl ClusterNode {
             Forward::ManagerJoin => self.join_manager().await,
             Forward::ManagerLeave => self.leave_manager().await,
             Forward::Delete { volume, step } => self.delete_step(volume, step).await,
+            Forward::Resize { volume, step } => self.resize_step(volume, step).await,
         }
     }
 
@@ -330,24 +331,27 @@ impl ClusterNode {
         if volume.volume.name != def.name {
             return Err(format!("volume id {} is {:?} here, not {:?}", def.id, volume.volume.name, def.name));
         }
-        // Only the chunks whose replica (or a move's target) this node is.
-        let groups: Vec<ChunkId> = chunks(&volume.volume).filter(|chunk| def.runs(self.me, chunk.index())).collect();
-        self.host.add_groups_on(&groups, volume.pages().clone()).await?;
+        // Only the chunks whose replica (or a move's target) this node is; the store grown
+        // first if a resize entered the catalog and the node stopped before its store grew.
+        self.grow_replica(def).await?;
         self.open_redo_group(def).await
     }
 
-    /// Makes each chunk's replicas the first membership of its group, for the chunks whose
-    /// first replica (lowest id) is this node.
-    async fn initialize(&self, volume: u32) -> Result<(), Refusal> {
+    /// Makes each chunk's replicas the first membership of its group, for the chunks from
+    /// index `from` on (0 at a creation, the first new one at a resize) whose first leader is
+    /// this node.
+    pub(crate) async fn initialize_from(&self, volume: u32, from: u32) -> Result<(), Refusal> {
         let def = self.catalog.lock().get(volume).cloned();
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
         let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let all: Vec<ChunkId> = chunks(&volume.volume).collect();
+        // The catalog's chunks: a store grown past its catalog (resize.rs) has no more.
+        let count = chunk_spans(def.size_bytes).len() as u32;
+        let all: Vec<ChunkId> = chunks(&volume.volume).filter(|chunk| chunk.index() < count).collect();
         let firsts =
             first_leaders(&all.iter().map(|chunk| def.replicas_of(chunk.index()).to_vec()).collect::<Vec<_>>());
         for (chunk, first) in all.into_iter().zip(firsts) {
             let replicas = def.replicas_of(chunk.index());
-            if first != Some(self.me) {
+            if first != Some(self.me) || chunk.index() < from {
                 continue;
             }
             let voters: BTreeSet<u64> = replicas.iter().copied().collect();
@@ -366,7 +370,10 @@ impl ClusterNode {
     /// may not have reached the manager yet, and placing before them would count those nodes
     /// as unknown and call the cluster full. After the wait the state is taken as it is, and
     /// placement names the nodes still unknown.
-    async fn manager_state_reported_by(&self, nodes: &[u64]) -> Result<(tundra_cluster::ClusterState, u64), Refusal> {
+    pub(crate) async fn manager_state_reported_by(
+        &self,
+        nodes: &[u64],
+    ) -> Result<(tundra_cluster::ClusterState, u64), Refusal> {
         let deadline = std::time::Instant::now() + REPORTS_WAIT;
         loop {
             let (state, now_unix_ms) = self.manager_state_now().await?;
@@ -429,6 +436,7 @@ impl ClusterNode {
                 redo: None,
                 redo_move: None,
                 deleting: false,
+                served_bytes: None,
             };
             for &node in &nodes {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;

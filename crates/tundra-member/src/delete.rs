@@ -145,7 +145,7 @@ impl ClusterNode {
         Ok(())
     }
 
-    fn def_here(&self, volume: u32) -> Result<VolumeDef, Refusal> {
+    pub(crate) fn def_here(&self, volume: u32) -> Result<VolumeDef, Refusal> {
         let def = self.catalog.lock().get(volume).cloned();
         def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))
     }

@@ -95,21 +95,39 @@ impl ClusterNode {
         Ok(volume)
     }
 
+    /// The volume of a request on `chunk`, checked: replicated here, not being deleted, and
+    /// the chunk inside the size this node serves (the catalog's, resize.rs).
     fn replicated(&self, volume: u32, chunk: ChunkId) -> Result<VolumeRef, Refusal> {
-        if !self.is_replicated(volume) {
-            return Err(Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)));
-        }
+        let served = self
+            .served_bytes(volume)
+            .ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)))?;
         self.refuse_deleting(volume)?;
-        let volume = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        if chunk.volume() != volume.volume.id
-            || u64::from(chunk.index()) * volume.volume.chunk_bytes >= volume.volume.size_bytes
-        {
-            return Err(Refusal::Invalid(format!(
-                "chunk {} is not a chunk of volume {:?}",
-                chunk.0, volume.volume.name
-            )));
+        let v = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if chunk.volume() != v.volume.id {
+            return Err(Refusal::Invalid(format!("chunk {} is not a chunk of volume {:?}", chunk.0, v.volume.name)));
         }
-        Ok(volume)
+        if u64::from(chunk.index()) * v.volume.chunk_bytes >= served {
+            let what = format!("chunk {} of volume {:?}", chunk.index(), v.volume.name);
+            return Err(self.past_served(volume, what, served));
+        }
+        Ok(v)
+    }
+
+    /// Refuses pages of `chunk` past its end or past the size this node serves.
+    fn check_pages(&self, volume: &VolumeRef, chunk: ChunkId, pages: impl Iterator<Item = u32>) -> Result<(), Refusal> {
+        let id = volume.volume.id.0;
+        let served_pages = self.served_bytes(id).unwrap_or(0) / volume.page_size() as u64;
+        let per_chunk = volume.volume.pages_per_chunk();
+        for page in pages {
+            if u64::from(page) >= per_chunk {
+                return Err(Refusal::Invalid("a page past its chunk".into()));
+            }
+            if u64::from(chunk.index()) * per_chunk + u64::from(page) >= served_pages {
+                let what = format!("page {page} of chunk {} of volume {:?}", chunk.index(), volume.volume.name);
+                return Err(self.past_served(id, what, served_pages * volume.page_size() as u64));
+            }
+        }
+        Ok(())
     }
 
     /// The leader's side of a write: pieces merged into their pages, then one proposal.
@@ -123,10 +141,10 @@ impl ClusterNode {
     ) -> Result<Answer, Refusal> {
         let volume = self.writable(volume, chunk)?;
         let page_size = volume.page_size();
-        let per_chunk = volume.volume.pages_per_chunk();
+        self.check_pages(&volume, chunk, writes.iter().map(|w| w.page))?;
         for write in &writes {
             let end = write.within as usize + write.bytes.len();
-            if u64::from(write.page) >= per_chunk || end > page_size || write.bytes.is_empty() {
+            if end > page_size || write.bytes.is_empty() {
                 return Err(Refusal::Invalid(format!(
                     "a write of {} bytes at {} of page {}",
                     write.bytes.len(),
@@ -162,18 +180,14 @@ impl ClusterNode {
 
     pub(crate) async fn lead_read(&self, volume: u32, chunk: ChunkId, pages: Vec<u32>) -> Result<Answer, Refusal> {
         let volume = self.replicated(volume, chunk)?;
-        if pages.iter().any(|&page| u64::from(page) >= volume.volume.pages_per_chunk()) {
-            return Err(Refusal::Invalid("a page past its chunk".into()));
-        }
+        self.check_pages(&volume, chunk, pages.iter().copied())?;
         let pages: Vec<PageNo> = pages.into_iter().map(PageNo).collect();
         Ok(Answer::Pages(self.host.read_pages(chunk, &pages).await.map_err(refusal)?))
     }
 
     pub(crate) async fn lead_trim(&self, volume: u32, chunk: ChunkId, pages: Vec<u32>) -> Result<Answer, Refusal> {
         let volume = self.writable(volume, chunk)?;
-        if pages.iter().any(|&page| u64::from(page) >= volume.volume.pages_per_chunk()) {
-            return Err(Refusal::Invalid("a page past its chunk".into()));
-        }
+        self.check_pages(&volume, chunk, pages.iter().copied())?;
         let _locked = self.locks.lock(chunk, &pages).await;
         self.host.trim_pages(chunk, pages.into_iter().map(PageNo).collect()).await.map_err(refusal)?;
         Ok(Answer::Done)
@@ -233,7 +247,7 @@ impl ClusterNode {
     /// Writes `data` at byte `offset` of a replicated volume; durable on a majority of its
     /// replicas when it returns.
     pub fn write_bytes(&self, volume: &VolumeRef, offset: u64, data: &[u8]) -> Result<(), Refusal> {
-        let pieces = cut(volume, offset, data.len() as u64)?;
+        let pieces = self.cut(volume, offset, data.len() as u64)?;
         let mut at = 0usize;
         let mut writes: Vec<(ChunkId, PageWrite)> = Vec::with_capacity(pieces.len());
         for (chunk, page, within, len) in pieces {
@@ -248,7 +262,7 @@ impl ClusterNode {
         let page_size = volume.page_size();
         let mut whole: Vec<(ChunkId, u32)> = Vec::new();
         let mut writes = Vec::new();
-        for (chunk, page, within, piece) in cut(volume, offset, len)? {
+        for (chunk, page, within, piece) in self.cut(volume, offset, len)? {
             if piece == page_size {
                 whole.push((chunk, page.0));
             } else {
@@ -276,7 +290,7 @@ impl ClusterNode {
     /// Reads `out.len()` bytes from byte `offset` of a replicated volume, from the chunks'
     /// leaders (linearizable).
     pub fn read_bytes(&self, volume: &VolumeRef, offset: u64, out: &mut [u8]) -> Result<(), Refusal> {
-        let pieces = cut(volume, offset, out.len() as u64)?;
+        let pieces = self.cut(volume, offset, out.len() as u64)?;
         let wanted: Vec<(ChunkId, u32)> = pieces.iter().map(|(chunk, page, _, _)| (*chunk, page.0)).collect();
         let mut contents = Vec::with_capacity(wanted.len());
         for (chunk, pages) in by_chunk(wanted) {
@@ -313,26 +327,37 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Manager(_) => "a manager answer",
         Answer::ChunkSizes(_) => "chunk sizes",
         Answer::Deleting(_) => "a delete state",
+        Answer::Resize(_) => "a volume's sizes",
     }
 }
 
-/// The pages a byte range covers: chunk, page, offset in the page, length.
-fn cut(volume: &VolumeRef, offset: u64, len: u64) -> Result<Vec<(ChunkId, PageNo, usize, usize)>, Refusal> {
-    let end = offset.checked_add(len).filter(|&end| end <= volume.volume.size_bytes).ok_or_else(|| {
-        Refusal::Invalid(format!("bytes {offset}..+{len} are outside volume {:?}", volume.volume.name))
-    })?;
-    let page_size = volume.page_size() as u64;
-    let mut pieces = Vec::new();
-    let mut at = offset;
-    while at < end {
-        let index = at / page_size;
-        let within = at % page_size;
-        let piece = (page_size - within).min(end - at);
-        let (chunk, page) = volume.volume.locate(index).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        pieces.push((chunk, page, within as usize, piece as usize));
-        at += piece;
+impl ClusterNode {
+    /// The pages a byte range covers: chunk, page, offset in the page, length. The range must
+    /// lie inside the size this node serves (resize.rs), not only inside its store.
+    fn cut(&self, volume: &VolumeRef, offset: u64, len: u64) -> Result<Vec<(ChunkId, PageNo, usize, usize)>, Refusal> {
+        let id = volume.volume.id.0;
+        // The store's volume as it is now: a reference taken before a resize (an NBD
+        // export's) knows the old size only.
+        let volume = &self.node.volume(volume.volume.id).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let served = self.served_bytes(id).unwrap_or(0).min(volume.volume.size_bytes);
+        let what = || format!("bytes {offset}..+{len} of volume {:?}", volume.volume.name);
+        let end = offset.checked_add(len).ok_or_else(|| Refusal::Invalid(format!("{} are outside it", what())))?;
+        if end > served {
+            return Err(self.past_served(id, format!("{} are outside it", what()), served));
+        }
+        let page_size = volume.page_size() as u64;
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let index = at / page_size;
+            let within = at % page_size;
+            let piece = (page_size - within).min(end - at);
+            let (chunk, page) = volume.volume.locate(index).map_err(|e| Refusal::Invalid(e.to_string()))?;
+            pieces.push((chunk, page, within as usize, piece as usize));
+            at += piece;
+        }
+        Ok(pieces)
     }
-    Ok(pieces)
 }
 
 /// Consecutive items of one chunk, in runs of at most [`PAGES_PER_REQUEST`].

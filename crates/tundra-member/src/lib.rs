@@ -12,6 +12,8 @@
 //!   creation.
 //! - [`delete`]: a replicated volume deleted from every node, marked first, finished by each
 //!   node even across its restart.
+//! - [`resize`]: a replicated volume grown on every node: stores and new chunks first, the
+//!   served size after.
 //! - [`placement`]: each new chunk's replicas, chosen by tundra-cluster from the nodes' usage.
 //! - [`manager`]: the cluster manager's Raft group on its members, the nodes' reports to its
 //!   leader, placement and moves through it.
@@ -42,6 +44,7 @@ pub mod peers;
 pub mod placement;
 pub mod rebalance;
 pub mod redo;
+pub mod resize;
 pub mod service;
 pub mod status;
 pub mod transport;

@@ -56,6 +56,11 @@ pub struct VolumeDef {
     /// drops anything, so that every node finishes the delete, even one that restarts.
     #[serde(default)]
     pub deleting: bool,
+    /// The size the volume serves while a resize is between its two phases (resize.rs):
+    /// `size_bytes` is then the new size (its chunks entered, the store grown) and no I/O or
+    /// redo reaches past this one. `None`: `size_bytes`.
+    #[serde(default)]
+    pub served_bytes: Option<u64>,
 }
 
 /// A replica of a volume's redo group moving from one node to another (migrate.rs).
@@ -97,6 +102,12 @@ impl VolumeDef {
     /// Whether `node` runs the volume's redo group: a replica, or the target of its move.
     pub fn runs_redo(&self, node: u64) -> bool {
         self.redo_replicas().contains(&node) || self.redo_move.is_some_and(|m| m.to == node)
+    }
+
+    /// The bytes the volume serves: every I/O and redo range check of a replicated volume
+    /// uses this, never the store's size alone (a resize grows the stores first, resize.rs).
+    pub fn served_size(&self) -> u64 {
+        self.served_bytes.unwrap_or(self.size_bytes)
     }
 
     /// The move of chunk `index` under way, if any.
@@ -172,6 +183,8 @@ pub enum Forward {
     ManagerLeave,
     /// A step of deleting a replicated volume here (delete.rs).
     Delete { volume: u32, step: crate::delete::DeleteStep },
+    /// A step of growing a replicated volume here (resize.rs).
+    Resize { volume: u32, step: crate::resize::ResizeStep },
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -204,6 +217,8 @@ pub enum Answer {
     /// A volume in this node's catalog: `None` when it is not there (never was, or deleted),
     /// else whether it is marked deleting.
     Deleting(Option<bool>),
+    /// A volume's sizes on this node and whether its store can grow (resize.rs).
+    Resize(crate::resize::ResizeCheck),
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

@@ -324,6 +324,7 @@ impl ClusterNode {
             return Err(Refusal::Invalid(format!("volume id {volume} is not replicated on node {}", self.me)));
         }
         self.refuse_deleting(volume)?;
+        self.check_redo_range(volume, &call)?;
         let group = redo_group(volume);
         let local = NodeService(self.node.clone());
         let reply = match call {
@@ -364,6 +365,29 @@ impl ClusterNode {
             }
         };
         Ok(Answer::Redo(reply))
+    }
+}
+
+impl ClusterNode {
+    /// Redo's range checks against the size this node serves (resize.rs): no batch is taken
+    /// while a resize is between its phases (a stream started then would take records past the
+    /// served size, which the store's check allows), and no page past the served size is read.
+    fn check_redo_range(&self, volume: u32, call: &RedoCall) -> Result<(), Refusal> {
+        let Some(served) = self.served_bytes(volume) else { return Ok(()) };
+        let store = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        match call {
+            RedoCall::Append(_) if store.volume.size_bytes != served => {
+                Err(self.past_served(volume, "a redo batch".to_string(), served))
+            }
+            RedoCall::Read { pages, .. } => {
+                let served_pages = served / store.page_size() as u64;
+                match pages.iter().find(|&&page| page >= served_pages) {
+                    Some(page) => Err(self.past_served(volume, format!("a redo read of page {page}"), served)),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! through [`ClusterNode`]'s page I/O (to the chunks' leaders), everything else to the node
 //! as it is served alone (`tundra_node::native`, `tundra_node::nbd`). A replicated volume's
 //! redo stream, reads at an LSN and reader leases go to its redo group's leader
-//! ([`crate::redo`]). Operations not built for replicated volumes yet (resize, heavy
-//! compression) are refused with a message that says so, never done on one replica alone.
+//! ([`crate::redo`]). A replicated volume's resize grows it on every node ([`crate::resize`]),
+//! and its sizes are the size this node serves. Operations not built for replicated volumes
+//! yet (heavy compression) are refused with a message that says so, never done on one replica alone.
 
 use std::sync::Arc;
 
@@ -42,6 +43,15 @@ impl ClusterService {
         self.cluster.node.volume(VolumeId(volume)).map(Some).map_err(|e| ServiceError::not_found(e.message()))
     }
 
+    /// A volume's description with the size this node serves (a replicated volume's store is
+    /// larger than that between a resize's phases, resize.rs).
+    fn served(&self, mut info: VolumeInfo) -> VolumeInfo {
+        if let Some(served) = self.cluster.served_bytes(info.id) {
+            info.size_bytes = served;
+        }
+        info
+    }
+
     fn not_built(&self, volume: u32, what: &str) -> Result<(), ServiceError> {
         if self.cluster.is_replicated(volume) {
             return Err(ServiceError::invalid(format!("{what} of a replicated volume is not supported yet")));
@@ -60,7 +70,7 @@ fn service_error(refusal: Refusal) -> ServiceError {
 
 impl Service for ClusterService {
     fn volume_lookup(&self, name: &str) -> Result<VolumeInfo, ServiceError> {
-        self.local.volume_lookup(name)
+        self.local.volume_lookup(name).map(|info| self.served(info))
     }
 
     fn volume_create(&self, spec: VolumeSpec) -> Result<VolumeInfo, ServiceError> {
@@ -80,12 +90,16 @@ impl Service for ClusterService {
     }
 
     fn volume_list(&self) -> Result<Vec<VolumeInfo>, ServiceError> {
-        self.local.volume_list()
+        self.local.volume_list().map(|list| list.into_iter().map(|info| self.served(info)).collect())
     }
 
+    /// A replicated volume grows on every node (resize.rs); a local one here.
     fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, ServiceError> {
         let info = self.local.volume_lookup(name)?;
-        self.not_built(info.id, "resizing")?;
+        if self.cluster.is_replicated(info.id) {
+            self.cluster.resize_replicated(info.id, size_bytes).map_err(service_error)?;
+            return self.volume_lookup(name);
+        }
         self.local.volume_resize(name, size_bytes)
     }
 
@@ -320,8 +334,9 @@ fn export_error(refusal: Refusal) -> ExportError {
 }
 
 impl Export for ReplicatedExport {
+    /// The size this node serves (the catalog's, resize.rs), read when a client connects.
     fn size(&self) -> u64 {
-        self.volume.volume.size_bytes
+        self.cluster.served_bytes(self.volume.volume.id.0).unwrap_or(self.volume.volume.size_bytes)
     }
 
     fn preferred_block_size(&self) -> u32 {

@@ -201,7 +201,9 @@ impl ClusterNode {
         let mut redo = Vec::new();
         for def in &catalog {
             let Ok(volume) = self.node.volume(tundra_store::ids::VolumeId(def.id)) else { continue };
-            for chunk in crate::cluster::chunks(&volume.volume) {
+            // The catalog's chunks: a store grown past its catalog (resize.rs) has no more.
+            let count = crate::cluster::chunk_spans(def.size_bytes).len() as u32;
+            for chunk in crate::cluster::chunks(&volume.volume).filter(|chunk| chunk.index() < count) {
                 let mut status = group_status(def, def.replicas_of(chunk.index()), &views, chunk, chunk.index());
                 status.moving =
                     def.move_of(chunk.index()).map(|m| crate::messages::RedoMove { from: m.from, to: m.to });

@@ -169,6 +169,19 @@ impl Node {
         self.volume(current.volume.id)
     }
 
+    /// Whether [`Node::volume_resize`] of volume `name` to `size_bytes` would be accepted, without
+    /// changing anything (a replicated volume's resize asks every node before any grows).
+    pub fn volume_resize_check(&self, name: &str, size_bytes: u64) -> Result<()> {
+        let _one = self.admin.lock();
+        let current = self.volume_by_name(name)?;
+        if size_bytes <= current.volume.size_bytes {
+            return Ok(());
+        }
+        let grown = Volume { size_bytes, ..current.volume.clone() };
+        grown.validate()?;
+        self.check_capacity(current.device, Some(current.volume.id), &grown)
+    }
+
     /// Deletes a volume and frees its pages. Every reference to it fails from the moment it is
     /// marked deleted, before its cached writes are dropped: a writer checks the mark under
     /// its page's write-back lock, so nothing of the volume is cached after the drop.
