@@ -1,0 +1,242 @@
+//! A dead node's replicas repaired without an operator (issue 15, "dead nodes"), with real
+//! processes on 127.0.0.1: four `tundra serve` with `[cluster] repair_after = "5s"`, a volume of
+//! two chunks with three replicas each, written with known pages.
+//!
+//! - A node holding replicas is killed with kill -9 while a writer keeps writing: within a
+//!   bounded time the manager's leader has moved its chunk and redo replicas onto the up nodes
+//!   (every chunk and the redo group on three up nodes, each of which runs it, as every
+//!   surviving node's status says), and every page reads back through every surviving node as
+//!   the writer's log says.
+//! - The dead node is started again: it catches its catalog up from the groups' membership,
+//!   drops its old replicas (no chunk left in its `nodes[]` entry, its drive's logical use
+//!   back to zero), the groups keep their replicas, leaders and terms, and the volume reads
+//!   back through it.
+//! - The twin: with `repair_after = "off"` the dead node keeps its replicas and the repair's
+//!   oracle fails.
+
+mod common;
+#[path = "common/cluster.rs"]
+mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::succeeds;
+use common_cluster::Cluster;
+use tundra_proto::WriteMode;
+
+/// Drives with room for two 1 GiB chunks each (placement counts a new chunk at its whole size).
+const DRIVE: &str = "physical = \"4GiB\"\nlogical = \"8GiB\"";
+const PAGE: usize = 8192;
+const PAGES_PER_CHUNK: u64 = (1 << 30) / PAGE as u64;
+/// How long the repair may take after the kill: the 5 s of silence, a manager election if
+/// the leader died, and a few small moves, with room for a loaded machine.
+const REPAIR_WAIT: Duration = Duration::from_secs(45);
+/// How long the twin waits: more than twice `repair_after` and a few rounds.
+const TWIN_WAIT: Duration = Duration::from_secs(14);
+/// How long the restarted node's catch-up may take.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+/// How long the groups are watched with the returning node up.
+const WATCH: Duration = Duration::from_secs(5);
+
+/// The pages a writer wrote and the write number each last acknowledged.
+type WriterLog = BTreeMap<u64, u64>;
+
+fn content(page: u64, write: u64) -> Vec<u8> {
+    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
+    bytes.resize(PAGE, b'.');
+    bytes
+}
+
+/// Four nodes with `repair_after`, and a volume "v" of two chunks written with known pages.
+fn cluster(repair_after: &str) -> (Cluster, u32, WriterLog) {
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    for member in &cluster.members {
+        let mut config = std::fs::OpenOptions::new().append(true).open(&member.config).expect("open config");
+        // No leader balancing: a group's term then moves only when something disturbs it.
+        writeln!(config, "repair_after = \"{repair_after}\"\nleader_balance_every = \"off\"").expect("write config");
+    }
+    cluster.start_all();
+    succeeds(&["volume", "create", "v", "--size", "2GiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let volume = client.volume_lookup("v").expect("lookup").id;
+    let mut log = WriterLog::new();
+    for page in (0..16).chain((0..16).map(|i| PAGES_PER_CHUNK + i * 3)) {
+        client.write_page(volume, page, WriteMode::Auto, &content(page, 0)).expect("write");
+        log.insert(page, 0);
+    }
+    (cluster, volume, log)
+}
+
+/// Every page of `log` read through node `id` must hold its last acknowledged write.
+fn verify(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
+    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
+    for (&page, &write) in log {
+        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
+        if read != content(page, write) {
+            let head = String::from_utf8_lossy(&read[..40]).into_owned();
+            return Err(format!("page {page} through node {id} is {head:?}, not write {write}"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes pages of both chunks through node `via` until `stop`; returns what it wrote over
+/// `base`.
+fn writer(addr: std::net::SocketAddr, volume: u32, base: WriterLog, stop: Arc<AtomicBool>) -> WriterLog {
+    let mut client = tundra_client::Client::connect(addr).expect("connect");
+    let pages: Vec<u64> = base.keys().copied().collect();
+    let mut log = base;
+    let mut write = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        write += 1;
+        let page = pages[(write * 7) as usize % pages.len()];
+        client.write_page(volume, page, WriteMode::Auto, &content(page, write)).expect("a write during the repair");
+        log.insert(page, write);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    log
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u64> {
+    value.as_array().map_or(Vec::new(), |a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+}
+
+/// The volume's groups (its chunks, then its redo group) as a status shows them.
+fn groups(status: &serde_json::Value) -> Vec<serde_json::Value> {
+    let of = |key: &str| -> Vec<serde_json::Value> {
+        status[key].as_array().map_or(Vec::new(), |a| a.iter().filter(|g| g["volume"] == "v").cloned().collect())
+    };
+    of("chunks").into_iter().chain(of("redo")).collect()
+}
+
+/// The oracle of the repair: as each node of `up` sees it, the volume's two chunks and its redo
+/// group each have three replicas, none of them in `dead`, a leader, and every replica running
+/// the group (its applied index answered). Answers the status of the first of `up`.
+fn repaired(cluster: &Cluster, up: &[u64], dead: u64, wait: Duration) -> Result<serde_json::Value, String> {
+    let started = Instant::now();
+    loop {
+        let statuses: Vec<serde_json::Value> = up.iter().map(|&id| cluster.status(id)).collect();
+        let bad = statuses.iter().zip(up).find_map(|(status, id)| {
+            let groups = groups(status);
+            let wrong = groups.iter().find(|g| {
+                let replicas = ids(&g["replicas"]);
+                let applied = g["replica_applied"].as_object().map_or(0, |a| a.values().filter(|v| v.is_u64()).count());
+                replicas.len() != 3 || replicas.contains(&dead) || g["leader"].is_null() || applied != 3
+            });
+            match (groups.len(), wrong) {
+                (3, None) => None,
+                (count, wrong) => Some(format!("node {id} sees {count} groups, {wrong:?}")),
+            }
+        });
+        match bad {
+            None => return Ok(statuses.into_iter().next().expect("a status")),
+            Some(why) if started.elapsed() >= wait => {
+                return Err(format!("not repaired after {wait:?}: {why}\n{:#}", statuses[0]["manager"]));
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(300)),
+        }
+    }
+}
+
+/// The node that dies: one holding the most chunk replicas, not the manager's leader (whose
+/// death would add an election to the wait).
+fn victim(cluster: &Cluster) -> u64 {
+    let status = cluster.status(1);
+    let leader = status["manager"]["leader"].as_u64();
+    let chunks = |id: u64| groups(&status).iter().take(2).filter(|g| ids(&g["replicas"]).contains(&id)).count();
+    (1..=4).filter(|&id| Some(id) != leader).max_by_key(|&id| (chunks(id), id)).expect("a node")
+}
+
+/// Each group's replicas, leader and term as node `asked` sees them.
+fn shape(cluster: &Cluster, asked: u64) -> Vec<(Vec<u64>, u64, u64)> {
+    groups(&cluster.status(asked))
+        .iter()
+        .map(|g| (ids(&g["replicas"]), g["leader"].as_u64().unwrap_or(0), g["term"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// The oracle of the catch-up: node `id` runs no chunk replica and holds no page.
+fn dropped(cluster: &Cluster, id: u64, wait: Duration) -> Result<serde_json::Value, String> {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(id);
+        let node = status["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == id).cloned());
+        let node = node.unwrap_or_default();
+        let held = node["chunks"].as_array().map_or(usize::MAX, Vec::len);
+        let logical = node["usage"]["logical_used_bytes"].as_u64();
+        let in_catalog = groups(&status).iter().any(|g| ids(&g["replicas"]).contains(&id));
+        if held == 0 && logical == Some(0) && !in_catalog {
+            return Ok(status);
+        }
+        if started.elapsed() >= wait {
+            return Err(format!("node {id} runs {held} chunks, logical {logical:?}, in its catalog {in_catalog}"));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_dead_nodes_replicas_are_repaired_and_it_drops_them_when_it_returns() {
+    let (mut cluster, volume, log) = cluster("5s");
+    let dead = victim(&cluster);
+    let up: Vec<u64> = (1..=4).filter(|&id| id != dead).collect();
+    let before = cluster.status(up[0]);
+    let held_before = groups(&before).iter().filter(|g| ids(&g["replicas"]).contains(&dead)).count();
+    assert!(held_before >= 1, "node {dead} holds replicas: {before:#}");
+    let used_before = before["nodes"][dead as usize - 1]["usage"]["logical_used_bytes"].as_u64().expect("used");
+    assert!(used_before > 0, "{before:#}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = {
+        let (addr, stop, base) = (cluster.member(up[0]).native, stop.clone(), log.clone());
+        std::thread::spawn(move || writer(addr, volume, base, stop))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    cluster.kill9(dead);
+    let after = repaired(&cluster, &up, dead, REPAIR_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    println!("node {dead} killed: repaired after {:.1} s", started.elapsed().as_secs_f64());
+    let repair = &after["manager"]["repair"];
+    assert_eq!(repair["after_ms"], 5000, "{repair:#}");
+    assert!(repair["moves_total"].as_u64().unwrap_or(0) >= 1, "{repair:#}");
+    assert_eq!(repair["last_repair"]["node"], dead, "{repair:#}");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let log = writing.join().expect("the writer");
+    for &id in &up {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+    let mut wrong = log.clone();
+    *wrong.values_mut().last().expect("a page") += 1;
+    assert!(verify(&cluster, up[0], volume, &wrong).is_err(), "the read-back check missed a wrong page");
+
+    // The dead node returns: it drops what it lost, and the groups do not notice it.
+    let settled = shape(&cluster, up[0]);
+    cluster.start(dead);
+    let back = dropped(&cluster, dead, CATCH_UP_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    assert!(cluster.member(dead).log_text().contains("is no longer a replica"), "{}", cluster.member(dead).log_text());
+    std::thread::sleep(WATCH);
+    assert_eq!(shape(&cluster, up[0]), settled, "the returning node disturbed the groups");
+    assert_eq!(shape(&cluster, dead), settled, "its catalog caught up: {back:#}");
+    repaired(&cluster, &up, dead, Duration::ZERO).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    verify(&cluster, dead, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+}
+
+#[test]
+fn without_repair_a_dead_node_keeps_its_replicas() {
+    let (mut cluster, _, _) = cluster("off");
+    let dead = victim(&cluster);
+    let up: Vec<u64> = (1..=4).filter(|&id| id != dead).collect();
+    cluster.kill9(dead);
+    let outcome = repaired(&cluster, &up, dead, TWIN_WAIT);
+    assert!(outcome.is_err(), "the oracle passed with the repair off: {outcome:?}");
+    let status = cluster.status(up[0]);
+    assert!(groups(&status).iter().any(|g| ids(&g["replicas"]).contains(&dead)), "{status:#}");
+    assert!(status["manager"]["repair"]["after_ms"].is_null(), "{:#}", status["manager"]);
+}
