@@ -77,6 +77,13 @@ const CATCH_UP_RETRY: Duration = Duration::from_secs(2);
 /// How long a catch-up waits for one group's membership.
 const QUERY_WAIT: Duration = Duration::from_secs(3);
 
+/// A test-only hook: `TUNDRA_TEST_CATCH_UP=off` keeps a node from catching its catalog up
+/// (the twin of the returning node's check: its stale replicas keep running). Unset in
+/// production.
+fn catch_up_off_for_test() -> bool {
+    std::env::var("TUNDRA_TEST_CATCH_UP").is_ok_and(|v| v == "off")
+}
+
 /// `[cluster] repair_after`, checked at start: None when "off".
 pub fn repair_after_from_config(config: &ClusterConfig) -> Result<Option<Duration>, String> {
     match config.repair_after.as_deref() {
@@ -331,6 +338,9 @@ impl ClusterNode {
 
     /// One pass of the catalog catch-up (module doc); answers whether every group answered.
     pub(crate) async fn catch_up_catalog(&self) -> bool {
+        if catch_up_off_for_test() {
+            return true;
+        }
         let ids: Vec<u32> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).map(|d| d.id).collect();
         let mut complete = true;
         for volume in ids {
