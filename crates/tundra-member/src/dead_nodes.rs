@@ -24,7 +24,9 @@
 //! whose reports are fresh) are not a majority of its replicas (the group could not commit the
 //! change, and a move would only add load to a group already in danger), nor when no up active
 //! node can take it (every one holds a replica already, or would pass the fullness limit): the
-//! leader says why in `tundra cluster status` (`manager.repair.blocked`). A redo group that has
+//! leader says why in `tundra cluster status` (`manager.repair.blocked`), and waits
+//! [`IDLE_ROUNDS`] rounds before it tries again (unless the dead nodes change), so that the
+//! claim on moves is not taken every second for nothing. A redo group that has
 //! more than three replicas and no up node to move one to loses the dead node's replica
 //! instead, as a drain does.
 //!
@@ -67,6 +69,8 @@ pub const REPAIR_AFTER_DEFAULT: Duration = Duration::from_secs(600);
 pub const REPAIR_AFTER_MIN: Duration = Duration::from_millis(REPORT_STALE_AFTER_MS);
 /// How often the manager's leader looks for dead nodes.
 const REPAIR_EVERY: Duration = Duration::from_secs(1);
+/// Rounds skipped after a round that could move nothing.
+const IDLE_ROUNDS: u32 = 10;
 /// How long a node waits after its start before its first catalog catch-up (its peers
 /// connect, and the moves its catalog lists are settled first).
 const CATCH_UP_FIRST: Duration = Duration::from_secs(3);
@@ -126,6 +130,9 @@ pub(crate) struct RepairWork {
     /// The term in which this node last saw itself lead the manager, and since when (Unix ms).
     leading_since: parking_lot::Mutex<Option<(u64, u64)>>,
     pub(crate) status: parking_lot::Mutex<RepairStatus>,
+    /// Rounds left to skip after one that could move nothing (the claim on moves is not taken
+    /// every second for nothing), and the dead nodes it saw: a change of them ends the wait.
+    idle: parking_lot::Mutex<(u32, Vec<u64>)>,
 }
 
 /// What one repair step did.
@@ -191,6 +198,14 @@ impl ClusterNode {
             self.repair.status.lock().blocked.clear();
             return;
         };
+        {
+            let mut idle = self.repair.idle.lock();
+            if idle.0 > 0 && idle.1 == dead {
+                idle.0 -= 1;
+                return;
+            }
+            *idle = (0, dead.clone());
+        }
         let owner = MoveOwner::Drain { node };
         match self.to_manager(ManagerCall::Claim { owner }).await {
             Ok(ManagerReply::Claimed) => {}
@@ -217,7 +232,10 @@ impl ClusterNode {
                     status.moves_total += 1;
                     status.last_repair = Some(RepairRecord { node, moved, at_unix_ms: now_unix_ms() });
                 }
-                Ok(Step::Nothing) => break,
+                Ok(Step::Nothing) => {
+                    self.repair.idle.lock().0 = IDLE_ROUNDS;
+                    break;
+                }
                 Err(why) => {
                     eprintln!("tundra: repair: a move off node {node} failed: {why:?}");
                     self.repair.status.lock().failures_total += 1;
@@ -482,8 +500,7 @@ mod tests {
         assert_eq!(with(Some("off")).unwrap(), None);
         assert_eq!(with(Some("5s")).unwrap(), Some(Duration::from_secs(5)));
         assert_eq!(with(Some(" 10m ")).unwrap(), Some(Duration::from_secs(600)));
-        for (bad, why) in [("4s", "shorter than 5000 ms"), ("4999ms", "shorter than 5000 ms"), ("60", "needs a unit")]
-        {
+        for (bad, why) in [("4s", "shorter than 5000 ms"), ("4999ms", "shorter than 5000 ms"), ("60", "needs a unit")] {
             let error = with(Some(bad)).unwrap_err();
             assert!(error.contains("repair_after") && error.contains(why), "{bad}: {error}");
         }

@@ -11,6 +11,8 @@
 //!   drops its old replicas (no chunk left in its `nodes[]` entry, its drive's logical use
 //!   back to zero), the groups keep their replicas, leaders and terms, and the volume reads
 //!   back through it.
+//! - Three nodes, one killed: no up node can take its replicas, which stay, and the leader says
+//!   why in `manager.repair.blocked`.
 //! - The twin: with `repair_after = "off"` the dead node keeps its replicas and the repair's
 //!   oracle fails. Then `tundra cluster drain` of the dead node moves them (a move needs no
 //!   answer from its source), and the node, started again with its catalog catch-up off
@@ -229,7 +231,9 @@ fn a_dead_nodes_replicas_are_repaired_and_it_drops_them_when_it_returns() {
     assert_eq!(shape(&cluster, dead), settled, "its catalog caught up: {back:#}");
     repaired(&cluster, &up, dead, Duration::ZERO).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
     verify(&cluster, dead, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
-    for line in cluster.logs().lines().filter(|l| l.contains("repair:") || l.contains("catch-up") || l.starts_with("---")) {
+    for line in
+        cluster.logs().lines().filter(|l| l.contains("repair:") || l.contains("catch-up") || l.starts_with("---"))
+    {
         println!("{line}");
     }
 }
@@ -265,4 +269,34 @@ fn without_repair_a_dead_node_keeps_its_replicas_until_an_operator_drains_it() {
     for &id in &up {
         verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     }
+}
+
+#[test]
+fn a_dead_node_whose_replicas_no_up_node_can_take_keeps_them_and_status_says_why() {
+    let mut cluster = Cluster::of_size(3, |_| None, DRIVE);
+    for member in &cluster.members {
+        let mut config = std::fs::OpenOptions::new().append(true).open(&member.config).expect("open config");
+        writeln!(config, "repair_after = \"5s\"").expect("write config");
+    }
+    cluster.start_all();
+    succeeds(&["volume", "create", "v", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let leader = cluster.status(1)["manager"]["leader"].as_u64().expect("a manager leader");
+    let dead = (1..=3).rev().find(|&id| id != leader).expect("a node that does not lead the manager");
+    cluster.kill9(dead);
+    let started = Instant::now();
+    let manager = loop {
+        let manager = cluster.status(leader)["manager"].clone();
+        let blocked = manager["repair"]["blocked"].as_array().map_or(0, Vec::len);
+        if ids(&manager["repair"]["repairing"]) == vec![dead] && blocked >= 2 {
+            break manager;
+        }
+        assert!(started.elapsed() < REPAIR_WAIT, "no blocked repair: {manager:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let text = manager["repair"]["blocked"].to_string();
+    assert!(text.contains("no up active node can take it"), "{text}");
+    assert!(text.contains("every up node holds one already"), "{text}");
+    assert_eq!(manager["repair"]["moves_total"], 0, "{manager:#}");
+    let status = cluster.status(leader);
+    assert!(groups(&status).iter().all(|g| ids(&g["replicas"]).contains(&dead)), "{status:#}");
 }
