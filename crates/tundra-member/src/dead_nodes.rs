@@ -88,6 +88,13 @@ fn catch_up_off_for_test() -> bool {
     std::env::var("TUNDRA_TEST_CATCH_UP").is_ok_and(|v| v == "off")
 }
 
+/// A test-only hook: `TUNDRA_TEST_REPAIR_RETURNED=1` makes the leader go on repairing a node
+/// that reports again (the twin of the test of a node returning mid-repair). Unset in
+/// production.
+fn repair_returned_for_test() -> bool {
+    std::env::var("TUNDRA_TEST_REPAIR_RETURNED").is_ok_and(|v| v == "1")
+}
+
 /// `[cluster] repair_after`, checked at start: None when "off".
 pub fn repair_after_from_config(config: &ClusterConfig) -> Result<Option<Duration>, String> {
     match config.repair_after.as_deref() {
@@ -191,8 +198,15 @@ impl ClusterNode {
             }
             leading.map_or(0, |(_, since)| since)
         };
-        let dead: Vec<u64> =
-            self.silent_nodes(after, since).into_iter().filter(|&node| self.holds_replicas(node)).collect();
+        let mut dead = self.silent_nodes(after, since);
+        if repair_returned_for_test() {
+            // The twin's bug: a node once found dead stays dead to the repair.
+            let mut seen = self.repair.status.lock().repairing.clone();
+            seen.retain(|n| !dead.contains(n));
+            dead.extend(seen);
+            dead.sort_unstable();
+        }
+        let dead: Vec<u64> = dead.into_iter().filter(|&node| self.holds_replicas(node)).collect();
         self.repair.status.lock().repairing = dead.clone();
         let Some(&node) = dead.first() else {
             self.repair.status.lock().blocked.clear();
@@ -220,7 +234,7 @@ impl ClusterNode {
             if self.stopping.load(Ordering::Relaxed) {
                 break;
             }
-            if !self.silent_nodes(after, since).contains(&node) {
+            if !self.silent_nodes(after, since).contains(&node) && !repair_returned_for_test() {
                 eprintln!("tundra: repair: node {node} reports again: its replicas left stay where they are");
                 break;
             }

@@ -11,6 +11,12 @@
 //!   drops its old replicas (no chunk left in its `nodes[]` entry, its drive's logical use
 //!   back to zero), the groups keep their replicas, leaders and terms, and the volume reads
 //!   back through it.
+//! - A node started again once the repair moved one of its replicas (each learner's catch-up
+//!   held 4 s by `TUNDRA_TEST_CATCH_UP_DELAY_MS`) is repaired no further: it keeps the rest,
+//!   what moved stays moved, every group has three answering replicas, its catalog catches
+//!   up and every page reads back through every node. Its twin (`TUNDRA_TEST_REPAIR_RETURNED=1`:
+//!   the leader goes on repairing a node that reports again) empties the node, which the check
+//!   catches.
 //! - Three nodes, one killed: no up node can take its replicas, which stay, and the leader says
 //!   why in `manager.repair.blocked`.
 //! - The twin: with `repair_after = "off"` the dead node keeps its replicas and the repair's
@@ -60,12 +66,18 @@ fn content(page: u64, write: u64) -> Vec<u8> {
 
 /// Four nodes with `repair_after`, and a volume "v" of two chunks written with known pages.
 fn cluster(repair_after: &str) -> (Cluster, u32, WriterLog) {
+    cluster_with(repair_after, &[])
+}
+
+/// [`cluster`] with `env` (test hooks) on every node.
+fn cluster_with(repair_after: &str, env: &[(&str, &str)]) -> (Cluster, u32, WriterLog) {
     let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
     for member in &cluster.members {
         let mut config = std::fs::OpenOptions::new().append(true).open(&member.config).expect("open config");
         // No leader balancing: a group's term then moves only when something disturbs it.
         writeln!(config, "repair_after = \"{repair_after}\"\nleader_balance_every = \"off\"").expect("write config");
     }
+    cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     cluster.start_all();
     succeeds(&["volume", "create", "v", "--size", "2GiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
     let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
@@ -299,4 +311,75 @@ fn a_dead_node_whose_replicas_no_up_node_can_take_keeps_them_and_status_says_why
     assert_eq!(manager["repair"]["moves_total"], 0, "{manager:#}");
     let status = cluster.status(leader);
     assert!(groups(&status).iter().all(|g| ids(&g["replicas"]).contains(&dead)), "{status:#}");
+}
+
+/// The volume's groups that list `node` among their replicas, as node `asked` sees them.
+fn held_by(cluster: &Cluster, asked: u64, node: u64) -> usize {
+    groups(&cluster.status(asked)).iter().filter(|g| ids(&g["replicas"]).contains(&node)).count()
+}
+
+/// Kills a node, starts it again once the repair moved one of its replicas (each learner's
+/// catch-up held 4 s at its leader, so that the node returns mid-repair), and answers how many
+/// of its groups it held before and holds once it has been back for longer than
+/// `repair_after`, with the cluster and the volume.
+fn return_mid_repair(env: &[(&str, &str)]) -> (Cluster, u64, usize, usize, u32, WriterLog) {
+    let mut env = env.to_vec();
+    env.push(("TUNDRA_TEST_CATCH_UP_DELAY_MS", "4000"));
+    let (mut cluster, volume, log) = cluster_with("5s", &env);
+    let dead = victim(&cluster);
+    let up: Vec<u64> = (1..=4).filter(|&id| id != dead).collect();
+    let held_before = held_by(&cluster, up[0], dead);
+    assert!(held_before >= 3, "node {dead} holds two chunks and the redo group: {held_before}");
+    cluster.kill9(dead);
+    let started = Instant::now();
+    loop {
+        let repair = cluster.status(up[0])["manager"]["repair"].clone();
+        if repair["moves_total"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(started.elapsed() < REPAIR_WAIT, "no repair: {repair:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.start(dead);
+    let started = Instant::now();
+    loop {
+        let manager = cluster.status(up[0])["manager"].clone();
+        if ids(&manager["repair"]["repairing"]).is_empty() && manager["unknown_nodes"] == serde_json::json!([]) {
+            break;
+        }
+        assert!(started.elapsed() < CATCH_UP_WAIT, "node {dead} still repaired: {manager:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // More than repair_after with the node back.
+    std::thread::sleep(WATCH + Duration::from_secs(2));
+    let left = held_by(&cluster, up[0], dead);
+    (cluster, dead, held_before, left, volume, log)
+}
+
+#[test]
+fn a_node_that_returns_during_its_repair_is_repaired_no_further() {
+    let (cluster, dead, held_before, left, volume, log) = return_mid_repair(&[]);
+    assert!(
+        left >= 1 && left < held_before,
+        "node {dead} holds {left} of its {held_before} groups\n{}",
+        cluster.logs()
+    );
+    repaired(&cluster, &[1, 2, 3, 4], 0, CATCH_UP_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    let up: Vec<u64> = (1..=4).filter(|&id| id != dead).collect();
+    let settled = shape(&cluster, up[0]);
+    let started = Instant::now();
+    while shape(&cluster, dead) != settled {
+        assert!(started.elapsed() < CATCH_UP_WAIT, "node {dead}'s catalog did not catch up\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for id in 1..=4 {
+        verify(&cluster, id, volume, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+}
+
+#[test]
+fn a_repair_that_ignores_a_returning_node_is_caught() {
+    // The twin: with the hook the leader keeps repairing a node that reports again.
+    let (cluster, dead, held_before, left, _, _) = return_mid_repair(&[("TUNDRA_TEST_REPAIR_RETURNED", "1")]);
+    assert_eq!(left, 0, "node {dead} keeps {left} of its {held_before} groups\n{}", cluster.logs());
 }
