@@ -190,23 +190,8 @@ impl ClusterNode {
             self.repair.status.lock().repairing.clear();
             return;
         }
-        let term = raft.metrics().borrow().current_term;
-        let since = {
-            let mut leading = self.repair.leading_since.lock();
-            if leading.is_none_or(|(seen, _)| seen != term) {
-                *leading = Some((term, now_unix_ms()));
-            }
-            leading.map_or(0, |(_, since)| since)
-        };
-        let mut dead = self.silent_nodes(after, since);
-        if repair_returned_for_test() {
-            // The twin's bug: a node once found dead stays dead to the repair.
-            let mut seen = self.repair.status.lock().repairing.clone();
-            seen.retain(|n| !dead.contains(n));
-            dead.extend(seen);
-            dead.sort_unstable();
-        }
-        let dead: Vec<u64> = dead.into_iter().filter(|&node| self.holds_replicas(node)).collect();
+        let since = self.leading_since(raft.metrics().borrow().current_term);
+        let dead = self.to_repair(after, since);
         self.repair.status.lock().repairing = dead.clone();
         let Some(&node) = dead.first() else {
             self.repair.status.lock().blocked.clear();
@@ -260,6 +245,28 @@ impl ClusterNode {
         }
         self.release_moves(owner).await;
         self.repair.status.lock().blocked = blocked;
+    }
+
+    /// Since when (Unix ms) this node leads the manager in `term`, as it first saw it.
+    fn leading_since(&self, term: u64) -> u64 {
+        let mut leading = self.repair.leading_since.lock();
+        if leading.is_none_or(|(seen, _)| seen != term) {
+            *leading = Some((term, now_unix_ms()));
+        }
+        leading.map_or(0, |(_, since)| since)
+    }
+
+    /// The silent nodes that still hold replicas, lowest id first.
+    fn to_repair(&self, after: Duration, since: u64) -> Vec<u64> {
+        let mut dead = self.silent_nodes(after, since);
+        if repair_returned_for_test() {
+            // The twin's bug: a node once found dead stays dead to the repair.
+            let mut seen = self.repair.status.lock().repairing.clone();
+            seen.retain(|n| !dead.contains(n));
+            dead.extend(seen);
+            dead.sort_unstable();
+        }
+        dead.into_iter().filter(|&node| self.holds_replicas(node)).collect()
     }
 
     /// The nodes other than this one, known to the manager's state, silent for at least
