@@ -78,6 +78,11 @@ pub struct ClusterNode {
     pub(crate) manager_replace_after: Option<Duration>,
     /// The manager's members' bookkeeping on this node (manager_members.rs).
     pub(crate) member_work: crate::manager_members::MemberWork,
+    /// `[cluster] repair_after`: how long a node may be silent before the manager's leader
+    /// moves its replicas onto up nodes (dead_nodes.rs); None: never.
+    pub(crate) repair_after: Option<Duration>,
+    /// The repair's bookkeeping on this node (dead_nodes.rs).
+    pub(crate) repair: crate::dead_nodes::RepairWork,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -91,6 +96,7 @@ impl ClusterNode {
         let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
         let leader_balance = crate::leaders::LeaderBalanceSettings::from_config(config)?;
         let manager_replace_after = crate::manager_members::replace_after_from_config(config)?;
+        let repair_after = crate::dead_nodes::repair_after_from_config(config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tundra-member")
@@ -151,6 +157,8 @@ impl ClusterNode {
             rebalancer: Mutex::new(None),
             manager_replace_after,
             member_work: Default::default(),
+            repair_after,
+            repair: Default::default(),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -166,6 +174,7 @@ impl ClusterNode {
         cluster.start_redo_upkeep();
         cluster.start_leader_balance(leader_balance);
         cluster.start_delete_upkeep();
+        cluster.start_dead_node_work();
         // Moves this node's catalog lists were under way when it stopped: settle them once the
         // peers are connected (crate::migrate).
         if cluster.catalog.lock().volumes().iter().any(|def| !def.moves.is_empty() || def.redo_move.is_some()) {

@@ -20,6 +20,8 @@
 //! - [`manager_members`]: the manager's members replaced (a drained node's, a silent one's
 //!   after `manager_replace_after`) and a replaced node's member retired when it comes back.
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
+//! - [`dead_nodes`]: a dead node's replicas moved off it after `repair_after`, and a
+//!   returning node's catalog caught up from the groups' membership.
 //! - [`rebalance`]: `tundra cluster rebalance`'s steps, planned from the manager's chunk sizes.
 //! - [`background`]: the manager leader's background rebalance rounds (`rebalance_every`).
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
@@ -32,6 +34,7 @@
 pub mod background;
 pub mod catalog;
 pub mod cluster;
+pub mod dead_nodes;
 pub mod delete;
 mod io;
 pub mod leaders;

@@ -257,6 +257,11 @@ pub struct ManagerStatus {
     /// The last silent member this leader replaced since it started.
     #[serde(default)]
     pub last_replacement: Option<crate::manager_members::MemberReplacement>,
+    /// The repair of dead nodes' replicas by the leader that answered (dead_nodes.rs):
+    /// `after_ms` (`[cluster] repair_after`, null: off), `repairing` (dead nodes still holding
+    /// replicas), `blocked` (why some stay), `moves_total`, `failures_total`, `last_repair`.
+    #[serde(default)]
+    pub repair: crate::dead_nodes::RepairStatus,
     /// Why the manager did not answer (then every other figure is empty).
     pub error: Option<String>,
 }
@@ -834,6 +839,7 @@ impl ClusterNode {
         status.learners = metrics.membership_config.membership().learner_ids().collect();
         status.replace_after_ms = self.manager_replace_after.map(|after| after.as_millis() as u64);
         status.last_replacement = self.member_work.last.lock().clone();
+        status.repair = self.repair.status.lock().clone();
         let view = view.lock();
         status.applied_index = view.applied.map(|id| id.index);
         let state = &view.state;

@@ -197,6 +197,9 @@ pub enum MembershipChange {
     /// Make these the voters (learners not among them are removed).
     Voters(Vec<u64>),
     RemoveLearner(u64),
+    /// Report the voters and learners once a quorum confirmed this node still leads: what a
+    /// node's catalog catch-up trusts before it drops a replica (dead_nodes.rs).
+    ConfirmedQuery,
 }
 
 /// A [`Forward`]'s answer.

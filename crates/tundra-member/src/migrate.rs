@@ -5,7 +5,10 @@
 //! A move of chunk C from A to B, run by whichever node was asked (the coordinator):
 //! 1. the decision core agrees (`BeginMove` on a `ClusterState` rebuilt from the catalog and
 //!    the nodes' usage: B active, without a replica of C, kept under the fullness limit);
-//! 2. every node's catalog enters the move (all must be up), so a node that restarts finds it;
+//! 2. the catalogs enter the move, so a node that restarts finds it: the coordinator's, the
+//!    target's and a majority of the group's replicas' must (`tell_nodes`), the source may be
+//!    dead, and a node that missed it catches up from the group's membership later
+//!    (dead_nodes.rs);
 //! 3. B starts an empty replica of C's group (B's store has the volume already: every node
 //!    creates it);
 //! 4. C's leader adds B as a learner and answers once B caught up, from the log or from a
@@ -188,7 +191,7 @@ impl ClusterNode {
         self.block_on(self.execute(&def, chunk, from, to))
     }
 
-    fn def_of(&self, volume: u32) -> Result<VolumeDef, Refusal> {
+    pub(crate) fn def_of(&self, volume: u32) -> Result<VolumeDef, Refusal> {
         self.catalog.lock().get(volume).cloned().ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is gone")))
     }
 
@@ -334,14 +337,15 @@ impl ClusterNode {
 
     /// The voters and learners of `group` as its leader answers `query` (a chunk's or a redo
     /// group's membership query).
-    async fn query_members(&self, group: ChunkId, query: Forward) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
+    pub(crate) async fn query_members(&self, group: ChunkId, query: Forward) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
         match self.to_leader(group, query).await? {
             Answer::Members { voters, learners } => Ok((voters, learners)),
             other => Err(Refusal::Unavailable(format!("a membership query answered {other:?}"))),
         }
     }
 
-    /// Enters a chunk's replica set and move in every node's catalog; every node must answer.
+    /// Enters a chunk's replica set and move in the catalogs of every node that answers
+    /// ([`ClusterNode::tell_nodes`] says which must).
     async fn tell_all(
         &self,
         volume: u32,
@@ -351,14 +355,53 @@ impl ClusterNode {
     ) -> Result<(), Refusal> {
         let mut replicas = replicas;
         replicas.sort_unstable();
-        let mut failed = None;
+        let must: Vec<u64> = moving.map(|m| m.to).into_iter().collect();
+        let set = |_node: u64| Forward::SetChunk { volume, chunk, replicas: replicas.clone(), moving };
+        self.tell_nodes(set, &must, &replicas).await
+    }
+
+    /// Asks every node of the cluster to enter a change of one group's replica set in its
+    /// catalog (`forward_to(node)`), and answers whether enough of them did. Which must
+    /// answer (seed 000 §4.2: a dead node's replicas are moved while it is down):
+    ///
+    /// - this node, the coordinator, which settles the change if it stops halfway;
+    /// - every node of `must` (a move's target, which restarts its new replica from its
+    ///   catalog and which the catalog catch-up must not take for a stale replica);
+    /// - a majority of `replicas` (the set the change starts from, or ends at): the group
+    ///   itself needs that majority to commit the membership change, and each of them settles
+    ///   the move at its start.
+    ///
+    /// A node that does not answer (dead, or cut off) learns the change from the groups'
+    /// own membership when it next catches its catalog up (dead_nodes.rs), at its start and
+    /// then periodically; until then its stale catalog only costs it a redirected request.
+    async fn tell_nodes(
+        &self,
+        forward_to: impl Fn(u64) -> Forward,
+        must: &[u64],
+        replicas: &[u64],
+    ) -> Result<(), Refusal> {
+        let mut missed = Vec::new();
+        let mut why_missed = None;
         for node in self.membership.ids() {
-            let set = Forward::SetChunk { volume, chunk, replicas: replicas.clone(), moving };
-            if let Some(why) = refused(self.ask(node, set).await) {
-                failed = Some(Refusal::Unavailable(format!("node {node} did not enter the move: {why:?}")));
+            if let Some(why) = refused(self.ask(node, forward_to(node)).await) {
+                missed.push(node);
+                why_missed = Some(why);
             }
         }
-        failed.map_or(Ok(()), Err)
+        let needed: Vec<u64> = must.iter().copied().chain([self.me]).collect();
+        let answered_replicas = replicas.iter().filter(|n| !missed.contains(n)).count();
+        let short = needed.iter().any(|n| missed.contains(n)) || answered_replicas < replicas.len() / 2 + 1;
+        if short {
+            return Err(Refusal::Unavailable(format!(
+                "nodes {missed:?} did not enter the change (needed: nodes {needed:?} and a majority of {replicas:?}):                  {why_missed:?}"
+            )));
+        }
+        if !missed.is_empty() {
+            eprintln!(
+                "tundra: nodes {missed:?} did not enter a change of a group's replicas ({why_missed:?}); they catch                  up from the group when they answer again"
+            );
+        }
+        Ok(())
     }
 
     /// A move's target: starts the chunk's group here, empty. A node whose log holds the group
@@ -430,6 +473,16 @@ impl ClusterNode {
         }
         let done = match change {
             MembershipChange::Query => Ok(()),
+            MembershipChange::ConfirmedQuery => {
+                let raft = self.host.raft(id).map_err(crate::io::refusal)?;
+                raft.ensure_linearizable().await.map_err(|e| match e {
+                    openraft::error::RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
+                        Refusal::NotLeader { leader: f.leader_id }
+                    }
+                    other => Refusal::Unavailable(other.to_string()),
+                })?;
+                Ok(())
+            }
             MembershipChange::AddLearner(node) => {
                 let _pacing = self.transport.pace().catching_up(id.0, node);
                 test_catch_up_delay().await;
@@ -576,7 +629,7 @@ impl ClusterNode {
 
     /// Removes `from` from the volume's redo group, the others staying: the voters changed,
     /// its replica dropped, every catalog told.
-    async fn leave_redo(&self, def: &VolumeDef, from: u64) -> Result<(), Refusal> {
+    pub(crate) async fn leave_redo(&self, def: &VolumeDef, from: u64) -> Result<(), Refusal> {
         let group = tundra_raft::redo_machine::redo_group(def.id);
         let voters: Vec<u64> = def.redo_replicas().iter().copied().filter(|&n| n != from).collect();
         let change = MembershipChange::Voters(voters);
@@ -718,22 +771,17 @@ impl ClusterNode {
         self.query_members(group, query).await
     }
 
-    /// Enters the redo group's replica set and move in every node's catalog; every node must
-    /// answer.
+    /// Enters the redo group's replica set and move in the catalogs of every node that
+    /// answers ([`ClusterNode::tell_nodes`] says which must).
     async fn tell_all_redo(
         &self,
         volume: u32,
         replicas: Vec<u64>,
         moving: Option<crate::messages::RedoMove>,
     ) -> Result<(), Refusal> {
-        let mut failed = None;
-        for node in self.membership.ids() {
-            let set = Forward::SetRedo { volume, replicas: replicas.clone(), moving };
-            if let Some(why) = refused(self.ask(node, set).await) {
-                failed = Some(Refusal::Unavailable(format!("node {node} did not enter the redo move: {why:?}")));
-            }
-        }
-        failed.map_or(Ok(()), Err)
+        let must: Vec<u64> = moving.map(|m| m.to).into_iter().collect();
+        let set = |_node: u64| Forward::SetRedo { volume, replicas: replicas.clone(), moving };
+        self.tell_nodes(set, &must, &replicas).await
     }
 
     /// A move's target: starts the volume's redo replica here (its stream comes from the log

@@ -111,6 +111,10 @@ pub struct ClusterConfig {
     /// manager's leader gives its place to an up node (tundra-member's `manager_members.rs`):
     /// "60s" when absent, at least the 5 s after which a report is stale; "off" never.
     pub manager_replace_after: Option<String>,
+    /// How long a node may go without a report before the cluster manager's leader moves its
+    /// chunk and redo replicas onto up nodes (tundra-member's `dead_nodes.rs`): "10m" when
+    /// absent, at least the 5 s after which a report is stale; "off" never.
+    pub repair_after: Option<String>,
 }
 
 /// The default pace of a move's catch-up: a 1 GiB chunk (less after compression) in under

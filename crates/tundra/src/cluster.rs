@@ -204,6 +204,19 @@ fn status(json: bool, connect: &Connect) -> Result<()> {
             manager["replace_after_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
         );
     }
+    let repair = &manager["repair"];
+    let repairing = repair["repairing"].as_array().map_or(0, Vec::len);
+    if repairing > 0 || !repair["last_repair"].is_null() {
+        println!(
+            "manager repair	repairing {}	moves {}	last {}",
+            repair["repairing"],
+            repair["moves_total"],
+            repair["last_repair"]["moved"].as_str().unwrap_or("none"),
+        );
+    }
+    for why in repair["blocked"].as_array().into_iter().flatten() {
+        println!("manager repair blocked	{}", why.as_str().unwrap_or_default());
+    }
     let background = &manager["background_rebalance"];
     if let Some(every) = background["every_ms"].as_u64() {
         let last = &background["last_round"];
