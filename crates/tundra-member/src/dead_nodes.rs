@@ -411,11 +411,22 @@ impl ClusterNode {
         let mut listed = def.replicas_of(index).to_vec();
         listed.sort_unstable();
         if listed != voters {
-            let entered =
-                tokio::task::block_in_place(|| self.catalog.lock().set_chunk(volume, index, voters.clone(), None));
-            if let Err(why) = entered {
-                eprintln!("tundra: catalog catch-up: chunk {index} of volume id {volume}: {why}");
-                return false;
+            // Under the catalog's lock, and only while no move is listed: a move entered since
+            // the check above is the move's to settle, and must not be overwritten.
+            let entered = tokio::task::block_in_place(|| {
+                let mut catalog = self.catalog.lock();
+                if catalog.get(volume).is_none_or(|def| def.move_of(index).is_some()) {
+                    return Ok(false);
+                }
+                catalog.set_chunk(volume, index, voters.clone(), None).map(|()| true)
+            });
+            match entered {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(why) => {
+                    eprintln!("tundra: catalog catch-up: chunk {index} of volume id {volume}: {why}");
+                    return false;
+                }
             }
             eprintln!(
                 "tundra: catalog catch-up: chunk {index} of volume {:?} is on nodes {voters:?} (the catalog said \
@@ -452,10 +463,21 @@ impl ClusterNode {
         voters.sort_unstable();
         let Some(def) = unmoved(self).filter(|_| learners.is_empty() && !voters.is_empty()) else { return false };
         if def.redo_replicas() != voters.as_slice() {
-            let entered = tokio::task::block_in_place(|| self.catalog.lock().set_redo(volume, voters.clone(), None));
-            if let Err(why) = entered {
-                eprintln!("tundra: catalog catch-up: volume id {volume}'s redo group: {why}");
-                return false;
+            // As for a chunk: not over a redo move entered since the check above.
+            let entered = tokio::task::block_in_place(|| {
+                let mut catalog = self.catalog.lock();
+                if catalog.get(volume).is_none_or(|def| def.redo_move.is_some()) {
+                    return Ok(false);
+                }
+                catalog.set_redo(volume, voters.clone(), None).map(|()| true)
+            });
+            match entered {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(why) => {
+                    eprintln!("tundra: catalog catch-up: volume id {volume}'s redo group: {why}");
+                    return false;
+                }
             }
             eprintln!(
                 "tundra: catalog catch-up: volume {:?}'s redo group is on nodes {voters:?} (the catalog said {:?})",

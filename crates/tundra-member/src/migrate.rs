@@ -393,12 +393,12 @@ impl ClusterNode {
         let short = needed.iter().any(|n| missed.contains(n)) || answered_replicas < replicas.len() / 2 + 1;
         if short {
             return Err(Refusal::Unavailable(format!(
-                "nodes {missed:?} did not enter the change (needed: nodes {needed:?} and a majority of {replicas:?}):                  {why_missed:?}"
+                "nodes {missed:?} did not enter the change (needed: nodes {needed:?} and a majority of {replicas:?}): {why_missed:?}"
             )));
         }
         if !missed.is_empty() {
             eprintln!(
-                "tundra: nodes {missed:?} did not enter a change of a group's replicas ({why_missed:?}); they catch                  up from the group when they answer again"
+                "tundra: nodes {missed:?} did not enter a change of a group's replicas ({why_missed:?}); they catch up from the group when they answer again"
             );
         }
         Ok(())
