@@ -83,6 +83,9 @@ pub struct ClusterNode {
     pub(crate) repair_after: Option<Duration>,
     /// The repair's bookkeeping on this node (dead_nodes.rs).
     pub(crate) repair: crate::dead_nodes::RepairWork,
+    /// The volumes this node refused to adopt from its peers' catalogs, by id, and why
+    /// (adopt.rs).
+    pub(crate) refused_volumes: Mutex<BTreeMap<u32, String>>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -159,6 +162,7 @@ impl ClusterNode {
             member_work: Default::default(),
             repair_after,
             repair: Default::default(),
+            refused_volumes: Mutex::new(BTreeMap::new()),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -280,6 +284,7 @@ impl ClusterNode {
             Forward::ManagerLeave => self.leave_manager().await,
             Forward::Delete { volume, step } => self.delete_step(volume, step).await,
             Forward::Resize { volume, step } => self.resize_step(volume, step).await,
+            Forward::Catalog => Ok(Answer::Catalog(self.catalog.lock().volumes().to_vec())),
         }
     }
 
@@ -323,7 +328,7 @@ impl ClusterNode {
 
     /// Creates the volume in the store if it is not there yet (every node has it, so that any
     /// node can serve its I/O) and starts the groups of the chunks this node holds a replica of.
-    async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
+    pub(crate) async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
         let volume = match self.node.volume(VolumeId(def.id)) {
             Ok(volume) => volume,
             Err(_) => tokio::task::block_in_place(|| {
@@ -398,11 +403,19 @@ impl ClusterNode {
         }
     }
 
-    /// Creates a volume with `replicas` replicas of each chunk: the same id on every node (the
-    /// largest next id any of them would give), each chunk's replicas placed by tundra-cluster
-    /// from every node's usage, the definition entered in every node's catalog (every node
-    /// serves the volume's I/O), each group's first membership set on its first replica, and
-    /// answered once every chunk has a leader. Every node must be up.
+    /// Creates a volume with `replicas` replicas of each chunk, while some nodes may be down
+    /// (issue 15). Which nodes must answer: this node (the coordinator), a majority of the
+    /// cluster's nodes, and every node placed a replica (placement picks only nodes whose
+    /// reports are fresh, and a node that did not answer but still counts as up refuses the
+    /// creation before anything is placed). The id is the largest next id any answering node
+    /// would give, floored above every volume id the manager's state has placed chunks of: two
+    /// majorities share a node, and every answering node enters the volume in its store, so a
+    /// later creation's answering nodes always include one that has used the id. Each chunk's
+    /// replicas are placed by tundra-cluster, the definition entered in every answering node's
+    /// catalog (every node serves the volume's I/O; the others learn it from their peers'
+    /// catalogs when they return, dead_nodes.rs), each group's first membership set on its
+    /// first replica, and the creation answered once every chunk has a leader. Refused before
+    /// anything is created when too few nodes answer.
     pub fn create_replicated(&self, name: &str, size_bytes: u64, page_size: u32, replicas: u8) -> Result<u32, Refusal> {
         let nodes = self.membership.ids();
         if usize::from(replicas) > nodes.len() {
@@ -412,18 +425,35 @@ impl ClusterNode {
             )));
         }
         self.block_on(async {
-            let mut id = 0;
-            for &node in &nodes {
-                match self.ask_patiently(node, Forward::Prepare { name: name.to_string() }).await? {
-                    Answer::VolumeId(next) => id = id.max(next),
-                    other => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
-                }
+            let next_ids = self.prepare_all(name, &nodes).await?;
+            let answering: Vec<u64> = next_ids.keys().copied().collect();
+            let majority = nodes.len() / 2 + 1;
+            if answering.len() < majority || !answering.contains(&self.me) {
+                return Err(Refusal::Unavailable(format!(
+                    "only nodes {answering:?} of {nodes:?} answer: creating a replicated volume needs a majority \
+                     ({majority}) of the cluster's nodes up; nothing was created"
+                )));
             }
             let spans = chunk_spans(size_bytes);
             // The cluster manager places the chunks (seed 000 §4.2.1): its committed state
             // chose the replicas, whichever node asked, among the nodes whose reports are
             // fresh; the thin-provisioning share is counted from the same state.
-            let (state, now_unix_ms) = self.manager_state_reported_by(&nodes).await?;
+            let (state, now_unix_ms) = self.manager_state_reported_by(&answering).await?;
+            if let Some(silent) = nodes.iter().find(|&&node| {
+                !answering.contains(&node)
+                    && state.node(tundra_cluster::NodeId(node)).is_some_and(|n| {
+                        n.status == tundra_cluster::NodeStatus::Active
+                            && !tundra_cluster::mover::report_stale(n.reported_unix_ms, now_unix_ms)
+                    })
+            }) {
+                return Err(Refusal::Unavailable(format!(
+                    "node {silent} does not answer, and the cluster manager still counts it up (its last report is \
+                     fresh): retry once its report is stale ({} s); nothing was created",
+                    tundra_cluster::mover::REPORT_STALE_AFTER_MS / 1000
+                )));
+            }
+            let placed_floor = state.chunks().keys().map(|chunk| chunk.volume().0 + 1).max().unwrap_or(0);
+            let id = next_ids.values().copied().max().unwrap_or(0).max(placed_floor);
             let usage = crate::placement::reported_usage(&state, now_unix_ms);
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
@@ -434,6 +464,11 @@ impl ClusterNode {
             let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
             all.sort_unstable();
             all.dedup();
+            if let Some(absent) = all.iter().find(|node| !answering.contains(node)) {
+                return Err(Refusal::Unavailable(format!(
+                    "the cluster manager placed a replica of {name:?} on node {absent}, which did not answer; retry"
+                )));
+            }
             let def = VolumeDef {
                 id,
                 name: name.to_string(),
@@ -447,7 +482,7 @@ impl ClusterNode {
                 deleting: false,
                 served_bytes: None,
             };
-            for &node in &nodes {
+            for &node in &answering {
                 self.ask(node, Forward::CreateVolume(def.clone())).await?;
             }
             let firsts: BTreeSet<u64> = first_leaders(&def.chunks).into_iter().flatten().collect();
@@ -463,6 +498,31 @@ impl ClusterNode {
             }
             Ok(id)
         })
+    }
+
+    /// Each answering node's next volume id, asked of every node in `nodes` and asked again
+    /// of those unreachable for up to [`CONNECT_WAIT`] (a node that just started may not have
+    /// connected to its peers yet; a node down stays unreachable). A node that has a volume
+    /// named `name` refuses the creation.
+    async fn prepare_all(&self, name: &str, nodes: &[u64]) -> Result<BTreeMap<u64, u32>, Refusal> {
+        let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        let mut next_ids = BTreeMap::new();
+        loop {
+            for &node in nodes.iter().filter(|node| !next_ids.contains_key(*node)) {
+                match self.ask(node, Forward::Prepare { name: name.to_string() }).await {
+                    Ok(Answer::VolumeId(next)) => {
+                        next_ids.insert(node, next);
+                    }
+                    Ok(other) => return Err(Refusal::Unavailable(format!("node {node} answered {other:?}"))),
+                    Err(Refusal::Invalid(why)) => return Err(Refusal::Invalid(why)),
+                    Err(_) => {}
+                }
+            }
+            if next_ids.len() == nodes.len() || tokio::time::Instant::now() >= deadline {
+                return Ok(next_ids);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// [`ClusterNode::ask`], asked again while the node is unreachable, for up to

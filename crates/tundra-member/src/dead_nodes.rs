@@ -30,7 +30,8 @@
 //! more than three replicas and no up node to move one to loses the dead node's replica
 //! instead, as a drain does.
 //!
-//! **Catalog catch-up.** Every node, a few seconds after it starts and then every
+//! **Catalog catch-up.** First, a node adopts the replicated volumes created while it was
+//! down from its peers' catalogs (adopt.rs). Then every node, a few seconds after it starts and then every
 //! [`CATCH_UP_EVERY`], asks each group of each catalogued volume (every chunk's and the redo
 //! group) for its membership: the group's own Raft membership is the truth, answered only by a
 //! leader a quorum just confirmed (`MembershipChange::ConfirmedQuery`, so a deposed leader's
@@ -380,8 +381,8 @@ impl ClusterNode {
         if catch_up_off_for_test() {
             return true;
         }
+        let mut complete = self.adopt_new_volumes().await;
         let ids: Vec<u32> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).map(|d| d.id).collect();
-        let mut complete = true;
         for volume in ids {
             let Ok(def) = self.def_of(volume) else { continue };
             for index in 0..chunk_spans(def.size_bytes).len() as u32 {

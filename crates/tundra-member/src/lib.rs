@@ -22,6 +22,8 @@
 //! - [`migrate`]: a chunk replica moved by a Raft membership change; drains.
 //! - [`dead_nodes`]: a dead node's replicas moved off it after `repair_after`, and a
 //!   returning node's catalog caught up from the groups' membership.
+//! - [`adopt`]: a returning node adopting the volumes created while it was down, from its
+//!   peers' catalogs, unless one clashes with a volume of its own.
 //! - [`rebalance`]: `tundra cluster rebalance`'s steps, planned from the manager's chunk sizes.
 //! - [`background`]: the manager leader's background rebalance rounds (`rebalance_every`).
 //! - `io`: page I/O through the chunks' leaders, with retries that turn failover into a stall.
@@ -31,6 +33,7 @@
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
 
+pub mod adopt;
 pub mod background;
 pub mod catalog;
 pub mod cluster;

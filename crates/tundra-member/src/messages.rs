@@ -185,6 +185,9 @@ pub enum Forward {
     Delete { volume: u32, step: crate::delete::DeleteStep },
     /// A step of growing a replicated volume here (resize.rs).
     Resize { volume: u32, step: crate::resize::ResizeStep },
+    /// This node's catalog of replicated volumes: what a node that was down learns created
+    /// volumes from (adopt.rs).
+    Catalog,
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -222,6 +225,8 @@ pub enum Answer {
     Deleting(Option<bool>),
     /// A volume's sizes on this node and whether its store can grow (resize.rs).
     Resize(crate::resize::ResizeCheck),
+    /// A node's catalog ([`Forward::Catalog`]).
+    Catalog(Vec<VolumeDef>),
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

@@ -9,7 +9,8 @@
 //! `repair` what repair of bad pages and the scrub did there; `manager` the cluster manager's
 //! group (`members`, `leader`, `term`, `applied_index`) and its state's summary (`nodes` with
 //! each one's `status` and `chunks`, `chunks`, `moves_in_flight`, `chunks_sized`, and the
-//! leader's `background_rebalance` record), or `error` when it has no leader. Each chunk (and each node's `chunks[]` entry) carries its `logical_bytes` and
+//! leader's `background_rebalance` record), or `error` when it has no leader; `refused_volumes` the
+//! replicated volumes the answering node refused to adopt (adopt.rs). Each chunk (and each node's `chunks[]` entry) carries its `logical_bytes` and
 //! `physical_bytes`, counted as the node's usage is.
 
 use std::collections::BTreeMap;
@@ -86,6 +87,9 @@ pub struct ClusterStatus {
     pub repair: tundra_raft::RepairStats,
     /// The cluster manager's group and the summary of its state, as its leader has them.
     pub manager: crate::manager::ManagerStatus,
+    /// The replicated volumes the answering node refused to adopt from its peers' catalogs,
+    /// each with why (one of its own volumes has the id or the name; adopt.rs).
+    pub refused_volumes: Vec<String>,
 }
 
 impl ClusterNode {
@@ -220,8 +224,18 @@ impl ClusterNode {
             redo.push(group);
         }
         let repair = self.host.repair_stats();
+        let refused_volumes = self.refused_volumes.lock().values().cloned().collect();
         let manager = self.block_on(self.manager_status());
-        ClusterStatus { node: self.me, nodes, chunks, redo, traffic: self.transport.traffic(), repair, manager }
+        ClusterStatus {
+            node: self.me,
+            nodes,
+            chunks,
+            redo,
+            traffic: self.transport.traffic(),
+            repair,
+            manager,
+            refused_volumes,
+        }
     }
 }
 

@@ -217,6 +217,9 @@ fn status(json: bool, connect: &Connect) -> Result<()> {
     for why in repair["blocked"].as_array().into_iter().flatten() {
         println!("manager repair blocked	{}", why.as_str().unwrap_or_default());
     }
+    for why in status["refused_volumes"].as_array().into_iter().flatten() {
+        println!("refused volume	{}", why.as_str().unwrap_or_default());
+    }
     let background = &manager["background_rebalance"];
     if let Some(every) = background["every_ms"].as_u64() {
         let last = &background["last_round"];

@@ -1,0 +1,106 @@
+//! A node that was down while replicated volumes were created learns them (issue 15): a
+//! volume's creation needs only a majority of the nodes (cluster.rs's `create_replicated`),
+//! and the others adopt its definition from their peers' catalogs at their catalog catch-up
+//! (dead_nodes.rs), a few seconds after they start and then every 30 s.
+//!
+//! Adopting a volume is what `Forward::CreateVolume` does at a creation: the definition
+//! entered in the node's catalog durably, then the volume created in its store with the same
+//! id and its groups started (`open_replica`; normally none, since placement chose only up
+//! nodes). From then on the node serves the volume's I/O by forwarding it to the chunks'
+//! leaders. A crash between the two writes leaves the catalog naming a volume the store lacks,
+//! which the node's start creates, as after a creation.
+//!
+//! A node refuses to adopt a volume whose id or name one of its own volumes has (a node-local
+//! volume made while it was away from the cluster, or a replicated one under another id):
+//! entering it would route the local volume's I/O to the replicated volume's groups (its
+//! pages read back as another volume's) and stop the node from starting again. It says so in
+//! its log once and in `tundra cluster status` (`refused_volumes`), keeps its own volume, and
+//! serves nothing of the other. Deleted volumes are not adopted (a delete needs every node up,
+//! delete.rs, so a node never misses one).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tundra_store::ids::VolumeId;
+
+use crate::cluster::ClusterNode;
+use crate::messages::{Answer, Forward, VolumeDef};
+
+/// How long a node waits for one peer's catalog.
+const CATALOG_WAIT: Duration = Duration::from_secs(3);
+
+/// A test-only hook: `TUNDRA_TEST_ADOPT_UNCHECKED=1` adopts a peer's volume even when one of
+/// the node's own volumes has its id or name (the twin of the conflict check). Unset in
+/// production.
+fn unchecked_for_test() -> bool {
+    std::env::var("TUNDRA_TEST_ADOPT_UNCHECKED").is_ok_and(|v| v == "1")
+}
+
+impl ClusterNode {
+    /// Adopts the volumes its peers' catalogs list and its own lacks (module doc); answers
+    /// whether a majority of the cluster's nodes (this one among them) answered and every
+    /// volume found was adopted or refused for good.
+    pub(crate) async fn adopt_new_volumes(&self) -> bool {
+        let nodes = self.membership.ids();
+        let mut answered = 1;
+        let mut found: BTreeMap<u32, VolumeDef> = BTreeMap::new();
+        for &node in nodes.iter().filter(|&&node| node != self.me) {
+            if let Ok(Ok(Answer::Catalog(defs))) =
+                tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await
+            {
+                answered += 1;
+                for def in defs.into_iter().filter(|def| !def.deleting) {
+                    found.entry(def.id).or_insert(def);
+                }
+            }
+        }
+        let mut complete = answered >= nodes.len() / 2 + 1;
+        for def in found.into_values() {
+            if self.catalog.lock().get(def.id).is_some() || self.refused_volumes.lock().contains_key(&def.id) {
+                continue;
+            }
+            complete &= self.adopt(def).await;
+        }
+        complete
+    }
+
+    /// Adopts one volume, or refuses it for good; false when it failed and is to be tried again.
+    async fn adopt(&self, def: VolumeDef) -> bool {
+        if let Some(why) = self.clash(&def).filter(|_| !unchecked_for_test()) {
+            eprintln!("tundra: catalog catch-up: node {} refuses to adopt the replicated volume {why}", self.me);
+            self.refused_volumes.lock().insert(def.id, why);
+            return true;
+        }
+        if let Err(why) = tokio::task::block_in_place(|| self.catalog.lock().add(def.clone())) {
+            eprintln!("tundra: catalog catch-up: entering volume {:?} (id {}): {why}", def.name, def.id);
+            return false;
+        }
+        match self.open_replica(&def).await {
+            Ok(()) => {
+                eprintln!(
+                    "tundra: catalog catch-up: adopted volume {:?} (id {}), created while this node was away",
+                    def.name, def.id
+                );
+                true
+            }
+            Err(why) => {
+                eprintln!("tundra: catalog catch-up: opening adopted volume {:?} (id {}): {why}", def.name, def.id);
+                false
+            }
+        }
+    }
+
+    /// Why `def` clashes with one of this node's own volumes, if it does.
+    fn clash(&self, def: &VolumeDef) -> Option<String> {
+        let what = format!("{:?} (id {})", def.name, def.id);
+        if let Ok(own) = self.node.volume(VolumeId(def.id)) {
+            return Some(format!("{what}: this node's volume {:?} has that id; it keeps its own", own.volume.name));
+        }
+        if let Ok(own) = self.node.volume_by_name(&def.name) {
+            return Some(format!("{what}: this node's volume id {} has that name; it keeps its own", own.volume.id.0));
+        }
+        let catalog = self.catalog.lock();
+        let named = catalog.volumes().iter().find(|other| other.name == def.name && other.id != def.id);
+        named.map(|other| format!("{what}: this node's replicated volume id {} has that name", other.id))
+    }
+}
