@@ -275,6 +275,9 @@ impl Node {
         // How many of the log's batches the copy carries.
         let mut count = 0usize;
         if let Some(stream) = &stream {
+            // A replicated stream's deferred appends are made durable first: the copy is of
+            // the log as it stands on disk, and reads back only what is durable.
+            stream.log.sync().map_err(redo_error)?;
             head.fence = stream.log.fence().0;
             head.start_lsn = stream.log.start_lsn().0;
             head.durable_lsn = stream.log.durable_lsn().0;
