@@ -467,7 +467,13 @@ mod tests {
     }
 
     fn moving(copy_bug: bool) -> Scenario {
-        Scenario { fault: LogFault::None, propose: Propose::Checked, move_replica: true, copy_bug, mark_unsynced: false }
+        Scenario {
+            fault: LogFault::None,
+            propose: Propose::Checked,
+            move_replica: true,
+            copy_bug,
+            mark_unsynced: false,
+        }
     }
 
     /// A replica moved to a fourth node half way (the log purged behind every voter, so the
