@@ -180,7 +180,14 @@ impl RedoApplier for NodeApplier {
         NodeApplier::held_by_all_of(entry)
     }
 
-    /// The volume's images and the stream's batches (tundra-node's `redo_copy`).
+    /// The applies so far made durable in the node's redo log (tundra-node's `redo_sync`):
+    /// called before a mark is saved.
+    fn sync(&self) -> Result<(), String> {
+        self.node.redo_sync(VolumeId(self.volume)).map_err(|e| e.to_string())
+    }
+
+    /// The volume's images and the stream's batches (tundra-node's `redo_copy`, which syncs
+    /// the stream first).
     fn copy(&self, out: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> {
         self.node.redo_copy(VolumeId(self.volume), out, test_copy_bug()).map(|_| ()).map_err(|e| e.to_string())
     }
@@ -204,8 +211,12 @@ impl RedoApplier for NodeApplier {
             Ok(volume) => volume,
             Err(e) => return Ok(Some(e.to_string())),
         };
+        // Deferred: the group's log is the write-ahead log of its applies (tundra-raft's
+        // `redo_machine`), so the batch, committed on a majority, need not wait for the node's
+        // redo log to sync; `sync` catches up before a mark, and the node before it folds,
+        // spills or copies.
         let append = || {
-            self.node.append_redo(
+            self.node.append_redo_deferred(
                 &volume,
                 entry.epoch,
                 entry.prev_lsn,

@@ -9,18 +9,28 @@
 //! chunk's id) and shares the node's log (and its group commit) and transport with the chunk
 //! groups.
 //!
+//! The group's log is the write-ahead log of the applies (as a chunk group's log is of its
+//! store's, `state_machine.rs`): an apply need not be durable in the node's redo log when it
+//! returns, since its batch is committed, so durable on a majority's logs, and the entry stays
+//! in this replica's log until a mark past it is saved. A replica's applies are made durable
+//! ([`RedoApplier::sync`]) before a mark that covers them is saved, and the node makes them
+//! durable itself before anything else depends on them on its disk (a fold, a spill, a copy).
+//!
 //! Re-application. After a restart every committed entry past the replica's saved snapshot
 //! mark is applied again. That is harmless because the leader proposes a batch only once it
 //! has applied every entry of its log and its own stream would accept the batch (the right
 //! epoch, `prev_lsn` at its end): so every committed entry was accepted where it was first
-//! applied, on every replica alike, and applied again it finds its records already in the
-//! node's durable redo log, which answers `Gap` and changes nothing.
+//! applied, on every replica alike. Applied again it finds its records in the node's redo log
+//! (which answers `Gap` and changes nothing) or, if the crash lost the log's unsynced tail, it
+//! is the next batch the log takes: what the log holds is always a prefix of what was applied,
+//! and the mark never passes what it holds.
 //!
-//! Snapshots and purges. A replica's applies are durable when they return (the node's redo log
-//! syncs before it answers), so the group's entries are needed only by a replica that has not
-//! applied them yet. The snapshot a replica saves is therefore a mark: "this replica's stream
-//! holds every batch up to this log id" ([`RedoMark`], saved to the replica's [`SnapshotStore`]
-//! before openraft may purge behind it). The snapshot it sends another replica (a learner the
+//! Snapshots and purges. A replica's applies are durable once synced, which every saved mark
+//! is preceded by, so the group's entries are needed only by a replica that has not applied
+//! them yet or whose mark is behind them. The snapshot a replica saves is therefore a mark:
+//! "this replica's stream holds every batch up to this log id" ([`RedoMark`], saved to the
+//! replica's [`SnapshotStore`] after a sync and before openraft may purge behind it; the
+//! host's purge never passes the saved mark). The snapshot it sends another replica (a learner the
 //! log was purged past: a replica being moved) is a [`RedoCopy`]: the mark and a copy of its
 //! stream as it stands ([`RedoApplier::copy`], written between two applies into the node's
 //! snapshot files and streamed as extents, as a chunk's images are), which a replica behind it
@@ -79,6 +89,15 @@ pub trait RedoApplier: Send + Sync + 'static {
     /// here. It is called on the group's task and may block (a stream past its memory bound
     /// waits for folding): an applier on a multi-threaded runtime says so to tokio.
     fn apply(&self, entry: &[u8]) -> Result<Option<String>, String>;
+
+    /// Makes every batch applied so far durable in the node's stream. An apply need not be
+    /// durable when it returns (the group's log is the write-ahead log of applies, as a chunk
+    /// group's is of its store); this is called before anything depends on the applies
+    /// locally: before a mark that covers them is saved. An applier whose applies are durable
+    /// at once has nothing to do.
+    fn sync(&self) -> Result<(), String> {
+        Ok(())
+    }
 
     /// The log index every voter held when the leader proposed the entry (0 when the entry
     /// does not say): how far every replica may purge.
@@ -357,15 +376,25 @@ impl RedoStateMachine {
 pub struct MarkBuilder {
     group: GroupId,
     mark: RedoMark,
+    applier: Arc<dyn RedoApplier>,
     store: Arc<dyn SnapshotStore>,
     progress: Arc<Mutex<RedoProgress>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for MarkBuilder {
-    /// Saved before openraft may purge the entries it covers; every batch it covers is in the
-    /// node's stream already (each apply was durable when it returned).
+    /// Saved before openraft may purge the entries it covers, and only once every batch it
+    /// covers is durable in the node's stream: the applies are synced first (a mark past an
+    /// unsynced batch would let a crash lose it for good, since openraft re-applies only the
+    /// entries past the mark).
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let bytes = self.mark.encode();
+        let applier = self.applier.clone();
+        block_in_place_if_multi(|| applier.sync()).map_err(|why| {
+            StorageIOError::write_snapshot(
+                Some(self.mark.meta.signature()),
+                openraft::AnyError::error(format!("redo group {:#x}: syncing before a mark: {why}", self.group.0)),
+            )
+        })?;
         self.store.save(&bytes).map_err(|why| {
             StorageIOError::write_snapshot(
                 Some(self.mark.meta.signature()),
@@ -401,6 +430,7 @@ impl RaftStateMachine<TypeConfig> for RedoStateMachine {
         MarkBuilder {
             group: self.group,
             mark: self.mark_here(),
+            applier: self.applier.clone(),
             store: self.store.clone(),
             progress: self.progress.clone(),
         }
@@ -447,6 +477,9 @@ impl RaftStateMachine<TypeConfig> for RedoStateMachine {
                 self.applied, meta.last_log_id
             )));
         }
+        // The mark covers applies of this replica's own: durable before it is saved.
+        let applier = self.applier.clone();
+        block_in_place_if_multi(|| applier.sync()).map_err(&refuse)?;
         let bytes = mark.encode();
         self.store.save(&bytes).map_err(refuse)?;
         let mut progress = self.progress.lock();

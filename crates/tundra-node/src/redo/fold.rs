@@ -50,6 +50,10 @@ impl Node {
         // Under the upkeep lock, so a copy of the stream (image.rs) sees one truncation point.
         let _upkeep = stream.upkeep.lock();
         let through = stream.state.lock().versions.materialized_through();
+        if through > stream.log.durable_lsn() {
+            // Deferred appends (io.rs) not synced yet: the log truncates only what it holds.
+            stream.log.sync().map_err(redo_error)?;
+        }
         stream.log.truncate_through(through).map_err(redo_error)?;
         Ok(folded)
     }
@@ -76,6 +80,10 @@ impl Node {
             None => Vec::new(),
         };
         let content = task.rebuild(base, &fetched, volume.page_size()).map_err(redo_error)?;
+        // The records folded are durable in the log before the page that holds them is: a
+        // replicated stream's deferred appends (io.rs) would otherwise let a crash keep the
+        // page and lose its records, which the redo group then applies again on top of it.
+        stream.log.sync().map_err(redo_error)?;
         volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
         let (cleanup, freed) = {
             let mut state = stream.state.lock();

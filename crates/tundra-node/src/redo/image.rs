@@ -275,6 +275,9 @@ impl Node {
         // How many of the log's batches the copy carries.
         let mut count = 0usize;
         if let Some(stream) = &stream {
+            // A replicated stream's deferred appends are made durable first: the copy is of
+            // the log as it stands on disk, and reads back only what is durable.
+            stream.log.sync().map_err(redo_error)?;
             head.fence = stream.log.fence().0;
             head.start_lsn = stream.log.start_lsn().0;
             head.durable_lsn = stream.log.durable_lsn().0;
@@ -352,6 +355,12 @@ impl Node {
         // No fold, spill or read of the old stream while its images and log are replaced.
         let _upkeep = old.as_ref().map(|s| s.upkeep.lock());
         let _readers = old.as_ref().map(|s| s.fold_gate.write());
+        // The old stream's deferred appends (io.rs) are written to its own slot now, so no
+        // later sync writes them into the slot once it is freed (an error leaves the old log
+        // stopped, which writes nothing more either).
+        if let Some(old) = &old {
+            let _ = old.log.sync();
+        }
         let items = Items { read, len, at: 0 };
         let store = volume.pages.store();
         for chunk in volume_chunks(&volume) {

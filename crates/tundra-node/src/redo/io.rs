@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tundra_redo::codec::decode_records;
-use tundra_redo::{AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, WriterEpoch, fetch};
+use tundra_redo::{
+    AppendOutcome, Decision, GetPage, LeaseId, LeaseRefusal, ReaderId, RedoBatch, Submitted, WriterEpoch, fetch,
+};
 use tundra_store::ids::Lsn;
 
 use super::{Stream, StreamCounters, redo_error, stored_lsn};
@@ -113,6 +115,50 @@ impl Node {
         record_count: u32,
         records: &[u8],
     ) -> Result<AppendOutcome> {
+        self.append_redo_as(volume, epoch, prev_lsn, end_lsn, record_count, records, true)
+    }
+
+    /// Appends a batch as [`Node::append_redo`] does, but answers once the log has accepted it,
+    /// before it is durable: the page versions, the durable LSN the stream answers with and the
+    /// leases move at once. For a replicated stream (seed 000 §3.2.1: the batch is durable once
+    /// a majority holds it), whose redo group's log is the write-ahead log of its applies
+    /// (tundra-raft's `redo_machine`). The batch becomes durable at the log's next group
+    /// commit: [`Node::redo_sync`], which the redo group calls before it saves a mark, or a
+    /// fold, a spill or a copy of the stream, each of which syncs before it writes anything
+    /// that depends on the records. A crash may lose what was not synced; what the log keeps is
+    /// a prefix of what was appended, and the group applies the rest again.
+    pub fn append_redo_deferred(
+        &self,
+        volume: &VolumeRef,
+        epoch: u64,
+        prev_lsn: u64,
+        end_lsn: u64,
+        record_count: u32,
+        records: &[u8],
+    ) -> Result<AppendOutcome> {
+        self.append_redo_as(volume, epoch, prev_lsn, end_lsn, record_count, records, false)
+    }
+
+    /// Makes every batch appended to volume `id`'s stream durable (nothing to do without a
+    /// stream, or with nothing deferred).
+    pub fn redo_sync(&self, id: tundra_store::ids::VolumeId) -> Result<()> {
+        if let Some(stream) = self.redo.stream(id) {
+            stream.log.sync().map_err(redo_error)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn append_redo_as(
+        &self,
+        volume: &VolumeRef,
+        epoch: u64,
+        prev_lsn: u64,
+        end_lsn: u64,
+        record_count: u32,
+        records: &[u8],
+        sync: bool,
+    ) -> Result<AppendOutcome> {
         volume.check_live()?;
         let records = decode_records(records, record_count, volume.volume.page_size).map_err(redo_error)?;
         let pages = volume.volume.page_count();
@@ -131,7 +177,7 @@ impl Node {
             end_lsn: Lsn(end_lsn),
             records,
         };
-        let outcome = self.append_waiting_for_room(&stream, volume, &batch)?;
+        let outcome = self.append_waiting_for_room(&stream, volume, &batch, sync)?;
         if let AppendOutcome::Ok { .. } = outcome {
             let mut state = stream.state.lock();
             let records = batch.records.into_iter().map(Arc::new).collect();
@@ -195,18 +241,31 @@ impl Node {
     /// the log frees room as pages fold, which waits for LSN_min, so the writer waits up to
     /// [`LOG_FULL_WAIT`] for readers to move on (or for their leases to lapse), folding as it
     /// goes, and only then hears that the stream is full.
-    fn append_waiting_for_room(&self, stream: &Stream, volume: &VolumeRef, batch: &RedoBatch) -> Result<AppendOutcome> {
+    /// Without `sync`, the batch is accepted into the log's next group commit and not waited
+    /// for (`append_redo_deferred`).
+    fn append_waiting_for_room(
+        &self,
+        stream: &Stream,
+        volume: &VolumeRef,
+        batch: &RedoBatch,
+        sync: bool,
+    ) -> Result<AppendOutcome> {
         let turns = (LOG_FULL_WAIT.as_millis() / WAIT_TURN.as_millis()).max(1) as u32;
         let mut turn = 0;
         loop {
-            match stream.log.append(batch) {
+            match stream.log.submit(batch) {
                 Err(error) if error.kind() == tundra_redo::ErrorKind::Full && turn < turns => {
                     turn += 1;
                     if self.fold_stream(stream, volume, 1024)? == 0 {
                         std::thread::sleep(WAIT_TURN);
                     }
                 }
-                outcome => return outcome.map_err(redo_error),
+                Err(error) => return Err(redo_error(error)),
+                Ok(Submitted::Refused(outcome)) => return Ok(outcome),
+                Ok(Submitted::Accepted(ticket)) if sync => {
+                    return Ok(AppendOutcome::Ok { durable_lsn: stream.log.wait(ticket).map_err(redo_error)? });
+                }
+                Ok(Submitted::Accepted(ticket)) => return Ok(AppendOutcome::Ok { durable_lsn: ticket.end_lsn() }),
             }
         }
     }

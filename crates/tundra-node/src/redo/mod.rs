@@ -297,6 +297,10 @@ impl Redo {
     /// A deleted volume's stream is dropped and its slot freed.
     pub fn forget(&self, volume: VolumeId) -> Result<()> {
         let Some(stream) = self.streams.write().remove(&volume) else { return Ok(()) };
+        // Deferred appends (io.rs) are written now, to the slot still the stream's, so no
+        // later sync of this stream writes into a slot freed below (its outcome does not
+        // matter: the stream is going).
+        let _ = stream.log.sync();
         let Some(area) = &self.area else { return Ok(()) };
         let device = self.stream_device(area, stream.slot)?;
         area.directory.lock().set(area.device.as_ref(), stream.slot, None)?;

@@ -77,6 +77,12 @@ impl Node {
     /// One pass of slot merges toward `target` bytes in memory; returns the records moved.
     fn spill_once(&self, stream: &Stream, target: u64) -> Result<u64> {
         let tasks = stream.state.lock().versions.spill_candidates(target);
+        // Records leave memory only once the log holds them durably (a replicated stream's
+        // appends are deferred, io.rs): with slots off the log is where they are read back
+        // from, and a slot must never hold records a crash takes from the log.
+        if !tasks.is_empty() {
+            stream.log.sync().map_err(redo_error)?;
+        }
         let mut moved = 0;
         for task in &tasks {
             let merged = match &stream.slots {
@@ -124,6 +130,8 @@ impl Node {
             return Ok(false);
         }
         let Some(task) = stream.state.lock().versions.extra_image_task(page) else { return Ok(false) };
+        // The image's records are durable in the log before it is (as a fold's, fold.rs).
+        stream.log.sync().map_err(redo_error)?;
         // The page as of the image's LSN, built as a fold would build it.
         let (chunk, page_no) = volume.volume.locate(page)?;
         let stored = stored_lsn(volume, chunk, page_no);

@@ -334,6 +334,20 @@ impl RedoLog {
         }
     }
 
+    /// Makes every batch accepted so far durable (a group commit of the pending ones, or a wait
+    /// for the one in flight); returns the durable LSN then. Nothing accepted and not durable:
+    /// returns at once, writing nothing.
+    pub fn sync(&self) -> Result<Lsn> {
+        let ticket = {
+            let c = self.committer.lock();
+            // The pending frames go out in `pending_group`; with none pending, the last group
+            // started (perhaps still in flight) holds everything accepted.
+            let group = if c.pending_entries.is_empty() { c.pending_group - 1 } else { c.pending_group };
+            Ticket { group, end_lsn: c.accepted_lsn }
+        };
+        self.wait(ticket)
+    }
+
     /// Writes a group's stream bytes as log blocks from `first` (the first block holds the
     /// durable tail the bytes start with), then flushes. Returns the new tail: the last block's
     /// bytes if it is partly filled.

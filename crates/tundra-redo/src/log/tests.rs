@@ -220,6 +220,35 @@ fn submitted_batches_share_one_group_commit() {
     assert_eq!(device.stats().flushes - flushes, 1);
 }
 
+/// `sync` makes every submitted batch durable in one group (the deferred appends of a
+/// replicated stream), writes nothing when nothing is pending, and a reopen without it finds
+/// only what was synced.
+#[test]
+fn sync_makes_submitted_batches_durable_and_nothing_else_is() {
+    let device = Arc::new(FaultyDevice::new(MemDevice::new(geometry(64).total_blocks()), 1));
+    RedoLog::format(device.as_ref(), geometry(64)).unwrap();
+    let (log, _) = RedoLog::open(device.clone()).unwrap();
+    let flushes = device.stats().flushes;
+    assert_eq!(log.sync().unwrap(), Lsn(0));
+    assert_eq!(device.stats().flushes, flushes, "a sync with nothing pending wrote");
+    for i in 0..3 {
+        assert!(matches!(log.submit(&small_batch(Lsn(i), 1)).unwrap(), Submitted::Accepted(_)));
+    }
+    assert_eq!(log.sync().unwrap(), Lsn(3));
+    assert_eq!(device.stats().flushes - flushes, 1);
+    assert_eq!(log.sync().unwrap(), Lsn(3));
+    assert_eq!(device.stats().flushes - flushes, 1, "a second sync wrote again");
+    // Two more submitted and never synced: a crash (the log dropped, reopened) loses them.
+    for i in 3..5 {
+        assert!(matches!(log.submit(&small_batch(Lsn(i), 1)).unwrap(), Submitted::Accepted(_)));
+    }
+    drop(log);
+    let (log, recovered) = RedoLog::open(device.clone()).unwrap();
+    assert_eq!((recovered.durable_lsn, recovered.batches), (Lsn(3), 3));
+    // The lost batches are taken again where they were.
+    assert_eq!(log.append(&small_batch(Lsn(3), 1)).unwrap(), AppendOutcome::Ok { durable_lsn: Lsn(4) });
+}
+
 /// Gap, Fenced, Invalid and Full refusals write nothing and move nothing: the device's bytes
 /// and the log's LSNs are as before, and the batch the writer should have sent is accepted.
 #[test]
