@@ -54,7 +54,7 @@ impl ClusterNode {
                 }
             }
         }
-        let mut complete = answered >= nodes.len() / 2 + 1;
+        let mut complete = answered > nodes.len() / 2;
         for def in found.into_values() {
             if self.catalog.lock().get(def.id).is_some() || self.refused_volumes.lock().contains_key(&def.id) {
                 continue;

@@ -508,7 +508,8 @@ impl ClusterNode {
         let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
         let mut next_ids = BTreeMap::new();
         loop {
-            for &node in nodes.iter().filter(|node| !next_ids.contains_key(*node)) {
+            let missing: Vec<u64> = nodes.iter().copied().filter(|node| !next_ids.contains_key(node)).collect();
+            for node in missing {
                 match self.ask(node, Forward::Prepare { name: name.to_string() }).await {
                     Ok(Answer::VolumeId(next)) => {
                         next_ids.insert(node, next);

@@ -328,6 +328,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::ChunkSizes(_) => "chunk sizes",
         Answer::Deleting(_) => "a delete state",
         Answer::Resize(_) => "a volume's sizes",
+        Answer::Catalog(_) => "a catalog",
     }
 }
 

@@ -33,6 +33,7 @@
 //! decisions' view. Without a quorum of its members the manager answers nothing, and
 //! placement and drains are refused with an error that names the members and how many are up.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +62,8 @@ pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(5);
 /// Entries between two snapshots of the manager's state.
 const LOGS_PER_SNAPSHOT: u64 = 1024;
 /// How long a status waits for the manager.
+/// How long a rebuild of the manager's empty state waits for one node's usage.
+const RECONCILE_ASK_WAIT: Duration = Duration::from_secs(2);
 const STATUS_WAIT: Duration = Duration::from_secs(2);
 /// A node measures the chunks it leads every this many reports: measuring a chunk reads every
 /// index entry of it, so not every second.
@@ -706,13 +709,26 @@ impl ClusterNode {
     /// An empty state rebuilt from this leader's catalog and every node's usage: all nodes
     /// must answer.
     async fn reconcile(&self) -> Result<(), Refusal> {
+        // A volume being deleted is not adopted (delete.rs).
+        let defs: Vec<_> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).cloned().collect();
+        // Every node that holds a catalogued replica must answer (its chunks are adopted with
+        // it); a node holding none (all of them in a new cluster) may be down: it enters the
+        // state with its first report (`take_report`), so a cluster started with a node down
+        // can still place volumes on the others.
+        let holders: BTreeSet<u64> = defs
+            .iter()
+            .flat_map(|def| {
+                (0..chunk_spans(def.size_bytes).len() as u32).flat_map(|i| def.replicas_of(i).iter().copied())
+            })
+            .collect();
         let mut usage = Vec::new();
         for node in self.membership.ids() {
-            match self.ask(node, Forward::Usage).await {
-                Ok(Answer::Usage(u)) => usage.push((node, u)),
+            match tokio::time::timeout(RECONCILE_ASK_WAIT, self.ask(node, Forward::Usage)).await {
+                Ok(Ok(Answer::Usage(u))) => usage.push((node, u)),
+                _ if !holders.contains(&node) => {}
                 _ => {
                     return Err(Refusal::Unavailable(format!(
-                        "the manager's state is empty and node {node} does not answer to rebuild it"
+                        "the manager's state is empty and node {node}, which holds replicas, does not answer to rebuild it"
                     )));
                 }
             }
@@ -720,8 +736,6 @@ impl ClusterNode {
         for (node, u) in &usage {
             self.propose(Command::AddNode { node: NodeId(*node), capacity: spaces(u).0 }).await?;
         }
-        // A volume being deleted is not adopted (delete.rs).
-        let defs: Vec<_> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).cloned().collect();
         for def in defs {
             for (index, bytes) in chunk_spans(def.size_bytes).into_iter().enumerate() {
                 let replicas = def.replicas_of(index as u32).iter().map(|&n| NodeId(n)).collect();

@@ -13,6 +13,8 @@
 //!   check) adopts it, and the local volume's pages read back as the replicated volume's.
 //! - Nodes 3 and 4 killed: no majority answers, the creation is refused with a clear error,
 //!   and no node has the volume.
+//! - A cluster whose node 4 has never started: the manager builds its state from the nodes
+//!   that answer, the volume is placed on nodes 1 to 3, and node 4, started at last, adopts it.
 
 mod common;
 #[path = "common/cluster.rs"]
@@ -53,7 +55,17 @@ fn four(env: &[(&str, &str)]) -> Cluster {
     let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
     cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     cluster.start_all();
-    cluster
+    // A running cluster: every node has reported to the manager before any is killed.
+    let started = Instant::now();
+    loop {
+        let manager = cluster.status(1)["manager"].clone();
+        let reported = manager["nodes"].as_array().map_or(0, Vec::len);
+        if reported == 4 && manager["unknown_nodes"] == serde_json::json!([]) {
+            return cluster;
+        }
+        assert!(started.elapsed() < UNKNOWN_WAIT, "the manager never listed the 4 nodes: {manager:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 /// Kills node `id` and waits until the manager (asked of node `asked`) counts it unknown.
@@ -66,7 +78,12 @@ fn kill_and_wait_unknown(cluster: &mut Cluster, id: u64, asked: u64) {
         if unknown.iter().any(|n| n.as_u64() == Some(id)) {
             return;
         }
-        assert!(started.elapsed() < UNKNOWN_WAIT, "node {id} never unknown: {:#}", status["manager"]);
+        assert!(
+            started.elapsed() < UNKNOWN_WAIT,
+            "node {id} never unknown: {:#}\n{}",
+            status["manager"],
+            cluster.logs()
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
 }
@@ -241,7 +258,7 @@ fn a_returning_node_with_a_clashing_local_volume_refuses_to_adopt() {
 
 #[test]
 fn twin_without_the_check_the_local_volume_reads_as_another() {
-    let (cluster, result) = conflict(&[("TUNDRA_TEST_ADOPT_UNCHECKED", "1")], TWIN_WAIT);
+    let (_cluster, result) = conflict(&[("TUNDRA_TEST_ADOPT_UNCHECKED", "1")], TWIN_WAIT);
     let why = result.expect_err("the oracle must catch a local volume served wrong");
     assert!(why.contains("damaged") || why.contains("serves"), "{why}");
 }
@@ -259,5 +276,42 @@ fn without_a_majority_nothing_is_created() {
     for node in 1..=2 {
         assert!(!listed(&cluster, node, "v"), "node {node} has the refused volume");
         assert!(chunks_of(&cluster, node, "v").is_empty());
+    }
+}
+
+/// A cluster whose node 4 has never started: the manager builds its state from the three
+/// nodes that answer (node 4 holds no replica yet), a volume is placed on them, and node 4,
+/// started at last, enters the manager's state with its first report and adopts the volume.
+#[test]
+fn a_cluster_started_with_a_node_never_up_creates_volumes() {
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    for id in 1..=3 {
+        cluster.start(id);
+    }
+    let started = Instant::now();
+    loop {
+        let addr = cluster.member(1).addr();
+        let out = common::tundra(&["volume", "create", "v", "--size", "2GiB", "--replicas", "3", "--addr", &addr]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            started.elapsed() < UNKNOWN_WAIT,
+            "never created: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for chunk in chunks_of(&cluster, 1, "v") {
+        assert_eq!(ids(&chunk["replicas"]), vec![1, 2, 3], "placed on the nodes up: {chunk}");
+    }
+    write(&cluster, 1, "v", "v", &pages());
+    cluster.start(4);
+    adopted(&cluster, &pages(), ADOPT_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    let started = Instant::now();
+    while cluster.status(1)["manager"]["nodes"].as_array().map_or(0, Vec::len) < 4 {
+        assert!(started.elapsed() < UNKNOWN_WAIT, "node 4 never entered the manager's state");
+        std::thread::sleep(Duration::from_millis(300));
     }
 }
