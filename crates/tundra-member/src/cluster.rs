@@ -457,8 +457,17 @@ impl ClusterNode {
             let usage = crate::placement::reported_usage(&state, now_unix_ms);
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
+            // Placement takes only nodes that report: name those that do not answer now.
+            let silent: Vec<u64> = nodes.iter().copied().filter(|node| !answering.contains(node)).collect();
+            let down = if silent.is_empty() {
+                String::new()
+            } else {
+                format!(" (node {} does not answer and gets no replica)", join_ids(&silent))
+            };
             let sets = self.manager_place(id, &expected, usize::from(replicas)).await.map_err(|why| match why {
-                Refusal::Invalid(why) => Refusal::Invalid(format!("the cluster cannot hold volume {name:?}: {why}")),
+                Refusal::Invalid(why) => {
+                    Refusal::Invalid(format!("the cluster cannot hold volume {name:?}{down}: {why}"))
+                }
                 other => other,
             })?;
             let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
@@ -630,4 +639,9 @@ mod tests {
         assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
         assert!(leaders.iter().zip(&sets).all(|(l, set)| set.contains(&l.unwrap())));
     }
+}
+
+/// Node ids as "3" or "3, 4".
+fn join_ids(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
