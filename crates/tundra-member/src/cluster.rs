@@ -621,6 +621,11 @@ pub(crate) fn first_leaders(replica_sets: &[Vec<u64>]) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// Node ids as "3" or "3, 4".
+fn join_ids(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::first_leaders;
@@ -639,9 +644,4 @@ mod tests {
         assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
         assert!(leaders.iter().zip(&sets).all(|(l, set)| set.contains(&l.unwrap())));
     }
-}
-
-/// Node ids as "3" or "3, 4".
-fn join_ids(ids: &[u64]) -> String {
-    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
