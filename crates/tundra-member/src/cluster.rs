@@ -408,9 +408,12 @@ impl ClusterNode {
     /// cluster's nodes, and every node placed a replica (placement picks only nodes whose
     /// reports are fresh, and a node that did not answer but still counts as up refuses the
     /// creation before anything is placed). The id is the largest next id any answering node
-    /// would give, floored above every volume id the manager's state has placed chunks of: two
-    /// majorities share a node, and every answering node enters the volume in its store, so a
-    /// later creation's answering nodes always include one that has used the id. Each chunk's
+    /// would give: two majorities share a node, and every answering node enters the volume in
+    /// its store, so a later creation's answering nodes always include one that has used the
+    /// id. A creation retried after a failure takes the same id and finds its chunks placed
+    /// already (the manager answers a placed chunk's replicas), so nothing is placed twice; a
+    /// creation half done when its coordinator died may leave an id on a node outside the next
+    /// majority, which that node then refuses to adopt for another volume (adopt.rs). Each chunk's
     /// replicas are placed by tundra-cluster, the definition entered in every answering node's
     /// catalog (every node serves the volume's I/O; the others learn it from their peers'
     /// catalogs when they return, dead_nodes.rs), each group's first membership set on its
@@ -452,8 +455,7 @@ impl ClusterNode {
                     tundra_cluster::mover::REPORT_STALE_AFTER_MS / 1000
                 )));
             }
-            let placed_floor = state.chunks().keys().map(|chunk| chunk.volume().0 + 1).max().unwrap_or(0);
-            let id = next_ids.values().copied().max().unwrap_or(0).max(placed_floor);
+            let id = next_ids.values().copied().max().unwrap_or(0);
             let usage = crate::placement::reported_usage(&state, now_unix_ms);
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
