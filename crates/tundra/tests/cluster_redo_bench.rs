@@ -2,7 +2,8 @@
 //! queue depth 1 over the native protocol to a node alone and to the leader of a replicated
 //! volume's redo group in a three-node cluster on 127.0.0.1 (seed 000 §5.2, Figure 13c,
 //! reports 59 µs with three replicas). The ratio is what the redo group adds: a loopback round trip,
-//! a follower's Raft log sync and the leader's own, before the node-local stream's sync.
+//! a follower's Raft log sync and the leader's own (a replica's apply does not wait for its
+//! node-local redo log's sync, which a node alone pays).
 //!
 //! By default it runs tiny (a few batches, one round) so that it cannot rot. With
 //! `TUNDRA_REDO_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_REDO_BENCH_COMMITS` (default
@@ -142,16 +143,15 @@ fn replicated_redo_commit_latency() {
     let results: Vec<Round> = (0..rounds).map(|_| round(count)).collect();
     let Some(dir) = out else { return };
     let mut text = String::new();
+    let (flag, profile) =
+        if cfg!(debug_assertions) { ("", "test-profile build") } else { (" --release", "release build") };
     writeln!(
         text,
-        "# TUNDRA_REDO_BENCH_OUT={dir} TUNDRA_REDO_BENCH_COMMITS={count} cargo test -p tundra --test cluster_redo_bench -- --nocapture"
+        "# TUNDRA_REDO_BENCH_OUT={dir} TUNDRA_REDO_BENCH_COMMITS={count} cargo test{flag} -p tundra --test cluster_redo_bench -- --nocapture"
     )
     .unwrap();
-    writeln!(
-        text,
-        "# batches of one {RECORD_BYTES}-byte record at queue depth 1 over the native protocol; test-profile build"
-    )
-    .unwrap();
+    writeln!(text, "# batches of one {RECORD_BYTES}-byte record at queue depth 1 over the native protocol; {profile}")
+        .unwrap();
     writeln!(text, "# node alone: tundra serve, one volume; replicated: three tundra serve on 127.0.0.1, the client at the redo group's leader").unwrap();
     writeln!(text, "load_average_before {load_before}").unwrap();
     for (i, r) in results.iter().enumerate() {
