@@ -215,15 +215,14 @@ impl RedoApplier for NodeApplier {
         // `redo_machine`), so the batch, committed on a majority, need not wait for the node's
         // redo log to sync; `sync` catches up before a mark, and the node before it folds,
         // spills or copies.
+        let synced = test_apply_synced();
         let append = || {
-            self.node.append_redo_deferred(
-                &volume,
-                entry.epoch,
-                entry.prev_lsn,
-                entry.end_lsn,
-                entry.record_count,
-                &entry.records,
-            )
+            let (epoch, prev, end, count) = (entry.epoch, entry.prev_lsn, entry.end_lsn, entry.record_count);
+            if synced {
+                self.node.append_redo(&volume, epoch, prev, end, count, &entry.records)
+            } else {
+                self.node.append_redo_deferred(&volume, epoch, prev, end, count, &entry.records)
+            }
         };
         loop {
             let t0 = std::time::Instant::now();
@@ -247,6 +246,15 @@ impl RedoApplier for NodeApplier {
             };
         }
     }
+}
+
+/// A benchmark-only hook: `TUNDRA_TEST_REDO_APPLY_SYNCED=1` makes every apply wait for the
+/// node-local redo log's sync, as applies did before the group's log became their write-ahead
+/// log (cluster_redo_bench's baseline, measured in the same round). Safe either way; unset in
+/// production.
+fn test_apply_synced() -> bool {
+    static SYNCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SYNCED.get_or_init(|| std::env::var("TUNDRA_TEST_REDO_APPLY_SYNCED").is_ok_and(|v| v == "1"))
 }
 
 /// A test-only hook: `TUNDRA_TEST_REDO_COPY_BUG=drop-last-batch` makes every copy of a redo

@@ -3,7 +3,8 @@
 //! volume's redo group in a three-node cluster on 127.0.0.1 (seed 000 §5.2, Figure 13c,
 //! reports 59 µs with three replicas). The ratio is what the redo group adds: a loopback round trip,
 //! a follower's Raft log sync and the leader's own (a replica's apply does not wait for its
-//! node-local redo log's sync, which a node alone pays).
+//! node-local redo log's sync, which a node alone pays). Each round also runs the replicated side
+//! again with synced applies (`TUNDRA_TEST_REDO_APPLY_SYNCED=1`), the baseline of the deferral.
 //!
 //! By default it runs tiny (a few batches, one round) so that it cannot rot. With
 //! `TUNDRA_REDO_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_REDO_BENCH_COMMITS` (default
@@ -80,6 +81,9 @@ struct Round {
     single_p99: f64,
     replicated_p50: f64,
     replicated_p99: f64,
+    /// Replicated with every apply waiting for the node-local redo log's sync.
+    synced_p50: f64,
+    synced_p99: f64,
 }
 
 fn round(count: usize) -> Round {
@@ -93,7 +97,26 @@ fn round(count: usize) -> Round {
     let mut single_us = append_all(&mut client, volume, 1, count);
     drop(single);
 
+    let (replicated_p50, replicated_p99) = replicated(count, false);
+    let (synced_p50, synced_p99) = replicated(count, true);
+    Round {
+        single_p50: percentile(&mut single_us, 0.5),
+        single_p99: percentile(&mut single_us, 0.99),
+        replicated_p50,
+        replicated_p99,
+        synced_p50,
+        synced_p99,
+    }
+}
+
+/// Three nodes, `count` batches at the redo group's leader: p50 and p99 microseconds. With
+/// `synced`, every replica's apply waits for its node-local redo log's sync
+/// (`TUNDRA_TEST_REDO_APPLY_SYNCED=1`), the baseline of deferred applies.
+fn replicated(count: usize, synced: bool) -> (f64, f64) {
     let mut cluster = Cluster::new(|_| None);
+    if synced {
+        cluster.env = vec![("TUNDRA_TEST_REDO_APPLY_SYNCED".to_string(), "1".to_string())];
+    }
     cluster.start_all();
     succeeds(&["volume", "create", "wal", "--size", "16MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
     let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
@@ -111,12 +134,7 @@ fn round(count: usize) -> Round {
     };
     let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
     let mut replicated_us = append_all(&mut client, volume, 1, count);
-    Round {
-        single_p50: percentile(&mut single_us, 0.5),
-        single_p99: percentile(&mut single_us, 0.99),
-        replicated_p50: percentile(&mut replicated_us, 0.5),
-        replicated_p99: percentile(&mut replicated_us, 0.99),
-    }
+    (percentile(&mut replicated_us, 0.5), percentile(&mut replicated_us, 0.99))
 }
 
 fn spread(values: &[f64]) -> (f64, f64, f64) {
@@ -153,17 +171,21 @@ fn replicated_redo_commit_latency() {
     writeln!(text, "# batches of one {RECORD_BYTES}-byte record at queue depth 1 over the native protocol; {profile}")
         .unwrap();
     writeln!(text, "# node alone: tundra serve, one volume; replicated: three tundra serve on 127.0.0.1, the client at the redo group's leader").unwrap();
+    writeln!(text, "# synced: replicated again on fresh nodes, each replica's apply waiting for its node-local redo log's sync (TUNDRA_TEST_REDO_APPLY_SYNCED=1, the applies before they were deferred); deferred_over_synced is replicated over synced").unwrap();
     writeln!(text, "load_average_before {load_before}").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "round {}: single_us p50 {:.0} p99 {:.0}; replicated_us p50 {:.0} p99 {:.0}; ratio_p50 {:.3}",
+            "round {}: single_us p50 {:.0} p99 {:.0}; replicated_us p50 {:.0} p99 {:.0}; ratio_p50 {:.3}; synced_us p50 {:.0} p99 {:.0}; deferred_over_synced_p50 {:.3}",
             i + 1,
             r.single_p50,
             r.single_p99,
             r.replicated_p50,
             r.replicated_p99,
-            r.replicated_p50 / r.single_p50
+            r.replicated_p50 / r.single_p50,
+            r.synced_p50,
+            r.synced_p99,
+            r.replicated_p50 / r.synced_p50
         )
         .unwrap();
     }
@@ -172,6 +194,9 @@ fn replicated_redo_commit_latency() {
     let (m, lo, hi) = spread(&results.iter().map(|r| r.replicated_p50 / r.single_p50).collect::<Vec<_>>());
     writeln!(text, "single_us_p50 median {s:.0} (min {slo:.0}, max {shi:.0}); replicated_us_p50 median {p:.0} (min {plo:.0}, max {phi:.0})").unwrap();
     writeln!(text, "latency_ratio_p50 median {m:.3} (min {lo:.3}, max {hi:.3})").unwrap();
+    let (q, qlo, qhi) = spread(&results.iter().map(|r| r.synced_p50).collect::<Vec<_>>());
+    let (d, dlo, dhi) = spread(&results.iter().map(|r| r.replicated_p50 / r.synced_p50).collect::<Vec<_>>());
+    writeln!(text, "synced_us_p50 median {q:.0} (min {qlo:.0}, max {qhi:.0}); deferred_over_synced_p50 median {d:.3} (min {dlo:.3}, max {dhi:.3})").unwrap();
     writeln!(text, "load_average_after {}", load()).unwrap();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(&dir);
     std::fs::create_dir_all(&dir).expect("results dir");
