@@ -39,7 +39,9 @@
 //! is entered as it is, durably; a replica this node runs of a group that no longer lists it
 //! is stopped and its chunk's pages freed (migrate.rs's `drop_replica`, `drop_redo`). Groups
 //! with a move under way (a learner in the group, or a move in this node's catalog, which
-//! migrate.rs's `settle` ends) are left to the move.
+//! migrate.rs's `settle` ends) are left to the move, and a group whose leader's membership is
+//! joint or not applied yet answers no membership at all (`Host::membership_unsettled`): the
+//! union of a joint configuration's two voter sets is no replica set to enter.
 //!
 //! A returning stale replica cannot disturb the groups meanwhile: its log lacks the membership
 //! entries that removed it, which every voter of the new set holds, and openraft 0.9

@@ -481,6 +481,11 @@ impl ClusterNode {
                     }
                     other => Refusal::Unavailable(other.to_string()),
                 })?;
+                // A membership change under way (joint, or not applied yet) is not an answer
+                // a catalog may take: asked again later.
+                if let Some(why) = self.host.membership_unsettled(id).map_err(crate::io::refusal)? {
+                    return Err(Refusal::Unavailable(why));
+                }
                 Ok(())
             }
             MembershipChange::AddLearner(node) => {

@@ -733,6 +733,28 @@ impl Host {
         Ok((membership.voter_ids().collect(), membership.learner_ids().collect()))
     }
 
+    /// Why `group`'s membership, as this node has it, is not settled: a joint configuration
+    /// (a change between two voter sets under way) or a membership entry not applied here yet
+    /// (not known committed). None when it is one voter set, applied: what a catalog may take
+    /// as the group's replicas.
+    pub fn membership_unsettled(&self, group: GroupId) -> Result<Option<String>, Error> {
+        let raft = self.raft(group)?;
+        let metrics = raft.metrics().borrow().clone();
+        let stored = &metrics.membership_config;
+        let configs = stored.membership().get_joint_config();
+        if configs.len() > 1 {
+            return Ok(Some(format!("group {:#x} is in a joint membership {configs:?}", group.0)));
+        }
+        let applied = metrics.last_applied.map_or(0, |id| id.index);
+        match stored.log_id() {
+            Some(at) if at.index > applied => Ok(Some(format!(
+                "group {:#x}'s membership at log index {} is not applied yet (applied {applied})",
+                group.0, at.index
+            ))),
+            _ => Ok(None),
+        }
+    }
+
     /// Whether this node's log holds anything of `group` (it ran a replica of it once).
     pub fn has_log_of(&self, group: GroupId) -> bool {
         self.log.with_group(group, |log| log.vote.is_some() || log.purged.is_some() || !log.entries.is_empty())

@@ -277,3 +277,54 @@ fn a_capture_that_does_not_repair_is_caught() {
     let why = verdict.expect_err("a capture without repair passed the check");
     assert!(why.contains("still bad"), "{why}");
 }
+
+/// A group in a joint membership that cannot commit (voters {1, 2, 3} changing to {1, 2}
+/// while the leader is cut from node 2) is unsettled on its leader: a node's catalog catch-up
+/// must not take the joint voters for the group's replicas. Healed, the group settles on one
+/// voter set again.
+#[test]
+fn a_joint_membership_is_not_settled() {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    runtime.block_on(async {
+        let mut rng = Rng::new(7);
+        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 0 }, false);
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let cluster = Cluster::build(&mut rng, net, 3, 1, LogFault::None, applied, false).await;
+        let chunk = cluster.chunks[0];
+        let leader = loop {
+            if let Some(leader) = cluster.leader(chunk) {
+                break leader;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(leader.membership_unsettled(chunk).expect("runs"), None, "a settled group of three voters");
+        let other = (1..=3).find(|&n| n != leader.id()).expect("a follower");
+        cluster.net.cut(leader.id(), other);
+        let voters: std::collections::BTreeSet<u64> = [leader.id(), other].into();
+        let changing = {
+            let leader = leader.clone();
+            tokio::spawn(async move { leader.change_voters(chunk, voters).await })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let unsettled = leader.membership_unsettled(chunk).expect("runs");
+        assert!(unsettled.as_deref().is_some_and(|why| why.contains("joint")), "{unsettled:?}");
+        cluster.net.heal();
+        // The change goes through or is lost with the cut leader's term (node 2, cut off,
+        // may have been elected meanwhile): either way the group settles on one voter set.
+        let changed = tokio::time::timeout(Duration::from_secs(30), changing).await;
+        assert!(matches!(changed, Ok(Ok(_))), "the change never answered: {changed:?}");
+        let mut last = None;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Some(leader) = cluster.leader(chunk) {
+                last = leader.membership_unsettled(chunk).expect("runs");
+                if last.is_none() {
+                    return;
+                }
+            }
+        }
+        panic!("the group never settled after the heal: {last:?}");
+    });
+}
