@@ -58,6 +58,21 @@ fn listed(cluster: &Cluster, id: u64) -> Vec<String> {
     volumes.iter().map(|v| v["name"].as_str().expect("a name").to_string()).collect()
 }
 
+/// Node `asked`'s `tundra cluster status --json` once every node's usage is in it (a node that
+/// answers its status late, on a loaded machine, shows none), asked again for up to 30 s.
+fn status_with_every_usage(cluster: &Cluster, asked: u64) -> Value {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let nodes = status["nodes"].as_array().cloned().unwrap_or_default();
+        if !nodes.is_empty() && nodes.iter().all(|n| n["usage"]["physical_used_bytes"].is_u64()) {
+            return status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "a node's usage stays missing: {status:#}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// Every node's drive physical usage, from `tundra cluster status --json`.
 fn physical_used(status: &Value) -> Vec<(u64, u64)> {
     status["nodes"]
@@ -103,7 +118,7 @@ fn a_replicated_volume_is_deleted_from_every_node_and_its_space_freed() {
     create(&cluster, "gone");
     nbdcopy(&["--flush", file.to_str().expect("utf-8"), &cluster.member(1).uri("keep")]);
     nbdcopy(&["--flush", file.to_str().expect("utf-8"), &cluster.member(1).uri("gone")]);
-    let before = physical_used(&cluster.status(1));
+    let before = physical_used(&status_with_every_usage(&cluster, 1));
 
     // With a node down nothing is deleted: the volume still takes writes afterwards.
     cluster.stop(3);
@@ -121,7 +136,7 @@ fn a_replicated_volume_is_deleted_from_every_node_and_its_space_freed() {
 
     // Each node held a replica of every chunk of `gone` (three replicas on three nodes): each
     // frees what the volume's pages cost it (checked below, after a restart).
-    let after = physical_used(&cluster.status(1));
+    let after = physical_used(&status_with_every_usage(&cluster, 1));
     for ((id, was), (_, now)) in before.iter().zip(&after) {
         println!("node {id}: physical used {was} before, {now} after");
     }
@@ -139,7 +154,7 @@ fn a_replicated_volume_is_deleted_from_every_node_and_its_space_freed() {
     assert!(keep_read == original, "volume keep changed across the restart");
 
     // The space: measured after the restart too (a delete trims the freed blocks).
-    let freed = physical_used(&cluster.status(2));
+    let freed = physical_used(&status_with_every_usage(&cluster, 2));
     for ((id, was), (_, now)) in before.iter().zip(&freed) {
         assert!(now < was, "node {id} freed nothing: physical used {was} before the delete, {now} after");
     }
