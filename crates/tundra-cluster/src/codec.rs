@@ -4,10 +4,12 @@
 //! snapshot").
 //!
 //! Versions (a new field or variant is a new version byte; a member refuses versions it does
-//! not know). Commands are version 4 ([`COMMAND_VERSION`]): version 2 added `ChunkSizes` after
+//! not know). Commands are version 5 ([`COMMAND_VERSION`]): version 2 added `ChunkSizes` after
 //! the version 1 variants, version 3 added `Report`, `PlaceChunkAt`, `Claim`, `Release` and
-//! `RecordRound` after those, version 4 `GrowChunk` after those; entries an older build wrote to the log still decode, as any
-//! command their version had. Snapshots are version 3 ([`SNAPSHOT_VERSION`]): version 2's
+//! `RecordRound` after those, version 4 `GrowChunk` after those, version 5 the claim owner
+//! `MoveOwner::Repair`; entries an older build wrote to the log still decode, as any
+//! command their version had. Snapshots are version 4 ([`SNAPSHOT_VERSION`]): version 4 may
+//! hold a claim of owner `MoveOwner::Repair`, which version 3's layout could not; version 2's
 //! chunk records say whether a chunk's size was ever reported (`Option`), version 3's node
 //! records carry the node's last timed report (usage, time, thin provisioning) and the state
 //! the claim on moves and the background rebalancer's last round. Version 1 and 2 snapshots
@@ -30,22 +32,25 @@ use tundra_store::ids::ChunkId;
 
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
-use crate::mover::{MoveClaim, RoundRecord};
+use crate::mover::{MoveClaim, MoveOwner, RoundRecord};
 use crate::plan::Move;
 use crate::state::{ChunkState, ClusterState, Command, NodeState, NodeStatus, check_spaces, counted_size};
 use crate::usage::{NodeId, Space};
 
 /// The version byte that starts every command this build encodes.
-pub const COMMAND_VERSION: u8 = 4;
-/// The older command versions that still decode (version 3: every variant up to
-/// `RecordRound`; version 2: every variant up to `ChunkSizes`; version 1: every variant
-/// before it).
+pub const COMMAND_VERSION: u8 = 5;
+/// The older command versions that still decode (version 4: every variant, no `Repair`
+/// owner; version 3: every variant up to `RecordRound`; version 2: every variant up to
+/// `ChunkSizes`; version 1: every variant before it).
+pub const COMMAND_VERSION_4: u8 = 4;
 pub const COMMAND_VERSION_3: u8 = 3;
 pub const COMMAND_VERSION_2: u8 = 2;
 pub const COMMAND_VERSION_1: u8 = 1;
 /// The version byte that starts every snapshot this build writes.
-pub const SNAPSHOT_VERSION: u8 = 3;
-/// The older snapshot versions that still decode.
+pub const SNAPSHOT_VERSION: u8 = 4;
+/// The older snapshot versions that still decode (version 3: version 4's layout, without a
+/// `Repair` claim).
+pub const SNAPSHOT_VERSION_3: u8 = 3;
 pub const SNAPSHOT_VERSION_2: u8 = 2;
 pub const SNAPSHOT_VERSION_1: u8 = 1;
 
@@ -93,6 +98,8 @@ impl Command {
     pub fn version_added(&self) -> u8 {
         match self {
             Command::ChunkSizes { .. } => 2,
+            Command::Claim { owner: MoveOwner::Repair { .. }, .. }
+            | Command::Release { owner: MoveOwner::Repair { .. } } => 5,
             Command::Report { .. }
             | Command::PlaceChunkAt { .. }
             | Command::Claim { .. }
@@ -293,6 +300,15 @@ impl ClusterState {
         let what = "a manager snapshot";
         let record: StateRecord = match split_version(bytes, what)? {
             (SNAPSHOT_VERSION, rest) => whole(rest, what)?,
+            (SNAPSHOT_VERSION_3, rest) => {
+                let record: StateRecord = whole(rest, what)?;
+                if let Some(MoveClaim { owner: MoveOwner::Repair { .. }, .. }) = record.claim {
+                    return Err(Error::invalid(format!(
+                        "{what} of version 3 whose claim on moves is a repair's (added in version 4)"
+                    )));
+                }
+                record
+            }
             (SNAPSHOT_VERSION_2, rest) => whole::<StateRecordV2>(rest, what)?.into(),
             (SNAPSHOT_VERSION_1, rest) => StateRecordV2::from(whole::<StateRecordV1>(rest, what)?).into(),
             (version, _) => return Err(unknown_version(what, version)),
@@ -722,6 +738,43 @@ mod tests {
         decoded.check_invariants();
         assert_eq!(decoded, state);
         assert!(state.apply(&Command::GrowChunk { chunk: ChunkId(99 << 32), expected_logical_bytes: GIB }).is_err());
+    }
+
+    /// A repair's claim (version 5 commands, a version 4 snapshot) round-trips; its commands
+    /// are refused as version 4, and a snapshot holding it as version 3, while a version 3
+    /// snapshot with another owner's claim still decodes.
+    #[test]
+    fn a_repair_claim_is_version_5_and_snapshot_version_4() {
+        let owner = MoveOwner::Repair { node: 3 };
+        for command in [Command::Claim { owner, at_unix_ms: 1_000, lease_ms: 60_000 }, Command::Release { owner }] {
+            let bytes = command.encode();
+            assert_eq!(bytes[0], COMMAND_VERSION);
+            assert_eq!(Command::decode(&bytes).unwrap(), command);
+            let mut older = bytes.clone();
+            older[0] = COMMAND_VERSION_4;
+            let error = Command::decode(&older).unwrap_err();
+            assert!(error.message().contains("added in version 5"), "{error}");
+        }
+        // Other owners' claims are still version 3 commands.
+        assert_eq!(
+            Command::Claim { owner: MoveOwner::Drain { node: 3 }, at_unix_ms: 1, lease_ms: 1 }.version_added(),
+            3
+        );
+        let (mut repairing, _) = state();
+        repairing.apply(&Command::Claim { owner, at_unix_ms: 1_000, lease_ms: 60_000 }).unwrap();
+        let bytes = repairing.encode();
+        assert_eq!(bytes[0], SNAPSHOT_VERSION);
+        assert_eq!(ClusterState::decode(&bytes).unwrap(), repairing);
+        let mut as_v3 = bytes.clone();
+        as_v3[0] = SNAPSHOT_VERSION_3;
+        let error = ClusterState::decode(&as_v3).unwrap_err();
+        assert!(error.message().contains("repair"), "{error}");
+        let (mut other, _) = state();
+        let drain = MoveOwner::Drain { node: 2 };
+        other.apply(&Command::Claim { owner: drain, at_unix_ms: 1_000, lease_ms: 60_000 }).unwrap();
+        let mut v3 = other.encode();
+        v3[0] = SNAPSHOT_VERSION_3;
+        assert_eq!(ClusterState::decode(&v3).unwrap(), other);
     }
 
     /// A state with a timed report, a claim and a round record round-trips through a snapshot.

@@ -43,6 +43,9 @@ pub enum MoveOwner {
     Drain { node: u64 },
     /// `tundra cluster move`, coordinated by `node`.
     Move { node: u64 },
+    /// The manager leader's repair of dead node `node` (its replicas moved off it after
+    /// `repair_after`); added in command version 5 and snapshot version 4.
+    Repair { node: u64 },
 }
 
 impl std::fmt::Display for MoveOwner {
@@ -54,6 +57,7 @@ impl std::fmt::Display for MoveOwner {
             }
             MoveOwner::Drain { node } => write!(f, "a drain of node {node}"),
             MoveOwner::Move { node } => write!(f, "a `tundra cluster move` through node {node}"),
+            MoveOwner::Repair { node } => write!(f, "the repair of dead node {node}"),
         }
     }
 }

@@ -208,7 +208,7 @@ impl ClusterNode {
             }
             *idle = (0, dead.clone());
         }
-        let owner = MoveOwner::Drain { node };
+        let owner = MoveOwner::Repair { node };
         match self.to_manager(ManagerCall::Claim { owner }).await {
             Ok(ManagerReply::Claimed) => {}
             Ok(ManagerReply::Busy(why)) => {
