@@ -470,9 +470,17 @@ impl ClusterState {
     }
 
     fn chunk_stats(&mut self, chunk: ChunkId, reported: Space) -> Result<()> {
+        let size = counted_size(self.chunk_ref(chunk)?.expected, reported);
+        self.recount(chunk, size)?.reported = Some(reported);
+        Ok(())
+    }
+
+    /// Counts `chunk` at `size` from now on, in place of its old size, wherever it is counted:
+    /// its replicas' chunk space, a move in flight's incoming and outgoing, the total. Answers
+    /// the chunk's state, its size set.
+    fn recount(&mut self, chunk: ChunkId, size: Space) -> Result<&mut ChunkState> {
         let state = self.chunk_ref(chunk)?;
         let old = state.size;
-        let size = counted_size(state.expected, reported);
         let replicas: Vec<NodeId> = state.replicas.iter().copied().collect();
         let moving = state.moving;
         for node in replicas {
@@ -488,8 +496,7 @@ impl ClusterState {
         self.chunk_total = self.chunk_total.minus(old).plus(size);
         let state = self.chunks.get_mut(&chunk).expect("checked above");
         state.size = size;
-        state.reported = Some(reported);
-        Ok(())
+        Ok(state)
     }
 
     /// A node's report of the chunks it leads: every entry checked before any is applied.
@@ -574,25 +581,9 @@ impl ClusterState {
         if expected_logical_bytes <= state.expected.logical_bytes {
             return Ok(());
         }
-        let old = state.size;
         let expected = self.expected_size(expected_logical_bytes);
         let size = state.reported.map_or(expected, |reported| counted_size(expected, reported));
-        let replicas: Vec<NodeId> = state.replicas.iter().copied().collect();
-        let moving = state.moving;
-        for node in replicas {
-            let n = self.nodes.get_mut(&node).expect("a replica's node is a member");
-            n.chunk_space = n.chunk_space.minus(old).plus(size);
-        }
-        if let Some(m) = moving {
-            let to = self.nodes.get_mut(&m.to).expect("a move's target is a member");
-            to.incoming = to.incoming.minus(old).plus(size);
-            let from = self.nodes.get_mut(&m.from).expect("a move's source is a member");
-            from.outgoing = from.outgoing.minus(old).plus(size);
-        }
-        self.chunk_total = self.chunk_total.minus(old).plus(size);
-        let state = self.chunks.get_mut(&chunk).expect("checked above");
-        state.expected = expected;
-        state.size = size;
+        self.recount(chunk, size)?.expected = expected;
         Ok(())
     }
 
