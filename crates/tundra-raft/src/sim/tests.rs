@@ -135,18 +135,28 @@ fn a_cluster_that_does_not_repair_is_caught() {
     println!("seed {seed} caught the missing repair: {violation}");
 }
 
+/// A current-thread runtime on a paused clock, the thread's random numbers seeded with `seed`
+/// (openraft's election timeouts): a test on it replays exactly.
+fn paused_runtime(seed: u64) -> tokio::runtime::Runtime {
+    crate::runtime::seed_thread_rng(seed);
+    tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime")
+}
+
+/// [`NODES`] nodes with one chunk, over links that lose and duplicate nothing and delay by up to
+/// `delay_max_ms`.
+async fn quiet_cluster(rng: &mut Rng, delay_max_ms: u64) -> Cluster {
+    let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms }, false);
+    let applied = Arc::new(Mutex::new(Applied::default()));
+    Cluster::build(rng, net, NODES, 1, LogFault::None, applied, false).await
+}
+
 /// A page bad on every replica: the leader's read fails with `Error::Corrupted` (never wrong
 /// data) and counts the page unrepairable.
 #[test]
 fn a_page_bad_on_every_replica_reads_as_an_error() {
-    crate::runtime::seed_thread_rng(5);
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    runtime.block_on(async {
+    paused_runtime(5).block_on(async {
         let mut rng = Rng::new(5);
-        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
-        let applied = Arc::new(Mutex::new(Applied::default()));
-        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, LogFault::None, applied, false).await;
+        let mut cluster = quiet_cluster(&mut rng, 1).await;
         let chunk = cluster.chunks[0];
         assert!(settled(&cluster, chunk).await, "no leader");
         let leader = cluster.leader(chunk).expect("a leader");
@@ -211,14 +221,9 @@ pub fn summary(r: &Report) -> String {
 /// says which check failed; with repair off (the twin) the capture still succeeds, copying
 /// the bad image as stored, and the check that the page is good again fails.
 fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
-    crate::runtime::seed_thread_rng(9);
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    runtime.block_on(async {
+    paused_runtime(9).block_on(async {
         let mut rng = Rng::new(9);
-        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
-        let applied = Arc::new(Mutex::new(Applied::default()));
-        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, LogFault::None, applied, false).await;
+        let mut cluster = quiet_cluster(&mut rng, 1).await;
         let chunk = cluster.chunks[0];
         assert!(settled(&cluster, chunk).await, "no leader");
         let leader = cluster.leader(chunk).expect("a leader");
@@ -284,21 +289,12 @@ fn a_capture_that_does_not_repair_is_caught() {
 /// voter set again.
 #[test]
 fn a_joint_membership_is_not_settled() {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    runtime.block_on(async {
+    paused_runtime(7).block_on(async {
         let mut rng = Rng::new(7);
-        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 0 }, false);
-        let applied = Arc::new(Mutex::new(Applied::default()));
-        let cluster = Cluster::build(&mut rng, net, 3, 1, LogFault::None, applied, false).await;
+        let cluster = quiet_cluster(&mut rng, 0).await;
         let chunk = cluster.chunks[0];
-        let leader = loop {
-            if let Some(leader) = cluster.leader(chunk) {
-                break leader;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
         assert_eq!(leader.membership_unsettled(chunk).expect("runs"), None, "a settled group of three voters");
         let other = (1..=3).find(|&n| n != leader.id()).expect("a follower");
         cluster.net.cut(leader.id(), other);
