@@ -57,6 +57,18 @@ fn build(media: &Media, fresh: bool, seed: u64) -> Node {
     Node::from_devices(&config(dir.path()), layout, devices, &Environment::simulated(seed), false, &mut |_| {}).unwrap()
 }
 
+/// `records` random records after LSN `end`, and the end of the batch that holds them.
+fn random_batch(rng: &mut Rng, end: u64, records: u64) -> (Vec<RedoRecord>, u64) {
+    let mut lsn = end;
+    let records = (0..records)
+        .map(|_| {
+            lsn += 1 + rng.below(50);
+            record(rng, lsn)
+        })
+        .collect();
+    (records, lsn + 1 + rng.below(3))
+}
+
 /// Appends `count` random batches; returns the stream's end.
 fn append_batches(
     node: &Node,
@@ -67,14 +79,8 @@ fn append_batches(
     count: usize,
 ) -> u64 {
     for _ in 0..count {
-        let mut lsn = end;
-        let records: Vec<RedoRecord> = (0..rng.below(6))
-            .map(|_| {
-                lsn += 1 + rng.below(50);
-                record(rng, lsn)
-            })
-            .collect();
-        let batch_end = lsn + 1 + rng.below(3);
+        let records = rng.below(6);
+        let (records, batch_end) = random_batch(rng, end, records);
         let outcome = node.append_redo(volume, 1, end, batch_end, records.len() as u32, &encoded(&records)).unwrap();
         assert_eq!(outcome, AppendOutcome::Ok { durable_lsn: Lsn(batch_end) });
         model.add(records);
@@ -309,14 +315,8 @@ fn append_deferred(
     sent: &mut Vec<SentBatch>,
 ) -> u64 {
     for _ in 0..count {
-        let mut lsn = end;
-        let records: Vec<RedoRecord> = (0..1 + rng.below(5))
-            .map(|_| {
-                lsn += 1 + rng.below(50);
-                record(rng, lsn)
-            })
-            .collect();
-        let batch_end = lsn + 1 + rng.below(3);
+        let records = 1 + rng.below(5);
+        let (records, batch_end) = random_batch(rng, end, records);
         let bytes = encoded(&records);
         let count = records.len() as u32;
         let outcome = node.append_redo_deferred(volume, 1, end, batch_end, count, &bytes).unwrap();
