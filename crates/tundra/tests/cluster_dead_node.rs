@@ -31,14 +31,13 @@ mod common_cluster;
 #[path = "common/links.rs"]
 mod common_links;
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::succeeds;
-use common_cluster::Cluster;
+use common_cluster::{Cluster, WriterLog, page_content as content, verify_log as verify};
 use tundra_proto::WriteMode;
 
 /// Drives with room for two 1 GiB chunks each (placement counts a new chunk at its whole size).
@@ -54,15 +53,6 @@ const TWIN_WAIT: Duration = Duration::from_secs(14);
 const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
 /// How long the groups are watched with the returning node up.
 const WATCH: Duration = Duration::from_secs(5);
-
-/// The pages a writer wrote and the write number each last acknowledged.
-type WriterLog = BTreeMap<u64, u64>;
-
-fn content(page: u64, write: u64) -> Vec<u8> {
-    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
-    bytes.resize(PAGE, b'.');
-    bytes
-}
 
 /// Four nodes with `repair_after`, and a volume "v" of two chunks written with known pages.
 fn cluster(repair_after: &str) -> (Cluster, u32, WriterLog) {
@@ -88,19 +78,6 @@ fn cluster_with(repair_after: &str, env: &[(&str, &str)]) -> (Cluster, u32, Writ
         log.insert(page, 0);
     }
     (cluster, volume, log)
-}
-
-/// Every page of `log` read through node `id` must hold its last acknowledged write.
-fn verify(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
-    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
-    for (&page, &write) in log {
-        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
-        if read != content(page, write) {
-            let head = String::from_utf8_lossy(&read[..40]).into_owned();
-            return Err(format!("page {page} through node {id} is {head:?}, not write {write}"));
-        }
-    }
-    Ok(())
 }
 
 /// Writes pages of both chunks through node `via` until `stop`; returns what it wrote over

@@ -20,7 +20,7 @@ mod common_links;
 use std::collections::BTreeSet;
 
 use common::{fails, succeeds};
-use common_cluster::Cluster;
+use common_cluster::{Cluster, WriterLog, page_content as content, verify_log as verify};
 use tundra_proto::WriteMode;
 
 /// Drives (sparse files) with room for three 1 GiB chunks each: placement counts a new chunk
@@ -30,12 +30,6 @@ const PAGE: usize = 8192;
 const PAGES_PER_CHUNK: u64 = (1 << 30) / PAGE as u64;
 
 /// A page's content for a given write: its number and the write's, then text that compresses.
-fn content(page: u64, write: u64) -> Vec<u8> {
-    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
-    bytes.resize(PAGE, b'.');
-    bytes
-}
-
 fn chunk_replicas(status: &serde_json::Value, volume: &str) -> Vec<BTreeSet<u64>> {
     status["chunks"]
         .as_array()
@@ -97,22 +91,6 @@ fn a_volume_on_three_of_five_nodes_is_placed_and_served_by_every_node() {
 
     fails(&["volume", "create", "six", "--size", "64MiB", "--replicas", "6", "--addr", &addr], "this cluster has 5");
     fails(&["volume", "create", "big", "--size", "3840MiB", "--replicas", "5", "--addr", &addr], "cannot hold");
-}
-
-/// The pages a writer wrote and the write number each last acknowledged.
-type WriterLog = std::collections::BTreeMap<u64, u64>;
-
-/// Every page of `log` read through node `id` must hold its last acknowledged write.
-fn verify(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
-    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
-    for (&page, &write) in log {
-        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
-        if read != content(page, write) {
-            let head = String::from_utf8_lossy(&read[..40]).into_owned();
-            return Err(format!("page {page} through node {id} is {head:?}, not write {write}"));
-        }
-    }
-    Ok(())
 }
 
 /// Writes pages of both chunks through node `via` until `stop`, one at a time; returns its log.

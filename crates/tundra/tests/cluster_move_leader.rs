@@ -10,26 +10,15 @@ mod common_cluster;
 #[path = "common/links.rs"]
 mod common_links;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::succeeds;
-use common_cluster::Cluster;
+use common_cluster::{Cluster, WriterLog, page_content as content, verify_log as verify};
 use tundra_proto::WriteMode;
 
 const DRIVE: &str = "physical = \"4GiB\"\nlogical = \"8GiB\"";
-const PAGE: usize = 8192;
-
-fn content(page: u64, write: u64) -> Vec<u8> {
-    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
-    bytes.resize(PAGE, b'.');
-    bytes
-}
-
-/// The page each write last acknowledged went to, by page.
-type WriterLog = BTreeMap<u64, u64>;
 
 fn writer(addr: std::net::SocketAddr, volume: u32, stop: Arc<AtomicBool>) -> WriterLog {
     let mut client = tundra_client::Client::connect(addr).expect("connect");
@@ -42,17 +31,6 @@ fn writer(addr: std::net::SocketAddr, volume: u32, stop: Arc<AtomicBool>) -> Wri
         log.insert(page, write);
     }
     log
-}
-
-fn verify(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
-    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
-    for (&page, &write) in log {
-        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
-        if read != content(page, write) {
-            return Err(format!("page {page} through node {id} is not write {write}"));
-        }
-    }
-    Ok(())
 }
 
 fn chunk0(status: &serde_json::Value, volume: &str) -> serde_json::Value {

@@ -274,3 +274,29 @@ pub fn nbdcopy(args: &[&str]) {
         .unwrap_or_else(|e| panic!("nbdcopy: {e} (install it with scripts/install-deps: libnbd-bin)"));
     assert!(out.status.success(), "nbdcopy {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The bytes of write number `write` to 8 KiB page `page`, as the writers of the cluster tests
+/// write them: each page's every write tells itself apart.
+pub fn page_content(page: u64, write: u64) -> Vec<u8> {
+    const PAGE: usize = 8192;
+    let mut bytes = format!("page {page} write {write} ").repeat(PAGE / 16).into_bytes();
+    bytes.resize(PAGE, b'.');
+    bytes
+}
+
+/// The pages a writer wrote and the write number each last acknowledged.
+pub type WriterLog = std::collections::BTreeMap<u64, u64>;
+
+/// Every page of `log` read through node `id` must hold its last acknowledged write
+/// ([`page_content`]).
+pub fn verify_log(cluster: &Cluster, id: u64, volume: u32, log: &WriterLog) -> Result<(), String> {
+    let mut reader = tundra_client::Client::connect(cluster.member(id).native).map_err(|e| e.to_string())?;
+    for (&page, &write) in log {
+        let read = reader.read_page(volume, page).map_err(|e| format!("page {page} through node {id}: {e}"))?;
+        if read != page_content(page, write) {
+            let head = String::from_utf8_lossy(&read[..read.len().min(40)]).into_owned();
+            return Err(format!("page {page} through node {id} is {head:?}, not write {write}"));
+        }
+    }
+    Ok(())
+}
