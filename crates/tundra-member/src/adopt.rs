@@ -5,7 +5,7 @@
 //!
 //! Adopting a volume is what `Forward::CreateVolume` does at a creation: the definition
 //! entered in the node's catalog durably, then the volume created in its store with the same
-//! id and its groups started (`open_replica`; normally none, since placement chose only up
+//! id and its groups started (`ClusterNode::enter_volume`; normally none, since placement chose only up
 //! nodes). From then on the node serves the volume's I/O by forwarding it to the chunks'
 //! leaders. A crash between the two writes leaves the catalog naming a volume the store lacks,
 //! which the node's start creates, as after a creation.
@@ -71,11 +71,7 @@ impl ClusterNode {
             self.refused_volumes.lock().insert(def.id, why);
             return true;
         }
-        if let Err(why) = tokio::task::block_in_place(|| self.catalog.lock().add(def.clone())) {
-            eprintln!("tundra: catalog catch-up: entering volume {:?} (id {}): {why}", def.name, def.id);
-            return false;
-        }
-        match self.open_replica(&def).await {
+        match self.enter_volume(&def).await {
             Ok(()) => {
                 eprintln!(
                     "tundra: catalog catch-up: adopted volume {:?} (id {}), created while this node was away",
@@ -84,7 +80,7 @@ impl ClusterNode {
                 true
             }
             Err(why) => {
-                eprintln!("tundra: catalog catch-up: opening adopted volume {:?} (id {}): {why}", def.name, def.id);
+                eprintln!("tundra: catalog catch-up: adopting volume {:?} (id {}): {why}", def.name, def.id);
                 false
             }
         }

@@ -250,8 +250,7 @@ impl ClusterNode {
                 Ok(Answer::VolumeId(self.node.next_volume_id().0))
             }
             Forward::CreateVolume(def) => {
-                tokio::task::block_in_place(|| self.catalog.lock().add(def.clone())).map_err(Refusal::Invalid)?;
-                self.open_replica(&def).await.map_err(Refusal::Invalid)?;
+                self.enter_volume(&def).await.map_err(Refusal::Invalid)?;
                 Ok(Answer::Done)
             }
             Forward::Initialize { volume } => self.initialize_from(volume, 0).await.map(|()| Answer::Done),
@@ -326,9 +325,19 @@ impl ClusterNode {
         }
     }
 
+    /// Enters a replicated volume here: its definition in the catalog, durably, then the volume
+    /// in the store with the same id and its groups started ([`ClusterNode::open_replica`]). A
+    /// crash in between leaves the catalog naming a volume the store lacks, which the node's
+    /// start creates. A creation's every answering node does this, and a node that was away
+    /// when adopting (adopt.rs).
+    pub(crate) async fn enter_volume(&self, def: &VolumeDef) -> Result<(), String> {
+        tokio::task::block_in_place(|| self.catalog.lock().add(def.clone()))?;
+        self.open_replica(def).await
+    }
+
     /// Creates the volume in the store if it is not there yet (every node has it, so that any
     /// node can serve its I/O) and starts the groups of the chunks this node holds a replica of.
-    pub(crate) async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
+    async fn open_replica(&self, def: &VolumeDef) -> Result<(), String> {
         let volume = match self.node.volume(VolumeId(def.id)) {
             Ok(volume) => volume,
             Err(_) => tokio::task::block_in_place(|| {
@@ -430,6 +439,7 @@ impl ClusterNode {
         self.block_on(async {
             let next_ids = self.prepare_all(name, &nodes).await?;
             let answering: Vec<u64> = next_ids.keys().copied().collect();
+            let silent: Vec<u64> = nodes.iter().copied().filter(|node| !answering.contains(node)).collect();
             let majority = nodes.len() / 2 + 1;
             if answering.len() < majority || !answering.contains(&self.me) {
                 return Err(Refusal::Unavailable(format!(
@@ -442,15 +452,14 @@ impl ClusterNode {
             // chose the replicas, whichever node asked, among the nodes whose reports are
             // fresh; the thin-provisioning share is counted from the same state.
             let (state, now_unix_ms) = self.manager_state_reported_by(&answering).await?;
-            if let Some(silent) = nodes.iter().find(|&&node| {
-                !answering.contains(&node)
-                    && state.node(tundra_cluster::NodeId(node)).is_some_and(|n| {
-                        n.status == tundra_cluster::NodeStatus::Active
-                            && !tundra_cluster::mover::report_stale(n.reported_unix_ms, now_unix_ms)
-                    })
+            if let Some(counted_up) = silent.iter().find(|&&node| {
+                state.node(tundra_cluster::NodeId(node)).is_some_and(|n| {
+                    n.status == tundra_cluster::NodeStatus::Active
+                        && !tundra_cluster::mover::report_stale(n.reported_unix_ms, now_unix_ms)
+                })
             }) {
                 return Err(Refusal::Unavailable(format!(
-                    "node {silent} does not answer, and the cluster manager still counts it up (its last report is \
+                    "node {counted_up} does not answer, and the cluster manager still counts it up (its last report is \
                      fresh): retry once its report is stale ({} s); nothing was created",
                     tundra_cluster::mover::REPORT_STALE_AFTER_MS / 1000
                 )));
@@ -460,11 +469,12 @@ impl ClusterNode {
             let share = crate::placement::overcommitted_share(&usage, &spans, usize::from(replicas));
             let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
             // Placement takes only nodes that report: name those that do not answer now.
-            let silent: Vec<u64> = nodes.iter().copied().filter(|node| !answering.contains(node)).collect();
-            let down = if silent.is_empty() {
-                String::new()
-            } else {
-                format!(" (node {} does not answer and gets no replica)", join_ids(&silent))
+            let down = match silent.as_slice() {
+                [] => String::new(),
+                ids => {
+                    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+                    format!(" (node {} does not answer and gets no replica)", ids.join(", "))
+                }
             };
             let sets = self.manager_place(id, &expected, usize::from(replicas)).await.map_err(|why| match why {
                 Refusal::Invalid(why) => {
@@ -621,11 +631,6 @@ pub(crate) fn first_leaders(replica_sets: &[Vec<u64>]) -> Vec<Option<u64>> {
             first
         })
         .collect()
-}
-
-/// Node ids as "3" or "3, 4".
-fn join_ids(ids: &[u64]) -> String {
-    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

@@ -404,13 +404,8 @@ impl ClusterNode {
             return false;
         }
         let query = Forward::Membership { volume, chunk: index, change: MembershipChange::ConfirmedQuery };
-        let Ok(Ok((mut voters, learners))) = tokio::time::timeout(QUERY_WAIT, self.query_members(chunk, query)).await
-        else {
-            return false;
-        };
-        voters.sort_unstable();
-        // A learner is a move's target: its coordinator tells every catalog how it ends.
-        let Some(def) = unmoved(self).filter(|_| learners.is_empty() && !voters.is_empty()) else { return false };
+        let Some(voters) = self.confirmed_voters(chunk, query).await else { return false };
+        let Some(def) = unmoved(self) else { return false };
         let mut listed = def.replicas_of(index).to_vec();
         listed.sort_unstable();
         if listed != voters {
@@ -451,6 +446,18 @@ impl ClusterNode {
         true
     }
 
+    /// The voters of `group`, sorted, as its leader answers `query` (a `ConfirmedQuery`) within
+    /// [`QUERY_WAIT`]; None when it did not answer, or the group has a learner (a move's
+    /// target: its coordinator tells every catalog how the move ends) or no voter.
+    async fn confirmed_voters(&self, group: ChunkId, query: Forward) -> Option<Vec<u64>> {
+        let Ok(Ok((mut voters, learners))) = tokio::time::timeout(QUERY_WAIT, self.query_members(group, query)).await
+        else {
+            return None;
+        };
+        voters.sort_unstable();
+        (learners.is_empty() && !voters.is_empty()).then_some(voters)
+    }
+
     /// The catch-up of `volume`'s redo group, as [`ClusterNode::catch_up_chunk`]'s.
     async fn catch_up_redo(&self, volume: u32) -> bool {
         let group = tundra_raft::redo_machine::redo_group(volume);
@@ -459,12 +466,8 @@ impl ClusterNode {
             return false;
         }
         let query = Forward::RedoMembership { volume, change: MembershipChange::ConfirmedQuery };
-        let Ok(Ok((mut voters, learners))) = tokio::time::timeout(QUERY_WAIT, self.query_members(group, query)).await
-        else {
-            return false;
-        };
-        voters.sort_unstable();
-        let Some(def) = unmoved(self).filter(|_| learners.is_empty() && !voters.is_empty()) else { return false };
+        let Some(voters) = self.confirmed_voters(group, query).await else { return false };
+        let Some(def) = unmoved(self) else { return false };
         if def.redo_replicas() != voters.as_slice() {
             // As for a chunk: not over a redo move entered since the check above.
             let entered = tokio::task::block_in_place(|| {
