@@ -15,10 +15,18 @@
 //! entering it would route the local volume's I/O to the replicated volume's groups (its
 //! pages read back as another volume's) and stop the node from starting again. It says so in
 //! its log once and in `tundra cluster status` (`refused_volumes`), keeps its own volume, and
-//! serves nothing of the other. Deleted volumes are not adopted (a delete needs every node up,
-//! delete.rs, so a node never misses one).
+//! serves nothing of the other.
+//!
+//! The same catch-up carries deletes: a volume can be deleted while a node is down (delete.rs
+//! needs a majority of the nodes and of each of the volume's groups). A peer that lists a
+//! volume marked deleting, or among the ids it deleted ([`Forward::DeletedVolumes`]), tells
+//! the node of the delete: it marks its own entry, and its delete upkeep finishes it. Such a
+//! volume is never adopted, nor one this node deleted itself. A node asks a majority of the
+//! nodes (else the pass is tried again) and a decided delete marked a majority, so it meets
+//! one of them; a peer of an older build, which does not answer the deleted ids, counts only
+//! through its marks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tundra_store::ids::VolumeId;
@@ -36,30 +44,79 @@ fn unchecked_for_test() -> bool {
     std::env::var("TUNDRA_TEST_ADOPT_UNCHECKED").is_ok_and(|v| v == "1")
 }
 
+/// A test-only hook: `TUNDRA_TEST_CATCH_UP_IGNORES_DELETES=1` learns no delete from the peers
+/// (the twin of a returning node's delete). Unset in production.
+fn ignores_deletes_for_test() -> bool {
+    std::env::var("TUNDRA_TEST_CATCH_UP_IGNORES_DELETES").is_ok_and(|v| v == "1")
+}
+
 impl ClusterNode {
-    /// Adopts the volumes its peers' catalogs list and its own lacks (module doc); answers
-    /// whether a majority of the cluster's nodes (this one among them) answered and every
-    /// volume found was adopted or refused for good.
+    /// Adopts the volumes its peers' catalogs list and its own lacks, and marks its own
+    /// volumes that a peer deleted or marks deleting (module doc); answers whether a majority
+    /// of the cluster's nodes (this one among them) answered and every volume found was
+    /// adopted or refused for good, and every delete learnt marked.
     pub(crate) async fn adopt_new_volumes(&self) -> bool {
         let nodes = self.membership.ids();
         let mut answered = 1;
         let mut found: BTreeMap<u32, VolumeDef> = BTreeMap::new();
+        let mut deleted: BTreeSet<u32> = BTreeSet::new();
         for &node in nodes.iter().filter(|&&node| node != self.me) {
             if let Ok(Ok(Answer::Catalog(defs))) =
                 tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await
             {
                 answered += 1;
-                for def in defs.into_iter().filter(|def| !def.deleting) {
-                    found.entry(def.id).or_insert(def);
+                for def in defs {
+                    if def.deleting {
+                        deleted.insert(def.id);
+                    } else {
+                        found.entry(def.id).or_insert(def);
+                    }
+                }
+                if let Ok(Ok(Answer::DeletedVolumes(ids))) =
+                    tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::DeletedVolumes)).await
+                {
+                    deleted.extend(ids);
                 }
             }
         }
         let mut complete = answered > nodes.len() / 2;
-        for def in found.into_values() {
-            if self.catalog.lock().get(def.id).is_some() || self.refused_volumes.lock().contains_key(&def.id) {
+        if !ignores_deletes_for_test() {
+            complete &= self.mark_deleted_elsewhere(&deleted).await;
+        }
+        for def in found.into_values().filter(|def| !deleted.contains(&def.id)) {
+            let known = {
+                let catalog = self.catalog.lock();
+                catalog.get(def.id).is_some() || catalog.is_deleted(def.id)
+            };
+            if known || self.refused_volumes.lock().contains_key(&def.id) {
                 continue;
             }
             complete &= self.adopt(def).await;
+        }
+        complete
+    }
+
+    /// Marks deleting this node's volumes whose ids are in `deleted` (a peer deleted them or
+    /// marks them so); the delete upkeep finishes them. False when a mark failed.
+    async fn mark_deleted_elsewhere(&self, deleted: &BTreeSet<u32>) -> bool {
+        let learnt: Vec<VolumeDef> = {
+            let catalog = self.catalog.lock();
+            catalog.volumes().iter().filter(|def| !def.deleting && deleted.contains(&def.id)).cloned().collect()
+        };
+        let mut complete = true;
+        for def in learnt {
+            let _one = self.deletes.lock().await;
+            match tokio::task::block_in_place(|| self.catalog.lock().mark_deleting(def.id)) {
+                Ok(()) => eprintln!(
+                    "tundra: catalog catch-up: volume {:?} (id {}) was deleted while this node was away; marked deleting \
+                     here, finishing",
+                    def.name, def.id
+                ),
+                Err(why) => {
+                    eprintln!("tundra: catalog catch-up: marking volume {:?} deleting: {why}", def.name);
+                    complete = false;
+                }
+            }
         }
         complete
     }

@@ -3,6 +3,11 @@
 //! entered here before its store creates it, so a node that crashed in between finds the entry
 //! at its next start and creates the volume then: a replicated volume never becomes a local
 //! one by accident.
+//!
+//! It also keeps the ids of the replicated volumes deleted here (delete.rs): a node that was
+//! down while a volume was deleted learns it from a peer's list at its catalog catch-up, and
+//! "not in the catalog" alone cannot tell a deleted volume from one not adopted yet. Volume
+//! ids are never given out twice, so the list only grows, by four bytes a delete.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,12 +17,15 @@ use serde::{Deserialize, Serialize};
 use crate::messages::VolumeDef;
 
 pub const CATALOG_FILE: &str = "cluster-volumes.json";
-const CATALOG_FORMAT: u32 = 1;
+/// Format 2 added `deleted`; a format 1 file reads as one with none.
+const CATALOG_FORMAT: u32 = 2;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Stored {
     format: u32,
     volumes: Vec<VolumeDef>,
+    #[serde(default)]
+    deleted: Vec<u32>,
 }
 
 /// The replicated volumes of one node.
@@ -25,33 +33,47 @@ struct Stored {
 pub struct Catalog {
     path: PathBuf,
     volumes: Vec<VolumeDef>,
+    /// The ids of the replicated volumes deleted here, ascending.
+    deleted: Vec<u32>,
 }
 
 impl Catalog {
     /// Reads the catalog in `data_dir` (empty if there is none yet).
     pub fn open(data_dir: &Path) -> Result<Catalog, String> {
         let path = data_dir.join(CATALOG_FILE);
-        let volumes = match std::fs::read(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        let (volumes, deleted) = match std::fs::read(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), Vec::new()),
             Err(e) => return Err(format!("reading {}: {e}", path.display())),
             Ok(bytes) => {
                 let stored: Stored = serde_json::from_slice(&bytes)
                     .map_err(|e| format!("{} is damaged: {e}; restore it from another replica's", path.display()))?;
-                if stored.format != CATALOG_FORMAT {
+                if !(1..=CATALOG_FORMAT).contains(&stored.format) {
                     return Err(format!(
                         "{} is of format {}; this build reads {CATALOG_FORMAT}",
                         path.display(),
                         stored.format
                     ));
                 }
-                stored.volumes
+                let mut deleted = stored.deleted;
+                deleted.sort_unstable();
+                deleted.dedup();
+                (stored.volumes, deleted)
             }
         };
-        Ok(Catalog { path, volumes })
+        Ok(Catalog { path, volumes, deleted })
     }
 
     pub fn volumes(&self) -> &[VolumeDef] {
         &self.volumes
+    }
+
+    /// The ids of the replicated volumes deleted here, ascending.
+    pub fn deleted(&self) -> &[u32] {
+        &self.deleted
+    }
+
+    pub fn is_deleted(&self, id: u32) -> bool {
+        self.deleted.binary_search(&id).is_ok()
     }
 
     pub fn get(&self, id: u32) -> Option<&VolumeDef> {
@@ -67,9 +89,12 @@ impl Catalog {
             }
             return Err(format!("volume {:?} (id {}) is replicated here already as another volume", def.name, def.id));
         }
+        if self.is_deleted(def.id) {
+            return Err(format!("volume {:?} (id {}) was deleted here", def.name, def.id));
+        }
         let mut volumes = self.volumes.clone();
         volumes.push(def);
-        self.write(&volumes)?;
+        self.write(&volumes, &self.deleted)?;
         self.volumes = volumes;
         Ok(())
     }
@@ -206,25 +231,30 @@ impl Catalog {
             .find(|v| v.id == volume)
             .ok_or_else(|| format!("volume id {volume} is not replicated here"))?;
         change(def)?;
-        self.write(&volumes)?;
+        self.write(&volumes, &self.deleted)?;
         self.volumes = volumes;
         Ok(())
     }
 
-    /// Removes a volume, durably: the last step of its delete here. An unknown id changes
-    /// nothing.
+    /// Removes a volume and enters its id among the deleted, durably: the last step of its
+    /// delete here. An unknown id changes nothing.
     pub fn remove(&mut self, volume: u32) -> Result<(), String> {
         if self.get(volume).is_none() {
             return Ok(());
         }
         let volumes: Vec<VolumeDef> = self.volumes.iter().filter(|v| v.id != volume).cloned().collect();
-        self.write(&volumes)?;
+        let mut deleted = self.deleted.clone();
+        if let Err(at) = deleted.binary_search(&volume) {
+            deleted.insert(at, volume);
+        }
+        self.write(&volumes, &deleted)?;
         self.volumes = volumes;
+        self.deleted = deleted;
         Ok(())
     }
 
-    fn write(&self, volumes: &[VolumeDef]) -> Result<(), String> {
-        let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec() };
+    fn write(&self, volumes: &[VolumeDef], deleted: &[u32]) -> Result<(), String> {
+        let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec(), deleted: deleted.to_vec() };
         let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| e.to_string())?;
         let temporary = self.path.with_extension("json.new");
         let write = || -> std::io::Result<()> {
@@ -276,9 +306,14 @@ mod tests {
         reopened.remove(1).expect("remove a");
         reopened.remove(1).expect("removing it again changes nothing");
 
-        let last = Catalog::open(dir.path()).expect("reopen");
+        let mut last = Catalog::open(dir.path()).expect("reopen");
         assert!(last.get(1).is_none(), "the removal survives a reopen");
         assert_eq!(last.get(2), Some(&def(2, "b")), "volume b is as it was");
+        assert_eq!(last.deleted(), &[1], "the deleted id survives a reopen, entered once");
+        assert!(last.is_deleted(1) && !last.is_deleted(2));
+        assert!(last.add(def(1, "a")).is_err(), "a deleted volume is not entered again");
+        last.remove(7).expect("an unknown id changes nothing");
+        assert_eq!(last.deleted(), &[1], "nor enters a deleted id");
     }
 
     #[test]
@@ -291,6 +326,15 @@ mod tests {
         assert!(!catalog.get(4).expect("v").deleting);
         assert_eq!(catalog.get(4).expect("v").served_bytes, None, "an older catalog serves its whole size");
         assert_eq!(catalog.get(4).expect("v").served_size(), 16 << 20);
+        assert!(catalog.deleted().is_empty(), "an older catalog lists no deleted volume");
+    }
+
+    #[test]
+    fn a_catalog_of_a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join(CATALOG_FILE), r#"{"format":3,"volumes":[]}"#).expect("write");
+        let refused = Catalog::open(dir.path()).expect_err("a format this build does not know");
+        assert!(refused.contains("format 3"), "{refused}");
     }
 
     const GIB: u64 = 1 << 30;

@@ -36,7 +36,7 @@ const COMPACT_BYTES: u64 = 64 << 20;
 /// How long a peer may take over a forwarded request before it counts as lost.
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a volume's creation waits for a peer it cannot reach yet.
-const CONNECT_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_WAIT: Duration = Duration::from_secs(5);
 /// How long a node that restarted waits before it settles the moves its catalog lists.
 const SETTLE_DELAY: Duration = Duration::from_secs(2);
 /// How long a volume's creation waits for its groups' first leaders.
@@ -284,6 +284,7 @@ impl ClusterNode {
             Forward::Delete { volume, step } => self.delete_step(volume, step).await,
             Forward::Resize { volume, step } => self.resize_step(volume, step).await,
             Forward::Catalog => Ok(Answer::Catalog(self.catalog.lock().volumes().to_vec())),
+            Forward::DeletedVolumes => Ok(Answer::DeletedVolumes(self.catalog.lock().deleted().to_vec())),
         }
     }
 

@@ -7,22 +7,29 @@
 //! two steps, as a volume's creation does in the other direction:
 //!
 //! 1. **Mark.** The coordinator (the node asked) takes the claim on moves (no chunk of the
-//!    volume moves meanwhile; a move already under way is settled first), checks that every
-//!    node answers, and enters `deleting` in every node's catalog, durably. From then on no
-//!    node takes I/O or redo for the volume, and no node starts its groups at a restart. A
-//!    node that does not answer stops the delete here, with the nodes marked so far named: the
-//!    same command finishes it.
+//!    volume moves meanwhile; a move already under way is settled first), asks every node,
+//!    and enters `deleting` in the catalog of every node that answers, durably. From then on
+//!    those nodes take no I/O or redo for the volume and start none of its groups at a
+//!    restart. The nodes that answer must *decide* the delete ([`decides`]): a majority of the
+//!    cluster's nodes, and a majority of the replicas of each of the volume's groups (every
+//!    chunk's and the redo group's). Otherwise nothing is marked and the delete is refused,
+//!    with the silent nodes named.
 //! 2. **Finish.** The manager forgets the volume's chunks (`DeleteChunk`, seed 000 §4.2: they no
-//!    longer count against their nodes), then every node stops its replicas of the volume's
-//!    groups, deletes the volume from its store (its pages' blocks freed and trimmed) and last
-//!    removes the catalog entry.
+//!    longer count against their nodes), then every marked node stops its replicas of the
+//!    volume's groups, deletes the volume from its store (its pages' blocks freed and
+//!    trimmed) and last removes the catalog entry, entering the volume's id among its deleted
+//!    ones (catalog.rs).
 //!
-//! Once every node is marked, nothing can undo the delete, and each node finishes it by
-//! itself: a node with a marked entry asks the others every [`UPKEEP_EVERY`] and finishes
-//! once each of them holds the volume marked or not at all (so every node was marked). A
-//! coordinator that died between the steps, or a node that was down for the second one, is
-//! thereby caught up without anyone running the command again. A node that is gone for good
-//! keeps the others' marked entries waiting for it; they take no I/O and hold no group.
+//! Nothing undoes a mark, so a mark anywhere ends in the volume's delete everywhere:
+//! - A node with a marked entry asks the others every [`UPKEEP_EVERY`], marks those that
+//!   answer unmarked, and finishes once the marked (or finished) nodes decide the delete. A
+//!   coordinator that died between the steps, or in the middle of the marks, is thereby
+//!   caught up without anyone running the command again.
+//! - A node that was down learns the delete at its catalog catch-up (adopt.rs), a few
+//!   seconds after it starts: a peer lists the volume marked or among its deleted ones, and
+//!   the node marks its own entry, which its upkeep then finishes. Until then its replicas
+//!   cannot serve the volume: the marked replicas, a majority of each group, stopped theirs
+//!   or start none, so its groups elect no leader.
 //!
 //! The shared Raft log keeps the dropped groups' records until it compacts them, as a moved
 //! replica's do; volume ids are never given out twice (the store's id floor), so no new group
@@ -34,11 +41,13 @@ use serde::{Deserialize, Serialize};
 use tundra_cluster::{Command, MoveOwner};
 use tundra_store::ids::{ChunkId, VolumeId};
 
-use crate::cluster::{ClusterNode, chunk_spans};
+use crate::cluster::{CONNECT_WAIT, ClusterNode, chunk_spans};
 use crate::messages::{Answer, Forward, Refusal, VolumeDef};
 
 /// How often a node looks at the volumes its catalog marks deleting.
 const UPKEEP_EVERY: Duration = Duration::from_secs(2);
+/// How long the marks' step waits for the nodes, asked once already before the claim on moves.
+const RECHECK_WAIT: Duration = Duration::from_secs(1);
 
 /// One node's part of a delete, asked by the coordinator or a node's upkeep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,18 +69,24 @@ impl ClusterNode {
         }
     }
 
-    /// Deletes replicated volume `volume` from every node: marks it everywhere, then finishes
-    /// everywhere (module doc). An error says how far it got; the same command again goes on.
+    /// Deletes replicated volume `volume` from every node: marks it on the nodes that answer,
+    /// then finishes there (module doc); the others finish once they are back. An error says
+    /// how far it got; the same command again goes on.
     pub fn delete_replicated(&self, volume: u32) -> Result<(), Refusal> {
         let def = self.catalog.lock().get(volume).cloned();
         let def = def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))?;
         self.block_on(async {
+            let mut silent = Vec::new();
             if !def.deleting {
+                // Refused before the claim on moves is asked for when too few nodes answer:
+                // a claim proposed without a quorum may still commit once the nodes are back,
+                // and would then hold other movers off until its lease ends.
+                self.enough_answer(&def, CONNECT_WAIT).await?;
                 let owner = MoveOwner::Move { node: self.me };
                 self.claim_moves(owner).await?;
                 let marked = self.mark_everywhere(volume).await;
                 self.release_moves(owner).await;
-                marked?;
+                silent = marked?;
             }
             if std::env::var_os("TUNDRA_TEST_DELETE_STOP_AFTER_MARK").is_some() {
                 return Err(Refusal::Unavailable(format!(
@@ -81,10 +96,17 @@ impl ClusterNode {
             }
             self.forget_chunks(&def).await?;
             let mut missing = Vec::new();
-            for node in self.membership.ids() {
+            for node in self.membership.ids().into_iter().filter(|node| !silent.contains(node)) {
                 if let Err(why) = self.ask(node, Forward::Delete { volume, step: DeleteStep::Finish }).await {
                     missing.push(format!("node {node} ({why})"));
                 }
+            }
+            if !silent.is_empty() {
+                eprintln!(
+                    "tundra: node {}: volume {:?} (id {volume}) deleted; node(s) {silent:?} did not answer and finish the \
+                     delete when they are back",
+                    self.me, def.name
+                );
             }
             if missing.is_empty() {
                 Ok(())
@@ -98,8 +120,9 @@ impl ClusterNode {
         })
     }
 
-    /// Step 1: the claim on moves is held. Every node must answer before any is marked.
-    async fn mark_everywhere(&self, volume: u32) -> Result<(), Refusal> {
+    /// Step 1: the claim on moves is held. The nodes that answer must decide the delete
+    /// before any is marked; answers the nodes that did not answer.
+    async fn mark_everywhere(&self, volume: u32) -> Result<Vec<u64>, Refusal> {
         let mut def = self.def_here(volume)?;
         if !def.moves.is_empty() || def.redo_move.is_some() {
             // A move whose coordinator died: finished or rolled back from its group's voters.
@@ -120,29 +143,59 @@ impl ClusterNode {
                 )));
             }
         }
-        let nodes = self.membership.ids();
-        for &node in &nodes {
-            // As a creation does: a node that just started may not be connected yet.
-            if let Err(why) = self.ask_patiently(node, Forward::Delete { volume, step: DeleteStep::Query }).await {
-                return Err(Refusal::Unavailable(format!(
-                    "node {node} does not answer ({}): a replicated volume is deleted on every node at once; nothing \
-                     was deleted, try again once it is up",
-                    why
-                )));
-            }
-        }
+        // Asked again, briefly: the nodes were asked before the claim.
+        let (answering, silent) = self.enough_answer(&def, RECHECK_WAIT).await?;
         let mut marked = Vec::new();
-        for &node in &nodes {
+        for &node in &answering {
             if let Err(why) = self.ask_patiently(node, Forward::Delete { volume, step: DeleteStep::Mark }).await {
                 return Err(Refusal::Unavailable(format!(
                     "volume {:?} is marked deleting on node(s) {marked:?} (it takes no I/O there), but node {node} did \
-                     not answer ({}): run the delete again to finish it",
+                     not answer ({}): the marked nodes finish the delete by themselves once enough nodes answer, or \
+                     run the delete again",
                     def.name, why
                 )));
             }
             marked.push(node);
         }
-        Ok(())
+        Ok(silent)
+    }
+
+    /// The nodes that answer and those silent, when the answering ones decide the delete of
+    /// `def` ([`decides`]); else the refusal.
+    async fn enough_answer(&self, def: &VolumeDef, patience: Duration) -> Result<(Vec<u64>, Vec<u64>), Refusal> {
+        let nodes = self.membership.ids();
+        let answering = self.answering(&nodes, def.id, patience).await;
+        let silent: Vec<u64> = nodes.iter().copied().filter(|node| !answering.contains(node)).collect();
+        match decides(def, &nodes, &answering) {
+            Ok(()) => Ok((answering, silent)),
+            Err(why) => Err(Refusal::Unavailable(format!(
+                "node(s) {silent:?} do not answer, and {why}: deleting a replicated volume needs a majority of the \
+                 cluster's nodes and of each of its groups' replicas up; nothing was deleted, try again once more \
+                 nodes are up"
+            ))),
+        }
+    }
+
+    /// The nodes of `nodes` that answer whether they hold volume `volume`, each asked again
+    /// while unreachable for up to `patience` in all (a node that just started may not be
+    /// connected yet; a node down stays silent).
+    async fn answering(&self, nodes: &[u64], volume: u32, patience: Duration) -> Vec<u64> {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut answering = Vec::new();
+        loop {
+            for &node in nodes.iter().filter(|node| !answering.contains(*node)).collect::<Vec<_>>() {
+                if let Ok(Answer::Deleting(_)) =
+                    self.ask(node, Forward::Delete { volume, step: DeleteStep::Query }).await
+                {
+                    answering.push(node);
+                }
+            }
+            if answering.len() == nodes.len() || tokio::time::Instant::now() >= deadline {
+                answering.sort_unstable();
+                return answering;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub(crate) fn def_here(&self, volume: u32) -> Result<VolumeDef, Refusal> {
@@ -232,20 +285,96 @@ impl ClusterNode {
 
     async fn finish_marked(&self) {
         let marked: Vec<VolumeDef> = self.catalog.lock().volumes().iter().filter(|d| d.deleting).cloned().collect();
+        let nodes = self.membership.ids();
         for def in marked {
-            let mut all_marked = true;
-            for node in self.membership.ids().into_iter().filter(|&n| n != self.me) {
-                match self.ask(node, Forward::Delete { volume: def.id, step: DeleteStep::Query }).await {
-                    Ok(Answer::Deleting(None | Some(true))) => {}
-                    _ => all_marked = false,
+            // A node without the entry finished the delete (a replica's node always had it:
+            // the entry comes before the replica, at a creation or an adoption).
+            let mut done = vec![self.me];
+            for &node in nodes.iter().filter(|&&n| n != self.me) {
+                let volume = def.id;
+                let marked_there = match self.ask(node, Forward::Delete { volume, step: DeleteStep::Query }).await {
+                    Ok(Answer::Deleting(None | Some(true))) => true,
+                    Ok(Answer::Deleting(Some(false))) => {
+                        self.ask(node, Forward::Delete { volume, step: DeleteStep::Mark }).await.is_ok()
+                    }
+                    _ => false,
+                };
+                if marked_there {
+                    done.push(node);
                 }
             }
-            if !all_marked || self.forget_chunks(&def).await.is_err() {
+            if decides(&def, &nodes, &done).is_err() || self.forget_chunks(&def).await.is_err() {
                 continue;
             }
             if let Err(why) = self.finish_here(def.id).await {
                 eprintln!("tundra: node {}: finishing the delete of volume {:?}: {}", self.me, def.name, why);
             }
         }
+    }
+}
+
+/// Whether the nodes in `marked`, of the cluster's `nodes`, decide the delete of volume `def`:
+/// a majority of the cluster's nodes, and a majority of the replicas of each of its groups.
+/// Then a node that was not marked can neither serve the volume (its groups elect no leader
+/// without the marked replicas) nor miss the delete (its catalog catch-up asks a majority of
+/// the nodes). `Err` says what is lacking.
+pub(crate) fn decides(def: &VolumeDef, nodes: &[u64], marked: &[u64]) -> Result<(), String> {
+    let counted = |set: &[u64]| set.iter().filter(|node| marked.contains(*node)).count();
+    if counted(nodes) <= nodes.len() / 2 {
+        return Err(format!("nodes {marked:?} are no majority of the cluster's nodes {nodes:?}"));
+    }
+    for index in 0..chunk_spans(def.size_bytes).len() as u32 {
+        let replicas = def.replicas_of(index);
+        if counted(replicas) <= replicas.len() / 2 {
+            return Err(format!("nodes {marked:?} are no majority of chunk {index}'s replicas {replicas:?}"));
+        }
+    }
+    let redo = def.redo_replicas();
+    if counted(redo) <= redo.len() / 2 {
+        return Err(format!("nodes {marked:?} are no majority of the redo group's replicas {redo:?}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(chunks: Vec<Vec<u64>>, redo: Option<Vec<u64>>) -> VolumeDef {
+        let mut all: Vec<u64> = chunks.iter().flatten().copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        VolumeDef {
+            id: 7,
+            name: "v".into(),
+            size_bytes: chunks.len() as u64 * tundra_store::volume::DEFAULT_CHUNK_BYTES,
+            page_size: 8192,
+            replicas: all,
+            chunks,
+            moves: Vec::new(),
+            redo,
+            redo_move: None,
+            deleting: false,
+            served_bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_delete_is_decided_by_a_majority_of_the_nodes_and_of_every_group() {
+        let nodes = [1, 2, 3, 4, 5];
+        let v = def(vec![vec![1, 2, 3], vec![3, 4, 5]], None);
+        assert!(decides(&v, &nodes, &[1, 2, 3, 4, 5]).is_ok());
+        assert!(decides(&v, &nodes, &[1, 3, 4]).is_ok(), "two of each chunk's three, three of five nodes");
+        assert!(decides(&v, &nodes, &[1, 2, 4, 5]).is_ok(), "node 3, in both chunks, down");
+        assert!(decides(&v, &nodes, &[1, 2]).expect_err("two of five").contains("cluster"));
+        assert!(decides(&v, &nodes, &[1, 2, 4]).expect_err("one of chunk 1's").contains("chunk 1"));
+        // The redo group on other nodes than the chunks' after a move.
+        let moved = def(vec![vec![1, 2, 3]], Some(vec![3, 4, 5]));
+        assert!(decides(&moved, &nodes, &[1, 2, 3]).expect_err("one of the redo group's").contains("redo"));
+        assert!(decides(&moved, &nodes, &[1, 3, 4]).is_ok());
+        // A volume of one replica: its node must be marked.
+        let single = def(vec![vec![2]], None);
+        assert!(decides(&single, &nodes, &[1, 3, 4]).is_err(), "the one replica's node is down");
+        assert!(decides(&single, &nodes, &[1, 2, 3]).is_ok());
     }
 }

@@ -329,6 +329,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Deleting(_) => "a delete state",
         Answer::Resize(_) => "a volume's sizes",
         Answer::Catalog(_) => "a catalog",
+        Answer::DeletedVolumes(_) => "deleted volume ids",
     }
 }
 

@@ -188,6 +188,9 @@ pub enum Forward {
     /// This node's catalog of replicated volumes: what a node that was down learns created
     /// volumes from (adopt.rs).
     Catalog,
+    /// The ids of the replicated volumes deleted on this node: what a node that was down
+    /// while a volume was deleted learns the delete from (adopt.rs).
+    DeletedVolumes,
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -227,6 +230,8 @@ pub enum Answer {
     Resize(crate::resize::ResizeCheck),
     /// A node's catalog ([`Forward::Catalog`]).
     Catalog(Vec<VolumeDef>),
+    /// [`Forward::DeletedVolumes`]'s ids, ascending.
+    DeletedVolumes(Vec<u32>),
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

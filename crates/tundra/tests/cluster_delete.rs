@@ -1,7 +1,9 @@
 //! Deleting a replicated volume (crates/tundra-member/src/delete.rs): `tundra volume delete`
 //! through one node of three removes the volume from every node, frees its space on the
 //! nodes that held its replicas, leaves the other volumes as they were, survives a restart,
-//! and lets the name be used again; with a node down nothing is deleted; a delete whose
+//! and lets the name be used again; with two nodes of three down nothing is deleted; with one
+//! down the others delete it and the node finishes the delete once it is back (its twin, with
+//! that node's catalog catch-up ignoring deletes, keeps the volume); a delete whose
 //! coordinator stopped once every node was marked is finished by the nodes themselves (and
 //! its twin, with that upkeep off, shows the check would catch a delete left half done).
 
@@ -120,19 +122,30 @@ fn a_replicated_volume_is_deleted_from_every_node_and_its_space_freed() {
     nbdcopy(&["--flush", file.to_str().expect("utf-8"), &cluster.member(1).uri("gone")]);
     let before = physical_used(&status_with_every_usage(&cluster, 1));
 
-    // With a node down nothing is deleted: the volume still takes writes afterwards.
+    // With two nodes of three down nothing is deleted: the volume still takes writes afterwards.
+    cluster.stop(2);
     cluster.stop(3);
-    let refused = fails(&["volume", "delete", "gone", "--addr", &cluster.member(2).addr()], "node 3 does not answer");
-    assert!(refused.contains("nothing was deleted"), "{refused}");
+    let refused = fails(&["volume", "delete", "gone", "--addr", &cluster.member(1).addr()], "do not answer");
+    assert!(refused.contains("nothing was deleted") && refused.contains("[2, 3]"), "{refused}");
+    cluster.start(2);
     cluster.start(3);
     for id in 1..=3 {
         assert!(listed(&cluster, id).iter().any(|v| v == "gone"), "node {id} lost volume gone to a refused delete");
     }
+    nbdcopy(&["--flush", file.to_str().expect("utf-8"), &cluster.member(3).uri("gone")]);
 
+    // With one down, the two others delete it; node 3 finishes once it is back.
+    cluster.stop(3);
     let started = Instant::now();
     succeeds(&["volume", "delete", "gone", "--addr", &cluster.member(2).addr()]);
-    println!("deleted through node 2 in {:.2} s", started.elapsed().as_secs_f64());
-    gone_everywhere(&cluster, "gone").unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    println!("deleted through node 2, node 3 down, in {:.2} s", started.elapsed().as_secs_f64());
+    for id in 1..=2 {
+        assert!(!listed(&cluster, id).iter().any(|v| v == "gone"), "node {id} still lists volume gone");
+    }
+    cluster.start(3);
+    let started = Instant::now();
+    wait_gone(&cluster, "gone", FINISH_WAIT).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    println!("node 3 finished the delete {:.2} s after its start", started.elapsed().as_secs_f64());
 
     // Each node held a replica of every chunk of `gone` (three replicas on three nodes): each
     // frees what the volume's pages cost it (checked below, after a restart).
@@ -163,6 +176,23 @@ fn a_replicated_volume_is_deleted_from_every_node_and_its_space_freed() {
     create(&cluster, "gone");
     let fresh = read_back(&cluster, 2, "gone", "fresh", 1 << 20);
     assert!(fresh.iter().all(|&b| b == 0), "the new volume named gone shows the old one's bytes");
+}
+
+/// The twin of a returning node's delete: with the nodes' catalog catch-up ignoring what
+/// their peers deleted, node 3, down during the delete, keeps the volume, and the check above
+/// sees it.
+#[test]
+fn without_the_catch_up_learning_deletes_a_node_down_during_one_keeps_the_volume() {
+    let mut cluster = Cluster::new(|_| None);
+    cluster.env.push(("TUNDRA_TEST_CATCH_UP_IGNORES_DELETES".into(), "1".into()));
+    cluster.start_all();
+    create(&cluster, "v");
+    cluster.stop(3);
+    succeeds(&["volume", "delete", "v", "--addr", &cluster.member(1).addr()]);
+    cluster.start(3);
+    let left = wait_gone(&cluster, "v", Duration::from_secs(10));
+    assert!(left.is_err(), "the check saw the volume gone with nothing to tell node 3 of the delete");
+    assert!(listed(&cluster, 3).iter().any(|v| v == "v"), "{left:?}");
 }
 
 /// Starts three nodes whose delete coordinator stops once every node is marked, with the
