@@ -64,7 +64,7 @@ pub use layout::Layout;
 pub use node::{Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};
 pub use open::{Devices, Environment, HOST_FLUSH_WRITERS};
 pub use redo::{
-    CopyBug, CopyHead, FOLD_PAGES_PER_PASS, LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage,
+    CopyBug, CopyHead, FOLD_PAGES_PER_PASS, FoldBug, LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage,
 };
 pub use stats::{ChunkSpace, DriveStats, NodeStats, SpaceStats, VolumeStats};
 pub use tundra_store::pages::SoftwareCompression;

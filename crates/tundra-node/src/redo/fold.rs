@@ -13,6 +13,15 @@ use crate::{Error, Result};
 /// Pages one background pass folds per stream at most.
 pub const FOLD_PAGES_PER_PASS: usize = 1024;
 
+/// Bugs for the tests to catch in a fold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FoldBug {
+    #[default]
+    None,
+    /// A page is written before the log holding its records is synced.
+    PageBeforeSync,
+}
+
 impl Node {
     /// Folds redo into pages on every stream, up to `limit` pages each; returns how many pages
     /// were stored.
@@ -25,6 +34,23 @@ impl Node {
         Ok(folded)
     }
 
+    /// For the crash tests: folds up to `limit` pages of every stream, with `bug`, and stops
+    /// as a crash right after the last page's write would, before the log's truncation (and
+    /// the sync that comes with it). Returns how many pages were stored.
+    #[doc(hidden)]
+    pub fn fold_pages_then_stop(&self, limit: usize, bug: FoldBug) -> Result<usize> {
+        let mut folded = 0;
+        for stream in self.redo.streams() {
+            let Ok(volume) = self.volume(stream.volume) else { continue };
+            let tasks = fold_tasks(&stream, limit);
+            for &page in &tasks {
+                let _upkeep = stream.upkeep.lock();
+                folded += usize::from(self.fold_page_with(&stream, &volume, page, bug)?);
+            }
+        }
+        Ok(folded)
+    }
+
     /// Expires leases, then folds up to `limit` of the stream's oldest pages and truncates the
     /// log behind them.
     ///
@@ -33,13 +59,7 @@ impl Node {
     /// pass of those. A spill that runs between two pages only moves records the tasks still
     /// hold, and the page's `materialized` drops whatever of them it folded.
     pub(crate) fn fold_stream(&self, stream: &Stream, volume: &VolumeRef, limit: usize) -> Result<usize> {
-        let tasks = {
-            let mut state = stream.state.lock();
-            state.leases.expire();
-            let lsn_min = state.leases.lsn_min();
-            state.versions.set_lsn_min(lsn_min);
-            state.versions.fold_pages(limit)
-        };
+        let tasks = fold_tasks(stream, limit);
         let mut folded = 0;
         for &page in &tasks {
             let _upkeep = stream.upkeep.lock();
@@ -63,6 +83,10 @@ impl Node {
     /// The image cells the fold leaves unnamed are freed while readers are held off, so no
     /// read's plan still names one.
     pub(super) fn fold_page(&self, stream: &Stream, volume: &VolumeRef, page: u64) -> Result<bool> {
+        self.fold_page_with(stream, volume, page, FoldBug::None)
+    }
+
+    fn fold_page_with(&self, stream: &Stream, volume: &VolumeRef, page: u64, bug: FoldBug) -> Result<bool> {
         // Asked under the lock: another fold may have done part of it meanwhile.
         let Some(task) = stream.state.lock().versions.fold_task(page) else { return Ok(false) };
         let task = &task;
@@ -83,7 +107,9 @@ impl Node {
         // The records folded are durable in the log before the page that holds them is: a
         // replicated stream's deferred appends (io.rs) would otherwise let a crash keep the
         // page and lose its records, which the redo group then applies again on top of it.
-        stream.log.sync().map_err(redo_error)?;
+        if bug != FoldBug::PageBeforeSync {
+            stream.log.sync().map_err(redo_error)?;
+        }
         volume.pages.write_page(chunk, page_no, &content, task.through_lsn, None).map_err(Error::from)?;
         let (cleanup, freed) = {
             let mut state = stream.state.lock();
@@ -104,4 +130,13 @@ impl Node {
         }
         Ok(true)
     }
+}
+
+/// Expires the stream's leases and answers up to `limit` of its oldest pages to fold.
+fn fold_tasks(stream: &Stream, limit: usize) -> Vec<u64> {
+    let mut state = stream.state.lock();
+    state.leases.expire();
+    let lsn_min = state.leases.lsn_min();
+    state.versions.set_lsn_min(lsn_min);
+    state.versions.fold_pages(limit)
 }

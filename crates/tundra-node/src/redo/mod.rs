@@ -20,6 +20,7 @@ mod io;
 mod spill;
 
 pub use fold::FOLD_PAGES_PER_PASS;
+pub use fold::FoldBug;
 pub use image::{CopyBug, CopyHead};
 pub use io::{LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage};
 
