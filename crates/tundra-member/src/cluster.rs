@@ -110,9 +110,16 @@ impl ClusterNode {
             .block_on(tokio::net::TcpListener::bind(membership.my_addr()))
             .map_err(|e| format!("listening for peers on {}: {e}", membership.my_addr()))?;
         let catalog = Catalog::open(node.data_dir())?;
-        let media =
-            FileLog::open(OsLogFile::new(&node.data_dir().join(RAFT_LOG_FILE)), COMPACT_BYTES, FileLogBug::None)
-                .map_err(|e| format!("{}: {e}", node.data_dir().join(RAFT_LOG_FILE).display()))?;
+        let log_path = node.data_dir().join(RAFT_LOG_FILE);
+        // A benchmark hook: `TUNDRA_TEST_RAFT_LOG_APPENDS=1` grows the log by its frames alone
+        // (cluster_bench's baseline for the log grown ahead). Unset in production.
+        let log_file = if std::env::var("TUNDRA_TEST_RAFT_LOG_APPENDS").is_ok_and(|v| v == "1") {
+            OsLogFile::appending(&log_path)
+        } else {
+            OsLogFile::new(&log_path)
+        };
+        let media = FileLog::open(log_file, COMPACT_BYTES, FileLogBug::None)
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
         let transport = PeerTransport::new(membership.me, &membership.others(), membership.key.clone());
         transport.pace().set_rate(rebalance.move_bytes_per_sec);
         let default_pages = node.drive_pages(8192).ok_or("the node has no page path for 8 KiB pages")?;

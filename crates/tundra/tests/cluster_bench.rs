@@ -164,9 +164,11 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 /// What replication may add to a write at queue depth 1 (issue's target): one loopback round
 /// trip of a page-sized message and one follower's log sync, each measured here in the same
 /// round: `rtt_us` the median time for 8 KiB to go to a thread on 127.0.0.1 and 64 bytes back
-/// over TCP (one connection, one at a time), `fsync_us` the median time to append 8 KiB to a
-/// file in the nodes' temporary directory and `fdatasync` it.
-fn budget(samples: usize) -> (f64, f64) {
+/// over TCP (one connection, one at a time), `fsync_us` the median time to write 8 KiB into a
+/// file of the nodes' temporary directory grown ahead with zeros (as the Raft log is) and
+/// `fdatasync` it; also answered, `fsync_append_us`, the same for 8 KiB appended to a growing
+/// file (every sync then commits the file's new size).
+fn budget(samples: usize) -> (f64, f64, f64) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -193,23 +195,43 @@ fn budget(samples: usize) -> (f64, f64) {
     echo.join().expect("echo");
     let dir = tempfile::tempdir().expect("temp dir");
     let mut file = std::fs::File::create(dir.path().join("sync")).expect("create");
-    let mut fsync = Vec::with_capacity(samples);
+    let mut fsync_append = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t0 = Instant::now();
         file.write_all(&page).expect("append");
         file.sync_data().expect("fdatasync");
+        fsync_append.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    let ahead = std::fs::File::create(dir.path().join("ahead")).expect("create");
+    ahead.set_len(0).expect("empty");
+    {
+        let mut zeros = &ahead;
+        zeros.write_all(&vec![0u8; samples * PAGE]).expect("zeros ahead");
+        ahead.sync_all().expect("sync the zeros");
+    }
+    let mut fsync = Vec::with_capacity(samples);
+    for i in 0..samples {
+        use std::os::unix::fs::FileExt;
+        let t0 = Instant::now();
+        ahead.write_all_at(&page, (i * PAGE) as u64).expect("write");
+        ahead.sync_data().expect("fdatasync");
         fsync.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    (median(&mut rtt), median(&mut fsync))
+    (median(&mut rtt), median(&mut fsync), median(&mut fsync_append))
 }
 
 struct Round {
     /// One loopback round trip and one log sync, measured in the round (see [`budget`]).
     rtt_us: f64,
     fsync_us: f64,
+    fsync_append_us: f64,
     single_us_p50: f64,
     replicated_us_p50: f64,
     replicated_us_p99: f64,
+    /// The same writes to a cluster whose Raft logs grow by their frames alone
+    /// (`TUNDRA_TEST_RAFT_LOG_APPENDS=1`): what growing the log ahead saves.
+    appends_us_p50: f64,
+    appends_us_p99: f64,
     single_us_p99: f64,
     follower_bytes_per_page: f64,
     compressed_bytes_per_page: f64,
@@ -232,7 +254,7 @@ impl Round {
 
 fn round(count: usize) -> Round {
     let (pages, _) = pages(count);
-    let (rtt_us, fsync_us) = budget(count.max(100));
+    let (rtt_us, fsync_us, fsync_append_us) = budget(count.max(100));
     // A node alone.
     let site = common_serve::Site::new();
     let single = site.start();
@@ -263,9 +285,23 @@ fn round(count: usize) -> Round {
         serde_json::from_str(&client.stats(Some(volume)).expect("stats")).expect("stats are JSON");
     let compressed = stats["compressed_bytes"].as_u64().expect("compressed bytes");
     let follower_bytes_per_page = (after - before) as f64 / 2.0 / count as f64;
+    drop((client, cluster));
+
+    // Three nodes whose Raft logs grow by their frames alone.
+    let mut cluster = Cluster::new(|_| None);
+    cluster.env.push(("TUNDRA_TEST_RAFT_LOG_APPENDS".into(), "1".into()));
+    cluster.start_all();
+    succeeds(&["volume", "create", "bench", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let leader = cluster.leader(1, "bench");
+    let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
+    let volume = client.volume_lookup("bench").expect("lookup").id;
+    let mut appends_us = write_all(&mut client, volume, &pages);
     Round {
         rtt_us,
         fsync_us,
+        fsync_append_us,
+        appends_us_p50: median(&mut appends_us),
+        appends_us_p99: percentile(&mut appends_us, 0.99),
         single_us_p50: median(&mut single_us),
         single_us_p99: percentile(&mut single_us, 0.99),
         replicated_us_p50: median(&mut replicated_us),
@@ -301,7 +337,7 @@ fn replication_costs() {
     let results: Vec<Round> = (0..rounds).map(|_| round(count)).collect();
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for r in &results {
-        assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0);
+        assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0 && r.appends_us_p50 > 0.0);
         assert!(r.rtt_us > 0.0 && r.fsync_us > 0.0 && r.over_budget().is_finite());
         assert!(r.compressed_bytes_per_page > 0.0 && r.follower_bytes_per_page > 0.0);
         assert!(r.leader_cpu_us_per_page.is_finite() && r.follower_cpu_us_per_page.iter().all(|c| c.is_finite()));
@@ -321,14 +357,15 @@ fn replication_costs() {
         ("the release profile", " --release")
     };
     writeln!(text, "# build: {profile} (cargo test{flag}); both sides of each ratio in the same round").unwrap();
-    writeln!(text, "# budget: replicated_us_p50 - single_us_p50 (extra_us) against one loopback round trip of 8 KiB (rtt_us) plus one 8 KiB append and fdatasync in the nodes' temporary directory (fsync_us), both medians measured in the same round").unwrap();
+    writeln!(text, "# budget: replicated_us_p50 - single_us_p50 (extra_us) against one loopback round trip of 8 KiB (rtt_us) plus one 8 KiB write and fdatasync into a file grown ahead with zeros in the nodes' temporary directory (fsync_us; the same appended to a growing file: fsync_append_us), all medians measured in the same round").unwrap();
+    writeln!(text, "# appends: the same writes to a cluster whose Raft logs grow by their frames alone (TUNDRA_TEST_RAFT_LOG_APPENDS=1; appends_us_*), against the logs grown ahead (replicated_us_*): appends_over_ahead_p50").unwrap();
     writeln!(text, "# cpu: utime + stime of each tundra serve process (/proc/PID/stat, {} ticks a second) from before the first replicated write to 300 ms after the last, per page; the leader's includes serving the client", clock_ticks()).unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget").unwrap();
+    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget\tfsync_append_us\tappends_us_p50\tappends_us_p99\tappends_over_ahead_p50").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}",
+            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}\t{:.0}\t{:.0}\t{:.0}\t{:.3}",
             r.single_us_p50,
             r.single_us_p99,
             r.replicated_us_p50,
@@ -345,6 +382,10 @@ fn replication_costs() {
             r.fsync_us,
             r.replicated_us_p50 - r.single_us_p50,
             r.over_budget(),
+            r.fsync_append_us,
+            r.appends_us_p50,
+            r.appends_us_p99,
+            r.appends_us_p50 / r.replicated_us_p50,
         )
         .unwrap();
     }
@@ -357,6 +398,8 @@ fn replication_costs() {
     let (s, slo, shi) = spread(&singles);
     let (r, rlo, rhi) = spread(&replicated);
     writeln!(text, "single_us_p50 median {s:.0} (min {slo:.0}, max {shi:.0}); replicated_us_p50 median {r:.0} (min {rlo:.0}, max {rhi:.0})").unwrap();
+    let (m, lo, hi) = spread(&results.iter().map(|r| r.appends_us_p50 / r.replicated_us_p50).collect::<Vec<f64>>());
+    writeln!(text, "appends_over_ahead_p50 median {m:.3} (min {lo:.3}, max {hi:.3}): the Raft logs growing by their frames alone against grown ahead").unwrap();
     let (m, lo, hi) = spread(&bytes);
     writeln!(text, "bytes_ratio median {m:.4} (min {lo:.4}, max {hi:.4})").unwrap();
     let leader_cpu: Vec<f64> = results.iter().map(|r| r.leader_cpu_us_per_page).collect();

@@ -16,6 +16,12 @@
 //! compaction (and at least `compact_bytes`), the writer replaces it with the live records
 //! ([`super::LogMedia::compact`]), written to a new file, synced and renamed over the old one.
 //!
+//! On the operating system's file system ([`OsLogFile`]) the file grows ahead of its frames,
+//! [`PREALLOCATE_BYTES`] of zeros at a time, and frames are written into those zeros: a sync
+//! that changed no file size or extent needs no journal commit, so it costs what writing the
+//! frame's blocks costs (`scripts/concurrent-syncs` measures both; docs/measurements.md). To a
+//! reader the zeros after the last frame are a torn tail, cut off at the next open.
+//!
 //! [`LogFile`] is the file as the log uses it (append, sync, replace), so that crash tests run
 //! the same code over [`MemLogFile`], which keeps a written and a durable image and loses,
 //! tears or flips bits of what a crash may.
@@ -234,21 +240,74 @@ impl<F: LogFile> LogMedia for FileLog<F> {
     }
 }
 
-/// The log's file on the operating system's file system.
+/// How far ahead of its frames an [`OsLogFile`] grows, in zeros written.
+pub const PREALLOCATE_BYTES: u64 = 8 << 20;
+
+/// The log's file on the operating system's file system, grown ahead of its frames (module
+/// doc).
 pub struct OsLogFile {
     path: PathBuf,
-    file: Mutex<Option<std::fs::File>>,
+    file: Mutex<Option<OpenLog>>,
+    /// [`PREALLOCATE_BYTES`], or 0 for a file that grows by its frames alone.
+    ahead: u64,
+}
+
+struct OpenLog {
+    file: std::fs::File,
+    ahead: u64,
+    /// Where the next frame goes: the end of what was appended.
+    end: u64,
+    /// The file's size: zeros from `end` on.
+    allocated: u64,
+}
+
+impl OpenLog {
+    /// Writes `bytes` at the end, first growing the file by zeros when they do not fit.
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let needed = self.end + bytes.len() as u64;
+        if needed > self.allocated && self.ahead > 0 {
+            let grown = needed.next_multiple_of(self.ahead);
+            let zeros = vec![0u8; (1 << 20).min(grown - self.allocated) as usize];
+            let mut at = self.allocated;
+            while at < grown {
+                let len = zeros.len().min((grown - at) as usize);
+                self.file.write_all_at(&zeros[..len], at)?;
+                at += len as u64;
+            }
+            self.allocated = grown;
+        }
+        self.file.write_all_at(bytes, self.end)?;
+        self.end = needed;
+        self.allocated = self.allocated.max(needed);
+        Ok(())
+    }
 }
 
 impl OsLogFile {
     pub fn new(path: &Path) -> OsLogFile {
-        OsLogFile { path: path.to_path_buf(), file: Mutex::new(None) }
+        OsLogFile { path: path.to_path_buf(), file: Mutex::new(None), ahead: PREALLOCATE_BYTES }
     }
 
-    fn with_file<T>(&self, f: impl FnOnce(&mut std::fs::File) -> std::io::Result<T>) -> std::io::Result<T> {
+    /// A file that grows by its frames alone, every sync committing its new size: what the
+    /// benchmarks compare the grown-ahead file with.
+    pub fn appending(path: &Path) -> OsLogFile {
+        OsLogFile { ahead: 0, ..OsLogFile::new(path) }
+    }
+
+    /// The file's size, zeros grown ahead included.
+    pub fn allocated_bytes(&self) -> std::io::Result<u64> {
+        self.with_file(|open| Ok(open.allocated))
+    }
+
+    /// Runs `f` on the open file; opened at its size, all of it taken as frames (a log opens
+    /// its file only after [`FileLog::open`] cut any torn tail, zeros grown ahead included).
+    fn with_file<T>(&self, f: impl FnOnce(&mut OpenLog) -> std::io::Result<T>) -> std::io::Result<T> {
         let mut file = self.file.lock();
         if file.is_none() {
-            *file = Some(std::fs::OpenOptions::new().append(true).open(&self.path)?);
+            let opened = std::fs::OpenOptions::new().write(true).open(&self.path)?;
+            let len = opened.metadata()?.len();
+            *file = Some(OpenLog { file: opened, ahead: self.ahead, end: len, allocated: len });
         }
         f(file.as_mut().expect("opened above"))
     }
@@ -270,17 +329,19 @@ impl LogFile for OsLogFile {
     }
 
     fn append(&self, bytes: &[u8]) -> std::io::Result<()> {
-        self.with_file(|file| file.write_all(bytes))
+        self.with_file(|open| open.append(bytes))
     }
 
     fn sync(&self) -> std::io::Result<()> {
-        self.with_file(|file| file.sync_data())
+        self.with_file(|open| open.file.sync_data())
     }
 
     fn truncate(&self, len: u64) -> std::io::Result<()> {
-        self.with_file(|file| {
-            file.set_len(len)?;
-            file.sync_all()
+        self.with_file(|open| {
+            open.file.set_len(len)?;
+            open.file.sync_all()?;
+            (open.end, open.allocated) = (len, len);
+            Ok(())
         })
     }
 

@@ -169,3 +169,59 @@ fn the_file_on_disk_survives_a_reopen() {
     assert_eq!(log.replay().expect("replay"), appended);
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// An [`OsLogFile`] grows ahead of its frames by zeros, which a reopen reads as a torn tail
+/// and cuts; a frame torn inside those zeros (its body partly written) is cut with them, and
+/// every frame before it is read back.
+#[test]
+fn the_file_on_disk_grows_ahead_and_a_frame_torn_in_its_zeros_is_cut() {
+    use std::os::unix::fs::FileExt;
+    let dir = std::env::temp_dir().join(format!("tundra-raft-log-ahead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let path = dir.join("raft.log");
+    let on_disk = || std::fs::metadata(&path).expect("the log's file").len();
+    let mut rng = Rng::new(11);
+    let mut index = 0;
+    let mut appended = Vec::new();
+    {
+        let log = FileLog::open(OsLogFile::new(&path), 1 << 30, FileLogBug::None).expect("a new log");
+        for _ in 0..30 {
+            let batch = random_batch(&mut rng, &mut index);
+            log.append(&batch).expect("append");
+            log.flush().expect("flush");
+            appended.extend(batch);
+        }
+        assert_eq!(on_disk(), PREALLOCATE_BYTES, "grown by one step of zeros");
+        assert!(log.size_bytes() < PREALLOCATE_BYTES);
+        assert_eq!(log.file().allocated_bytes().expect("allocated"), PREALLOCATE_BYTES);
+    }
+    let (kept, torn_at) = {
+        let log = FileLog::open(OsLogFile::new(&path), 1 << 30, FileLogBug::None).expect("reopen");
+        assert_eq!(log.replay().expect("replay"), appended);
+        assert_eq!(on_disk(), log.size_bytes(), "the zeros ahead are cut at the open");
+        let torn_at = log.size_bytes();
+        let batch = random_batch(&mut rng, &mut index);
+        log.append(&batch).expect("append");
+        log.flush().expect("flush");
+        assert_eq!(on_disk(), torn_at.next_multiple_of(PREALLOCATE_BYTES));
+        (appended.clone(), torn_at)
+    };
+    // The last frame's body torn: its header and some bytes written, then zeros.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+    file.write_all_at(&[0u8; 64], torn_at + FRAME_HEADER_BYTES as u64 + 8).expect("tear");
+    drop(file);
+    let log = FileLog::open(OsLogFile::new(&path), 1 << 30, FileLogBug::None).expect("reopen after the tear");
+    assert_eq!(log.replay().expect("replay"), kept, "every frame before the torn one, and nothing else");
+    assert_eq!(on_disk(), torn_at);
+    // It goes on from there.
+    let batch = random_batch(&mut rng, &mut index);
+    log.append(&batch).expect("append");
+    log.flush().expect("flush");
+    drop(log);
+    let log = FileLog::open(OsLogFile::new(&path), 1 << 30, FileLogBug::None).expect("reopen");
+    let mut expected = kept;
+    expected.extend(batch);
+    assert_eq!(log.replay().expect("replay"), expected);
+    drop(log);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
