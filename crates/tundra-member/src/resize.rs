@@ -29,8 +29,11 @@
 //! whose chunk's leader is not refuses it the same way (the leader checks its own served
 //! size). A smaller size than a resize already entered on some node is refused, naming it.
 //!
-//! A volume whose redo stream exists is not resized (its stream's page versions are sized at
-//! the stream's start); nor is one marked deleting.
+//! A volume that takes redo grows the same way: its redo group's replicas hold its stream,
+//! whose page versions take the new pages once the store grew (tundra-node's `Stream::fit_to`),
+//! and the redo group's leader refuses batches while its node's store is larger than its served
+//! size, so no batch names a new page before every replica's store can hold it. A volume
+//! marked deleting is not resized.
 
 use serde::{Deserialize, Serialize};
 use tundra_cluster::{Command, MoveOwner};
@@ -222,19 +225,13 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// Every node's sizes of the volume: all must answer, none may hold its redo stream or
-    /// have it marked deleting, and every store must be able to grow to `size_bytes`.
+    /// Every node's sizes of the volume: all must answer, none may have it marked deleting,
+    /// and every store must be able to grow to `size_bytes`.
     async fn sizes_everywhere(&self, def: &VolumeDef, size_bytes: u64) -> Result<Vec<VolumeSizes>, Refusal> {
         let mut sizes = Vec::new();
         for node in self.membership.ids() {
             let step = ResizeStep::Query { size_bytes };
             match self.ask_patiently(node, Forward::Resize { volume: def.id, step }).await {
-                Ok(Answer::Resize(check)) if check.sizes.takes_redo => {
-                    return Err(Refusal::Invalid(format!(
-                        "volume {:?} takes redo (node {node} holds its stream): resizing it is not supported",
-                        def.name
-                    )));
-                }
                 Ok(Answer::Resize(check)) if check.sizes.deleting => {
                     return Err(Refusal::Invalid(format!("volume {:?} is being deleted", def.name)));
                 }

@@ -5,7 +5,7 @@
 //! shrink, or a resize with a node down, is refused and changes nothing. A resize whose
 //! coordinator stopped after growing the stores leaves every node serving the old size (a
 //! write or a redo batch past it refused through every node) and is finished by running it
-//! again. A volume that takes redo is not resized. The twin:
+//! again. A volume that takes redo grows and takes redo in its new pages. The twin:
 //! with the range checks on the store's size instead of the catalog's served size, a write
 //! in the new range is taken while only one store grew.
 
@@ -21,7 +21,7 @@ use common::{fails, succeeds};
 use common_cluster::Cluster;
 use serde_json::Value;
 use tundra_client::Client;
-use tundra_proto::{AppendOutcome, RedoAppend, WriteMode};
+use tundra_proto::{AppendOutcome, ReadAt, RedoAppend, WriteMode};
 use tundra_redo::codec::encode_record;
 use tundra_redo::{Payload, RedoRecord};
 use tundra_store::ids::Lsn;
@@ -199,19 +199,66 @@ fn a_replicated_volume_grows_within_its_chunk_and_into_a_new_one_on_every_node()
     assert!(read(&cluster, 3, "v", far + 10) == pattern(far + 10, 6));
 }
 
-/// A replicated volume that takes redo is not resized (its stream's page versions are sized
-/// at the stream's start), and nothing changes.
+/// A redo batch of one record (a whole image of `page` at LSN `prev + 1`) appended through node
+/// `node`.
+fn append_redo_after(
+    cluster: &Cluster,
+    node: u64,
+    volume: &str,
+    prev: u64,
+    page: u64,
+) -> Result<AppendOutcome, String> {
+    let mut c = client(cluster, node);
+    let id = c.volume_lookup(volume).expect("lookup").id;
+    let record = RedoRecord { lsn: Lsn(prev + 1), page, payload: Payload::Image(pattern(page, 9)) };
+    let mut bytes = Vec::new();
+    encode_record(&record, &mut bytes);
+    let append =
+        RedoAppend { volume: id, writer_epoch: 1, prev_lsn: prev, end_lsn: prev + 1, record_count: 1, records: &bytes };
+    c.append_redo(&append).map_err(|e| e.to_string())
+}
+
+/// A replicated volume that takes redo grows: a redo batch naming a page of the new range is
+/// taken through any node, and the page reads back at its LSN through every node, also after
+/// every node restarted (each redo replica's stream, sized at its start, takes the new pages).
 #[test]
-fn a_replicated_volume_that_takes_redo_is_not_resized() {
-    let cluster = cluster(&[]);
+fn a_replicated_volume_that_takes_redo_grows_and_takes_redo_in_its_new_pages() {
+    let mut cluster = cluster(&[]);
     create(&cluster, "r", "64MiB");
     assert_eq!(append_first_redo(&cluster, 2, "r", 5), Ok(AppendOutcome::Ok { durable_lsn: 1 }));
-    let refused =
-        fails(&["volume", "resize", "r", "--size", "128MiB", "--addr", &cluster.member(1).addr()], "takes redo");
-    println!("{refused}");
+    let far = 100 * MIB / PAGE;
+    let refused = append_redo_after(&cluster, 1, "r", 1, far).expect_err("a page past the volume");
+    println!("before the resize: {refused}");
+    resize(&cluster, 1, "r", "128MiB");
     for node in 1..=3 {
-        assert_eq!(size_on(&cluster, node, "r"), 64 * MIB, "node {node}");
+        assert_eq!(size_on(&cluster, node, "r"), 128 * MIB, "node {node}");
     }
+    assert_eq!(append_redo_after(&cluster, 3, "r", 1, far), Ok(AppendOutcome::Ok { durable_lsn: 2 }));
+    assert_eq!(append_redo_after(&cluster, 1, "r", 2, 128 * MIB / PAGE - 1), Ok(AppendOutcome::Ok { durable_lsn: 3 }));
+    let check = |cluster: &Cluster, when: &str| {
+        for node in 1..=3 {
+            let mut c = client(cluster, node);
+            let id = c.volume_lookup("r").expect("lookup").id;
+            for (page, lsn) in [(5, 1), (far, 2), (128 * MIB / PAGE - 1, 3)] {
+                let at = ReadAt { request_lsn: 3, not_modified_since: 0, lease: None };
+                let served =
+                    c.get_page_at_lsn(id, page, at).unwrap_or_else(|e| panic!("{when}: page {page} via {node}: {e}"));
+                assert_eq!(served.page_lsn, lsn, "{when}: page {page} via node {node}");
+                assert!(
+                    served.data == pattern(page, 9),
+                    "{when}: page {page} via node {node} is not its record's image"
+                );
+            }
+        }
+    };
+    check(&cluster, "after the resize");
+    for node in 1..=3 {
+        cluster.stop(node);
+    }
+    for node in 1..=3 {
+        cluster.start(node);
+    }
+    check(&cluster, "after every node restarted");
 }
 
 #[test]

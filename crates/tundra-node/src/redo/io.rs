@@ -169,6 +169,7 @@ impl Node {
             )));
         }
         let stream = self.redo.stream_or_create(volume)?;
+        stream.fit_to(volume);
         self.admit(&stream, volume)?;
         let batch = RedoBatch {
             volume: volume.volume.id,
@@ -289,9 +290,11 @@ impl Node {
 
     fn stream_of(&self, volume: &VolumeRef) -> Result<Arc<Stream>> {
         volume.check_live()?;
-        self.redo.stream(volume.volume.id).ok_or_else(|| {
+        let stream = self.redo.stream(volume.volume.id).ok_or_else(|| {
             Error::NotFound(format!("volume {:?} has no redo stream: its writer has sent no redo", volume.volume.name))
-        })
+        })?;
+        stream.fit_to(volume);
+        Ok(stream)
     }
 
     /// The page as of `request_lsn` (`u64::MAX`: the newest complete version), given that it

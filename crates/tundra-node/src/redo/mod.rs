@@ -63,6 +63,21 @@ pub(crate) struct Stream {
     pub counters: StreamCounters,
 }
 
+impl Stream {
+    /// The stream's page versions take the pages `volume` gained since they were sized (a
+    /// resize; volumes never shrink): a record or a read of a new page is then checked against
+    /// the volume's size alone, and a batch is never refused by the versions after its log
+    /// made it durable. `volume` is the store's view, which grows before anyone can name a
+    /// new page.
+    pub(crate) fn fit_to(&self, volume: &VolumeRef) {
+        let pages = volume.volume.page_count();
+        let mut state = self.state.lock();
+        if state.versions.page_count() < pages {
+            state.versions.grow(pages);
+        }
+    }
+}
+
 /// What a stream's reads and spills did since the node opened it.
 #[derive(Default)]
 pub(crate) struct StreamCounters {
