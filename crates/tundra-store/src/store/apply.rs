@@ -191,6 +191,14 @@ impl Store {
     /// one extent) holds `pages`, consecutive pages of `chunk` given with their checksums and
     /// LSNs, in order. Every page's entry points at the segment's run and its position in it,
     /// and keeps the page's LSN: archiving changes no page.
+    ///
+    /// Only pages still at the version the segment was made from are pointed at it: a page
+    /// whose entry's checksum or LSN differs (written, or trimmed, after the leader read it and
+    /// before this command's turn in the log) keeps its entry, and a segment no page takes is
+    /// not written at all. Every replica decides the same, as it applies the same commands in
+    /// the same order; the caller keeps other changes of the chunk's pages out meanwhile (a
+    /// chunk's state machine applies one command at a time; a node alone holds the pages'
+    /// locks from their read to here, so every page is taken).
     fn put_heavy(
         &self,
         chunk: ChunkId,
@@ -216,10 +224,23 @@ impl Store {
                 segment.len()
             )));
         }
+        let current: Vec<bool> = pages
+            .iter()
+            .map(|heavy| {
+                self.entry(chunk, heavy.page).is_some_and(|now| now.checksum == heavy.checksum && now.lsn == heavy.lsn)
+            })
+            .collect();
+        if !current.contains(&true) {
+            return match mark {
+                Some(_) => self.commit_and_install(chunk, &[], &[], mark),
+                None => Ok(()),
+            };
+        }
         let run = self.write_run(chunk, segment, segment.len().div_ceil(BLOCK_SIZE) as u8)?;
         let entries: Vec<(PageNo, Option<PageEntry>)> = pages
             .iter()
             .enumerate()
+            .filter(|&(i, _)| current[i])
             .map(|(i, &HeavyPage { page, checksum, lsn })| {
                 (page, Some(PageEntry { encoding: Encoding::Heavy, run, stored_len: i as u16, checksum, lsn }))
             })

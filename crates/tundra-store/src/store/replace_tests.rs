@@ -77,7 +77,20 @@ fn fill(store: &Store, rng: &mut Rng, pages: u32, segments: u32) {
         store.apply(&StoreCommand::PutPages { chunk, pages: puts }).unwrap();
     }
     for s in 0..segments {
-        store.apply(&heavy(rng, pages + 32 * s, 32)).unwrap();
+        // The segment's pages are first written at the version it archives (a segment takes
+        // only pages still at the checksum and LSN it names).
+        let segment = heavy(rng, pages + 32 * s, 32);
+        let StoreCommand::PutHeavy { pages: archived, .. } = &segment else { unreachable!("a heavy segment") };
+        let puts = archived
+            .iter()
+            .map(|h| {
+                let mut put = image(rng, h.page.0);
+                (put.image.checksum, put.lsn) = (h.checksum, h.lsn);
+                put
+            })
+            .collect();
+        store.apply(&StoreCommand::PutPages { chunk, pages: puts }).unwrap();
+        store.apply(&segment).unwrap();
     }
     if segments > 0 {
         let rewritten = (0..segments).map(|s| image(rng, pages + 32 * s + 3)).collect();

@@ -46,8 +46,12 @@ fn image(rng: &mut Rng, chunk: ChunkId, page: PageNo) -> PageImage {
     PageImage { encoding, bytes: rng.bytes(len), checksum }
 }
 
+/// The checksum and LSN of the pages the generated commands wrote: what a heavy segment
+/// names, so that it takes them (a page at another version keeps its entry).
+type Written = std::collections::BTreeMap<(ChunkId, PageNo), (u32, Lsn)>;
+
 /// A random command the leader side could have decided, for volumes 1 and 2.
-fn command(rng: &mut Rng, lsn: &mut u64, live: &[VolumeId]) -> StoreCommand {
+fn command(rng: &mut Rng, lsn: &mut u64, live: &[VolumeId], written: &mut Written) -> StoreCommand {
     let id = *rng.pick(live);
     let chunk = ChunkId::new(id, rng.below(4) as u32);
     let pages_per_chunk = 4 * 1024 * 1024 / u64::from(PAGE);
@@ -56,18 +60,37 @@ fn command(rng: &mut Rng, lsn: &mut u64, live: &[VolumeId]) -> StoreCommand {
     pages.dedup();
     *lsn += 1;
     match rng.below(10) {
-        0..=5 => StoreCommand::PutPages {
-            chunk,
-            pages: pages
-                .into_iter()
-                .map(|page| PagePut { page, image: image(rng, chunk, page), lsn: Lsn(*lsn) })
-                .collect(),
-        },
-        6 => StoreCommand::TrimPages { chunk, pages },
+        0..=5 => {
+            let puts: Vec<PagePut> =
+                pages.into_iter().map(|page| PagePut { page, image: image(rng, chunk, page), lsn: Lsn(*lsn) }).collect();
+            for put in &puts {
+                written.insert((chunk, put.page), (put.image.checksum, put.lsn));
+            }
+            StoreCommand::PutPages { chunk, pages: puts }
+        }
+        6 => {
+            for &page in &pages {
+                written.remove(&(chunk, page));
+            }
+            StoreCommand::TrimPages { chunk, pages }
+        }
         7 => {
-            let first = rng.below(pages_per_chunk - 8) as u32;
+            // Around a page written before when there is one; pages at another version (or
+            // none) are named with a made-up checksum, and keep their entries.
+            let known: Vec<PageNo> = written.keys().filter(|(c, _)| *c == chunk).map(|&(_, p)| p).collect();
+            let first = match known.is_empty() {
+                true => rng.below(pages_per_chunk - 8) as u32,
+                false => rng.pick(&known).0.min(pages_per_chunk as u32 - 8),
+            };
             let pages = (first..first + 1 + rng.below(8) as u32)
-                .map(|p| HeavyPage { page: PageNo(p), checksum: rng.next_u32(), lsn: Lsn(*lsn) })
+                .map(|p| {
+                    let (checksum, lsn) = written
+                        .get(&(chunk, PageNo(p)))
+                        .copied()
+                        .filter(|_| rng.chance(0.9))
+                        .unwrap_or((rng.next_u32(), Lsn(*lsn)));
+                    HeavyPage { page: PageNo(p), checksum, lsn }
+                })
                 .collect();
             let len = 17 + rng.below(20_000) as usize;
             StoreCommand::PutHeavy { chunk, pages, segment: rng.bytes(len) }
@@ -118,14 +141,15 @@ fn two_replicas_applying_the_same_commands_hold_the_same_pages() {
         b.apply_write(chunk, PageNo(p), &image(&mut rng, chunk, PageNo(p)), Lsn(1)).unwrap();
     }
     let mut lsn = 0;
+    let mut written = Written::new();
     let mut commands = vec![StoreCommand::CreateVolume(volume(1)), StoreCommand::CreateVolume(volume(2))];
     for _ in 0..300 {
-        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1), VolumeId(2)]));
+        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1), VolumeId(2)], &mut written));
     }
     commands.push(StoreCommand::ResizeVolume { volume: VolumeId(1), size_bytes: 32 * 1024 * 1024 });
     commands.push(StoreCommand::DeleteVolume(VolumeId(2)));
     for _ in 0..100 {
-        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1)]));
+        commands.push(command(&mut rng, &mut lsn, &[VolumeId(1)], &mut written));
     }
     let mut applied = 0;
     for (step, command) in commands.iter().enumerate() {
@@ -335,4 +359,43 @@ fn deferred_applies_are_durable_only_after_a_sync() {
     let store = Store::open(data, fast).unwrap();
     assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"w79"[..]));
     store.check_invariants().unwrap();
+}
+
+/// A heavy segment takes only the pages still at the version it names: a page written again
+/// or trimmed after the segment was made keeps what it has, and a segment no page takes writes
+/// nothing but still moves the chunk's mark.
+#[test]
+fn a_heavy_segment_takes_only_the_pages_still_at_the_version_it_names() {
+    let mut rng = Rng::new(5);
+    let (_, _, store) = replica(4096);
+    store.create_volume(volume(1)).unwrap();
+    let chunk = ChunkId::new(VolumeId(1), 0);
+    let puts: Vec<PagePut> =
+        (0..4).map(|p| PagePut { page: PageNo(p), image: image(&mut rng, chunk, PageNo(p)), lsn: Lsn(1) }).collect();
+    store.apply(&StoreCommand::PutPages { chunk, pages: puts.clone() }).unwrap();
+    let heavy: Vec<HeavyPage> =
+        puts.iter().map(|p| HeavyPage { page: p.page, checksum: p.image.checksum, lsn: p.lsn }).collect();
+    // After the segment was made: page 1 written again, page 2 trimmed.
+    let newer = PagePut { page: PageNo(1), image: image(&mut rng, chunk, PageNo(1)), lsn: Lsn(2) };
+    store.apply(&StoreCommand::PutPages { chunk, pages: vec![newer.clone()] }).unwrap();
+    store.apply(&StoreCommand::TrimPages { chunk, pages: vec![PageNo(2)] }).unwrap();
+    let segment = rng.bytes(6000);
+    store.apply(&StoreCommand::PutHeavy { chunk, pages: heavy.clone(), segment: segment.clone() }).unwrap();
+    let entry = |p: u32| store.entry(chunk, PageNo(p));
+    for p in [0, 3] {
+        let e = entry(p).expect("an archived page");
+        assert_eq!((e.encoding, e.stored_len, e.checksum), (Encoding::Heavy, p as u16, heavy[p as usize].checksum));
+    }
+    let kept = entry(1).expect("page 1");
+    assert_eq!((kept.encoding, kept.checksum, kept.lsn), (newer.image.encoding, newer.image.checksum, Lsn(2)));
+    assert_eq!(entry(2), None, "a trimmed page stays trimmed");
+
+    // Every page named at another version now: nothing is written, the mark still moves.
+    let used = store.stats().stored_bytes;
+    let stale: Vec<HeavyPage> = (1..3).map(|p| HeavyPage { page: PageNo(p), checksum: 1, lsn: Lsn(1) }).collect();
+    store.apply_marked(&StoreCommand::PutHeavy { chunk, pages: stale, segment }, b"m9").unwrap();
+    assert_eq!(store.stats().stored_bytes, used, "a segment no page takes took blocks");
+    assert_eq!(store.chunk_mark(chunk).as_deref(), Some(&b"m9"[..]));
+    assert_eq!(entry(1), Some(kept));
+    assert!(store.check_invariants().is_ok());
 }
