@@ -250,6 +250,9 @@ impl ClusterNode {
             }
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
+            Forward::Heavy { volume, chunk, first, count } => {
+                self.lead_heavy(volume, ChunkId(chunk), first, count).await
+            }
             Forward::Prepare { name } => {
                 if self.node.volume_by_name(&name).is_ok() {
                     return Err(Refusal::Invalid(format!("node {} has a volume named {name:?} already", self.me)));

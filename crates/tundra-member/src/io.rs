@@ -21,7 +21,7 @@ use tundra_node::VolumeRef;
 use tundra_store::ids::{ChunkId, Lsn, PageNo, VolumeId};
 
 use crate::cluster::ClusterNode;
-use crate::messages::{Answer, Forward, PageWrite, Refusal};
+use crate::messages::{Answer, Forward, HeavyDone, PageWrite, Refusal};
 
 /// How long an entry node keeps asking for a chunk before it answers an error.
 pub const STALL_LIMIT: Duration = Duration::from_secs(60);
@@ -193,6 +193,64 @@ impl ClusterNode {
         Ok(Answer::Done)
     }
 
+    /// Heavy compression of `count` pages of `chunk` from `first`, as its leader (seed 000
+    /// §3.2.3): the host reads, compresses once and proposes each segment; no page lock is
+    /// held, as a segment takes only pages still at the version it names. A retry after a
+    /// failover plans again and finds the pages already in segments.
+    pub(crate) async fn lead_heavy(
+        &self,
+        volume: u32,
+        chunk: ChunkId,
+        first: u32,
+        count: u32,
+    ) -> Result<Answer, Refusal> {
+        let volume = self.writable(volume, chunk)?;
+        let end = first.checked_add(count).ok_or_else(|| Refusal::Invalid("the page range overflows".into()))?;
+        if count > 0 {
+            self.check_pages(&volume, chunk, [first, end - 1].into_iter())?;
+        }
+        let report = self.host.heavy_compress(chunk, PageNo(first), count).await.map_err(refusal)?;
+        Ok(Answer::Heavy(HeavyDone {
+            pages: report.pages,
+            segments: report.segments,
+            bytes_before: report.bytes_before,
+            bytes_after: report.bytes_after,
+        }))
+    }
+
+    /// Heavy compression of `count` pages of a replicated volume from `first`: each chunk's
+    /// piece by its leader, the figures summed.
+    pub fn heavy_compress(&self, volume: &VolumeRef, first: u64, count: u64) -> Result<HeavyDone, Refusal> {
+        let id = volume.volume.id.0;
+        let served_pages = self.served_bytes(id).unwrap_or(0) / volume.page_size() as u64;
+        let end = first.checked_add(count).filter(|&end| end <= served_pages).ok_or_else(|| {
+            Refusal::Invalid(format!(
+                "pages {first} to {} are outside volume {:?}, which has {served_pages} pages",
+                first.saturating_add(count),
+                volume.volume.name
+            ))
+        })?;
+        let per_chunk = volume.volume.pages_per_chunk();
+        let mut done = HeavyDone::default();
+        let mut index = first;
+        while index < end {
+            let (chunk, page) = volume.volume.locate(index).map_err(|e| Refusal::Invalid(e.to_string()))?;
+            let n = (per_chunk - u64::from(page.0)).min(end - index);
+            let forward = Forward::Heavy { volume: id, chunk: chunk.0, first: page.0, count: n as u32 };
+            match self.block_on(self.to_leader(chunk, forward))? {
+                Answer::Heavy(part) => {
+                    done.pages += part.pages;
+                    done.segments += part.segments;
+                    done.bytes_before += part.bytes_before;
+                    done.bytes_after += part.bytes_after;
+                }
+                other => return Err(Refusal::Unavailable(format!("heavy compression answered {}", kind(&other)))),
+            }
+            index += n;
+        }
+        Ok(done)
+    }
+
     /// Sends `forward` about `chunk` to its leader, again and again until it is done, refused
     /// as invalid, or [`STALL_LIMIT`] passed.
     pub(crate) async fn to_leader(&self, chunk: ChunkId, mut forward: Forward) -> Result<Answer, Refusal> {
@@ -330,6 +388,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Resize(_) => "a volume's sizes",
         Answer::Catalog(_) => "a catalog",
         Answer::DeletedVolumes(_) => "deleted volume ids",
+        Answer::Heavy(_) => "heavy compression figures",
     }
 }
 

@@ -191,6 +191,8 @@ pub enum Forward {
     /// The ids of the replicated volumes deleted on this node: what a node that was down
     /// while a volume was deleted learns the delete from (adopt.rs).
     DeletedVolumes,
+    /// Heavy compression of `count` pages of one chunk from `first`, by its leader (io.rs).
+    Heavy { volume: u32, chunk: u64, first: u32, count: u32 },
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -232,6 +234,18 @@ pub enum Answer {
     Catalog(Vec<VolumeDef>),
     /// [`Forward::DeletedVolumes`]'s ids, ascending.
     DeletedVolumes(Vec<u32>),
+    /// What a [`Forward::Heavy`] stored.
+    Heavy(HeavyDone),
+}
+
+/// Heavy compression's figures for a range: the pages its segments named, the segments, and
+/// the 4 KiB-rounded bytes those pages took before and the segments take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeavyDone {
+    pub pages: u64,
+    pub segments: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
 }
 
 /// One chunk replica's space on a node, counted as the node's [`NodeUsage`] is: logical bytes

@@ -51,13 +51,6 @@ impl ClusterService {
         }
         info
     }
-
-    fn not_built(&self, volume: u32, what: &str) -> Result<(), ServiceError> {
-        if self.cluster.is_replicated(volume) {
-            return Err(ServiceError::invalid(format!("{what} of a replicated volume is not supported yet")));
-        }
-        Ok(())
-    }
 }
 
 fn service_error(refusal: Refusal) -> ServiceError {
@@ -157,9 +150,17 @@ impl Service for ClusterService {
         }
     }
 
+    /// A replicated volume's pages are compressed by each chunk's leader and stored by every
+    /// replica (io.rs); a local one's here.
     fn heavy_compress(&self, volume: u32, first: u64, count: u64) -> Result<HeavyResult, ServiceError> {
-        self.not_built(volume, "heavy compression")?;
-        self.local.heavy_compress(volume, first, count)
+        let Some(v) = self.replicated(volume)? else { return self.local.heavy_compress(volume, first, count) };
+        let done = self.cluster.heavy_compress(&v, first, count).map_err(service_error)?;
+        Ok(HeavyResult {
+            pages: done.pages,
+            segments: done.segments,
+            bytes_before: done.bytes_before,
+            bytes_after: done.bytes_after,
+        })
     }
 
     /// The node's stats; the whole node's also carry `cluster`, the status of every node and

@@ -392,6 +392,36 @@ impl Host {
         r
     }
 
+    /// Heavy compression of `count` pages of one chunk from `first` (seed 000 §3.2.3) through
+    /// the group: the leader applies everything committed, reads the pages as applied here,
+    /// compresses each segment once and proposes it, and every replica stores the same
+    /// segment bytes. A page written or trimmed between the leader's read and its segment's
+    /// turn in the log keeps what it has (the store's `put_heavy` takes only pages still at the
+    /// version the segment names), so the report counts the pages planned.
+    pub async fn heavy_compress(
+        &self,
+        chunk: ChunkId,
+        first: PageNo,
+        count: u32,
+    ) -> Result<tundra_store::pages::HeavyReport, Error> {
+        let raft = self.leader_raft(chunk)?;
+        self.read_pages(chunk, &[]).await?;
+        let pages = self.pages_of(chunk);
+        let plans = crate::redo_machine::block_in_place_if_multi(|| pages.plan_heavy(chunk, first, count)).map_err(
+            |e| match e.kind() {
+                tundra_store::ErrorKind::Invalid => Error::Invalid(e.to_string()),
+                tundra_store::ErrorKind::Corrupted => Error::Corrupted(e.to_string()),
+                _ => Error::Unavailable(e.to_string()),
+            },
+        )?;
+        let mut report = tundra_store::pages::HeavyReport::default();
+        for plan in plans {
+            self.propose(chunk, &raft, Proposal::new(&plan.command)).await?;
+            report.add(&plan.report);
+        }
+        Ok(report)
+    }
+
     /// Removes pages of one chunk through the group.
     pub async fn trim_pages(&self, chunk: ChunkId, pages: Vec<PageNo>) -> Result<(), Error> {
         let raft = self.leader_raft(chunk)?;

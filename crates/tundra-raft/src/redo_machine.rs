@@ -507,7 +507,7 @@ impl RaftStateMachine<TypeConfig> for RedoStateMachine {
 }
 
 /// Runs blocking file I/O from a group's task: on a multi-threaded runtime tokio is told.
-fn block_in_place_if_multi<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn block_in_place_if_multi<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),

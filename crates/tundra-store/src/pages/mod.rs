@@ -538,6 +538,7 @@ mod partial;
 mod read;
 mod rechoose;
 
+pub use heavy::HeavyPlan;
 pub use rechoose::RechooseStats;
 #[cfg(test)]
 mod tests;

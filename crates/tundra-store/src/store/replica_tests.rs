@@ -61,8 +61,10 @@ fn command(rng: &mut Rng, lsn: &mut u64, live: &[VolumeId], written: &mut Writte
     *lsn += 1;
     match rng.below(10) {
         0..=5 => {
-            let puts: Vec<PagePut> =
-                pages.into_iter().map(|page| PagePut { page, image: image(rng, chunk, page), lsn: Lsn(*lsn) }).collect();
+            let puts: Vec<PagePut> = pages
+                .into_iter()
+                .map(|page| PagePut { page, image: image(rng, chunk, page), lsn: Lsn(*lsn) })
+                .collect();
             for put in &puts {
                 written.insert((chunk, put.page), (put.image.checksum, put.lsn));
             }
