@@ -10,6 +10,14 @@
 //! decompresses to content that matches its checksum here too. The store then rewrites its own
 //! copy with one journal commit ([`Store::repair_page`](tundra_store::store::Store::repair_page)).
 //!
+//! A page of a heavy segment is repaired with its whole segment: every replica stores the same
+//! segment bytes (the leader proposes them, snapshots and repairs copy them), so the peer
+//! answers the segment as stored (`PutHeavy` of the page and the segment), the replica checks
+//! every page of its own that points into the bad segment against the copy at its own
+//! position, and points those that verify at the copy's new blocks
+//! ([`Store::repair_segment`](tundra_store::store::Store::repair_segment)). The scrub reads each
+//! segment once per pass, past the cache of decompressed segments.
+//!
 //! Why replicas stay identical and a repair never goes back in time: a repair is not a Raft
 //! entry but a local rewrite of content every replica already holds, at the same LSN, so the
 //! chunk's content and its apply mark are the same before and after. It races only with this
@@ -28,7 +36,7 @@ use parking_lot::Mutex;
 use tundra_store::ErrorKind;
 use tundra_store::command::{PagePut, StoreCommand};
 use tundra_store::ids::{ChunkId, PageNo};
-use tundra_store::index::Encoding;
+use tundra_store::index::{Encoding, PageEntry};
 use tundra_store::pages::Pages;
 use tundra_store::store::RepairOutcome;
 
@@ -154,10 +162,17 @@ impl Host {
     }
 
     /// A peer's request for this replica's copy of a page: its stored image, verified, as an
-    /// encoded `PutPages` of the chunk (of no page when this replica holds none).
+    /// encoded `PutPages` of the chunk (of no page when this replica holds none); for a page
+    /// of a heavy segment, the segment as a `PutHeavy` naming that page alone.
     pub(crate) fn copy_for_peer(&self, chunk: GroupId, page: PageNo) -> Result<Vec<u8>, String> {
         self.raft(chunk).map_err(|e| e.to_string())?;
-        let copy = self.pages_of(chunk).good_image(chunk, page).map_err(|e| e.to_string())?;
+        let path = self.pages_of(chunk);
+        if path.store().entry(chunk, page).is_some_and(|e| e.encoding == Encoding::Heavy) {
+            if let Some((heavy, segment)) = path.good_segment(chunk, page).map_err(|e| e.to_string())? {
+                return Ok(StoreCommand::PutHeavy { chunk, pages: vec![heavy], segment }.encode());
+            }
+        }
+        let copy = path.good_image(chunk, page).map_err(|e| e.to_string())?;
         Ok(StoreCommand::PutPages { chunk, pages: copy.into_iter().collect() }.encode())
     }
 
@@ -176,17 +191,38 @@ impl Host {
         }
     }
 
-    /// One scrub pass over every page of every chunk this node holds, one page every `pace`.
+    /// Reads and verifies one heavy segment (`pages`, every page of the chunk pointing into
+    /// it) past the caches, and repairs it from a peer when a page fails in it.
+    async fn scrub_segment(&self, path: &Pages, chunk: ChunkId, pages: &[(PageNo, PageEntry)]) {
+        self.repair.pages_scrubbed.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        if let Err(error) = path.verify_segment(chunk, pages)
+            && error.kind() == ErrorKind::Corrupted
+        {
+            bump(&self.repair.bad_found_by_scrub);
+            let _ = self.repair_page(path, chunk, pages[0].0).await;
+        }
+    }
+
+    /// One scrub pass over every page of every chunk this node holds, one page every `pace`
+    /// (a heavy segment at once, its pages' time together).
     pub async fn scrub_pass(&self, pace: Duration) {
         for chunk in self.groups() {
             let path = self.pages_of(chunk);
+            let mut segments: std::collections::BTreeMap<u64, Vec<(PageNo, PageEntry)>> = Default::default();
             for (page, entry) in path.store().chunk_entries(chunk) {
                 if entry.encoding == Encoding::Heavy {
+                    segments.entry(entry.run.first_lba().0).or_default().push((page, entry));
                     continue;
                 }
                 self.scrub_page(&path, chunk, page).await;
                 if !pace.is_zero() {
                     tokio::time::sleep(pace).await;
+                }
+            }
+            for pages in segments.into_values() {
+                self.scrub_segment(&path, chunk, &pages).await;
+                if !pace.is_zero() {
+                    tokio::time::sleep(pace * pages.len() as u32).await;
                 }
             }
         }
@@ -235,9 +271,6 @@ impl Repairer {
         page: PageNo,
         peers: &[u64],
     ) -> Result<RepairOutcome, Error> {
-        if path.verify_stored(chunk, page).is_ok() {
-            return Ok(RepairOutcome::Superseded);
-        }
         let Some(bad) = path.store().entry(chunk, page) else {
             bump(&self.repair.unrepairable);
             return Err(Error::Corrupted(format!(
@@ -245,7 +278,13 @@ impl Repairer {
                 page.0, chunk.0
             )));
         };
-        if self.repair.disabled.load(Ordering::Relaxed) || bad.encoding == Encoding::Heavy {
+        if bad.encoding == Encoding::Heavy {
+            return self.repair_segment(path, chunk, page, bad, peers).await;
+        }
+        if path.verify_stored(chunk, page).is_ok() {
+            return Ok(RepairOutcome::Superseded);
+        }
+        if self.repair.disabled.load(Ordering::Relaxed) {
             bump(&self.repair.unrepairable);
             return Err(Error::Corrupted(format!(
                 "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
@@ -299,8 +338,91 @@ impl Repairer {
         Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
     }
 
-    /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
-    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
+    /// Rewrites a heavy segment that fails here from the first of `peers` whose copy holds
+    /// the bad page at the same version (module doc): every page of this replica pointing
+    /// into the bad segment that verifies in the copy at its own position is repaired.
+    async fn repair_segment(
+        &self,
+        path: &Pages,
+        chunk: ChunkId,
+        page: PageNo,
+        bad: PageEntry,
+        peers: &[u64],
+    ) -> Result<RepairOutcome, Error> {
+        let pages = path.segment_pages(chunk, &bad);
+        if path.verify_segment(chunk, &pages).is_ok() {
+            return Ok(RepairOutcome::Superseded);
+        }
+        if self.repair.disabled.load(Ordering::Relaxed) {
+            bump(&self.repair.unrepairable);
+            return Err(Error::Corrupted(format!(
+                "page {} of chunk {} fails in its heavy segment on node {} and is not repaired (repair is off)",
+                page.0, chunk.0, self.id
+            )));
+        }
+        let (mut why, mut transient) = (Vec::new(), false);
+        for &peer in peers {
+            let (heavy, segment) = match self.fetch_command(peer, chunk, page).await {
+                Ok(StoreCommand::PutHeavy { chunk: of, mut pages, segment }) if of == chunk && pages.len() == 1 => {
+                    (pages.pop().expect("one page"), segment)
+                }
+                Ok(_) => {
+                    // A page image, or nothing: the peer holds another version (not archived
+                    // yet, or written since), as a lagging or an advanced replica does.
+                    transient = true;
+                    why.push(format!("node {peer}: holds another version of the page"));
+                    continue;
+                }
+                Err(Fetch::Unreachable(error)) => {
+                    transient = true;
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+                Err(Fetch::NoGoodCopy(error)) => {
+                    why.push(format!("node {peer}: {error}"));
+                    continue;
+                }
+            };
+            if heavy.page != page || heavy.lsn != bad.lsn || heavy.checksum != bad.checksum {
+                transient = true;
+                why.push(format!("node {peer}: holds LSN {}", heavy.lsn.0));
+                continue;
+            }
+            let good = match path.check_segment_copy(chunk, &segment, &pages) {
+                Ok(good) if good.iter().any(|&(p, _)| p == page) => good,
+                Ok(_) => {
+                    why.push(format!("node {peer}: its segment does not hold page {} as here", page.0));
+                    continue;
+                }
+                Err(error) => {
+                    why.push(format!("node {peer}: its copy fails here: {error}"));
+                    continue;
+                }
+            };
+            let repaired =
+                path.store().repair_segment(chunk, &good, &segment).map_err(|e| Error::Unavailable(e.to_string()))?;
+            if repaired == 0 {
+                return Ok(RepairOutcome::Superseded);
+            }
+            self.repair.pages_repaired.fetch_add(repaired as u64, Ordering::Relaxed);
+            return Ok(RepairOutcome::Repaired);
+        }
+        bump(&self.repair.unrepairable);
+        let message = format!(
+            "page {} of chunk {} fails in its heavy segment on node {} and no other replica gave a good copy of LSN {} \
+             ({})",
+            page.0,
+            chunk.0,
+            self.id,
+            bad.lsn.0,
+            why.join("; ")
+        );
+        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+    }
+
+    /// One peer's copy of a page, as the store command it answered (bytes from the network:
+    /// every check, no panic).
+    async fn fetch_command(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<StoreCommand, Fetch> {
         let envelope = Envelope { from: self.id, to: peer, group: chunk, rpc: Rpc::FetchPage { page: page.0 } };
         let bytes = match tokio::time::timeout(FETCH_TIMEOUT, self.transport.call(envelope)).await {
             Ok(Ok(Reply::Page(Ok(bytes)))) => bytes,
@@ -309,7 +431,12 @@ impl Repairer {
             Ok(Err(why)) => return Err(Fetch::Unreachable(why)),
             Err(_) => return Err(Fetch::Unreachable("no answer in time".into())),
         };
-        match StoreCommand::decode(&bytes) {
+        StoreCommand::decode(&bytes).map_err(|error| Fetch::NoGoodCopy(error.to_string()))
+    }
+
+    /// One peer's copy of a page, decoded (bytes from the network: every check, no panic).
+    async fn fetch(&self, peer: u64, chunk: ChunkId, page: PageNo) -> Result<PagePut, Fetch> {
+        match self.fetch_command(peer, chunk, page).await {
             Ok(StoreCommand::PutPages { chunk: of, mut pages }) if of == chunk && pages.len() <= 1 => {
                 // A peer without the page may not have applied its write yet.
                 pages
@@ -317,8 +444,8 @@ impl Repairer {
                     .filter(|put| put.page == page)
                     .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
             }
-            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk".into())),
-            Err(error) => Err(Fetch::NoGoodCopy(error.to_string())),
+            Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk, or of another kind".into())),
+            Err(fetch) => Err(fetch),
         }
     }
 

@@ -126,3 +126,185 @@ fn a_replicated_volume_is_heavily_compressed_by_its_leaders_and_every_replica_st
         verify(&cluster, node, id, &log).unwrap_or_else(|e| panic!("after the second pass: {e}\n{}", cluster.logs()));
     }
 }
+
+/// Waits until every replica of every chunk applied its leader's commit index.
+fn caught_up(cluster: &Cluster, asked: u64) {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let synced = status["chunks"].as_array().is_some_and(|chunks| {
+            chunks.iter().all(|c| {
+                c["lag"] == 0
+                    && c["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &c["commit_index"]))
+            })
+        });
+        if synced {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "not caught up: {status:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `tundra fsck --json` of node `id`'s data directory (the node is stopped).
+fn fsck(cluster: &Cluster, id: u64) -> serde_json::Value {
+    let config = cluster.member(id).config.to_str().expect("utf-8").to_string();
+    let out = common::tundra(&["fsck", "--config", &config, "--json"]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("fsck --json: {e}: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Flips a byte in the middle of the frame of every heavy segment in a drive image whose own
+/// compression is off (a 16-byte header of frame length, page count, two zero bytes and a
+/// nonce, then zstd's frame magic); answers how many.
+fn corrupt_heavy_segments(image: &std::path::Path) -> usize {
+    const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    let mut bytes = std::fs::read(image).expect("read the drive image");
+    let starts: Vec<usize> =
+        bytes.windows(4).enumerate().filter(|(at, w)| *at >= 16 && *w == ZSTD_MAGIC).map(|(at, _)| at - 16).collect();
+    let mut found = 0;
+    for at in starts {
+        let frame_len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let pages = u16::from_le_bytes(bytes[at + 4..at + 6].try_into().expect("2 bytes"));
+        if bytes[at + 16..at + 20] == ZSTD_MAGIC
+            && bytes[at + 6..at + 8] == [0, 0]
+            && (1..=64).contains(&pages)
+            && frame_len > 8
+            && at + 16 + frame_len <= bytes.len()
+        {
+            bytes[at + 16 + frame_len / 2] ^= 0x40;
+            found += 1;
+        }
+    }
+    std::fs::write(image, &bytes).expect("write the drive image");
+    found
+}
+
+/// Heavy segments gone bad on a stopped follower are repaired from a peer by its scrub, every
+/// page of each segment at once: `tundra fsck` of its data directory finds pages bad before
+/// (the damage is real) and none after.
+#[test]
+fn heavy_segments_gone_bad_on_a_replica_are_repaired_from_a_peer_by_its_scrub() {
+    let mut cluster = Cluster::with_drive(|_| None, "physical = \"256MiB\"\ncompression = \"off\"");
+    for id in 1..=3 {
+        let mut config = std::fs::read_to_string(&cluster.member(id).config).expect("config");
+        config.push_str("scrub_pages_per_sec = 0\n");
+        std::fs::write(&cluster.member(id).config, config).expect("config");
+    }
+    cluster.start_all();
+    succeeds(&["volume", "create", "h", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let id = client.volume_lookup("h").expect("lookup").id;
+    let mut log = WriterLog::new();
+    for page in 0..PAGES {
+        client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    let report = client.heavy_compress(id, 0, PAGES).expect("heavy compression");
+    assert_eq!(report.pages, PAGES, "{report:?}");
+    drop(client);
+    caught_up(&cluster, 1);
+
+    // A follower stopped (its stores closed, so the damaged blocks are its segments' only
+    // copies) and every heavy segment on its drive damaged.
+    let leader = cluster.leader(1, "h");
+    let bad = (1..=3).find(|&n| n != leader).expect("a follower");
+    cluster.stop(bad);
+    let damaged = corrupt_heavy_segments(&cluster.path().join(format!("node{bad}")).join("drive.img"));
+    assert!(damaged >= report.segments as usize, "{damaged} segments found on node {bad}'s drive, {report:?}");
+    let before = fsck(&cluster, bad);
+    assert_eq!(before["clean"].as_bool(), Some(false), "the damage did not show: {before:#}");
+    println!("node {bad}: {damaged} segments damaged; fsck before: {}", before["problem"]);
+
+    let config = std::fs::read_to_string(&cluster.member(bad).config).expect("config");
+    let config = config.replace("scrub_pages_per_sec = 0\n", "scrub_pages_per_sec = 1000\n");
+    std::fs::write(&cluster.member(bad).config, config).expect("config");
+    cluster.start(bad);
+    let started = Instant::now();
+    let repair = loop {
+        let repair = cluster.status(bad)["repair"].clone();
+        if repair["pages_repaired"].as_u64().is_some_and(|n| n >= PAGES) {
+            break repair;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no repair on node {bad}: {repair}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("node {bad}: {repair}");
+    assert!(repair["bad_found_by_scrub"].as_u64().is_some_and(|n| n >= report.segments), "{repair}");
+    assert_eq!(repair["unrepairable"], 0, "{repair}");
+    for node in 1..=3 {
+        verify(&cluster, node, id, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    }
+    cluster.stop(bad);
+    let after = fsck(&cluster, bad);
+    assert_eq!(after["clean"].as_bool(), Some(true), "node {bad} after the repair: {after:#}");
+}
+
+/// A chunk holding heavy segments moves to a fourth node by a snapshot (its log purged behind
+/// one: more than 1,024 entries since the segments): the segments travel as stored, and the
+/// target holds every heavy page itself, which `tundra fsck` of its data directory verifies.
+#[test]
+fn a_chunk_of_heavy_segments_moves_by_a_snapshot_and_its_target_holds_them() {
+    let mut cluster = Cluster::of_size(4, |_| None, "physical = \"512MiB\"");
+    cluster.start_all();
+    succeeds(&["volume", "create", "h", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+    let id = client.volume_lookup("h").expect("lookup").id;
+    let mut log = WriterLog::new();
+    for page in 0..PAGES {
+        client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    let report = client.heavy_compress(id, 0, PAGES).expect("heavy compression");
+    assert_eq!(report.pages, PAGES, "{report:?}");
+    // More than a snapshot's worth of entries after the segments, on other pages.
+    for page in PAGES..PAGES + 1100 {
+        client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
+        log.insert(page, 1);
+    }
+    drop(client);
+    let status = cluster.status(1);
+    let set: Vec<u64> = status["chunks"].as_array().expect("chunks")[0]["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    let target = (1..=4).find(|id| !set.contains(id)).expect("a node outside the set");
+    let source = set[0];
+    let asked = set[1];
+    let (from, to) = (source.to_string(), target.to_string());
+    succeeds(&[
+        "cluster",
+        "move",
+        "--volume",
+        "h",
+        "--chunk",
+        "0",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--addr",
+        &cluster.member(asked).addr(),
+    ]);
+    let sent = set.iter().any(|&node| {
+        std::fs::read_dir(cluster.path().join(format!("node{node}")).join("snapshots"))
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("send-")))
+            .unwrap_or(false)
+    });
+    assert!(sent, "no replica captured a snapshot to send: the move went by the log");
+    let started = Instant::now();
+    while heavy_pages_on(&cluster, target, id) < PAGES {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the target holds too few heavy pages\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    verify(&cluster, target, id, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    cluster.stop(target);
+    let checked = fsck(&cluster, target);
+    assert_eq!(checked["clean"].as_bool(), Some(true), "node {target} after the move: {checked:#}");
+}

@@ -144,4 +144,103 @@ impl Pages {
         };
         Ok(segment.page(index).expect("index checked against the page count").to_vec())
     }
+
+    /// A heavy segment's bytes as stored (`stored` may run on to the end of its blocks):
+    /// its header's page count and the segment's own length, checked against `stored`.
+    fn segment_extent(stored: &[u8]) -> Result<(usize, usize)> {
+        let header = stored.get(..HEAVY_HEADER_BYTES).ok_or_else(|| Error::corrupted("a heavy segment cut short"))?;
+        let frame_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let page_count = usize::from(u16::from_le_bytes(header[4..6].try_into().expect("2 bytes")));
+        if HEAVY_HEADER_BYTES + frame_len > stored.len() {
+            return Err(Error::corrupted("a heavy segment header that does not fit its blocks"));
+        }
+        Ok((page_count, HEAVY_HEADER_BYTES + frame_len))
+    }
+
+    /// Decompresses a heavy segment (never from the cache) and checks each of `pages` (a
+    /// page and its entry, which names its position and checksum) against it; answers those
+    /// whose content verifies.
+    fn pages_in_segment(
+        &self,
+        chunk: ChunkId,
+        stored: &[u8],
+        pages: &[(PageNo, crate::index::PageEntry)],
+    ) -> Result<Vec<(PageNo, crate::index::PageEntry)>> {
+        let (page_count, len) = Self::segment_extent(stored)?;
+        let frame = &stored[HEAVY_HEADER_BYTES..len];
+        let segment =
+            tundra_codec::heavy::decompress_segment(frame, self.page_size, page_count).map_err(codec_error)?;
+        Ok(pages
+            .iter()
+            .filter(|(page, entry)| {
+                segment
+                    .page(usize::from(entry.stored_len))
+                    .is_some_and(|content| page_checksum(chunk, *page, content) == entry.checksum)
+            })
+            .copied()
+            .collect())
+    }
+
+    /// The pages of `chunk` whose entries point into the same heavy segment as `entry`.
+    pub fn segment_pages(
+        &self,
+        chunk: ChunkId,
+        entry: &crate::index::PageEntry,
+    ) -> Vec<(PageNo, crate::index::PageEntry)> {
+        self.store
+            .chunk_entries(chunk)
+            .into_iter()
+            .filter(|(_, e)| e.encoding == Encoding::Heavy && e.run == entry.run)
+            .collect()
+    }
+
+    /// Reads the heavy segment `pages` point into from the device, past every cache, and
+    /// verifies every one of them in it: a corruption error naming the first that fails (or
+    /// the segment, when it does not decompress). What a scrub asks of a segment.
+    pub fn verify_segment(&self, chunk: ChunkId, pages: &[(PageNo, crate::index::PageEntry)]) -> Result<()> {
+        let Some(&(first, _)) = pages.first() else { return Ok(()) };
+        let Some((_, stored)) = self.store.read_image(chunk, first)? else { return Ok(()) };
+        let good = self.pages_in_segment(chunk, &stored, pages)?;
+        match pages.iter().find(|p| !good.contains(p)) {
+            Some((page, _)) => Err(Error::corrupted(format!(
+                "page {} of chunk {} fails its checksum in its heavy segment",
+                page.0, chunk.0
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Of `pages` (entries of this replica pointing into one heavy segment), those whose
+    /// content verifies in `segment`, a peer's copy of that segment.
+    pub fn check_segment_copy(
+        &self,
+        chunk: ChunkId,
+        segment: &[u8],
+        pages: &[(PageNo, crate::index::PageEntry)],
+    ) -> Result<Vec<(PageNo, crate::index::PageEntry)>> {
+        let (_, len) = Self::segment_extent(segment)?;
+        if len != segment.len() {
+            return Err(Error::corrupted("a heavy segment copy longer than its header says"));
+        }
+        self.pages_in_segment(chunk, segment, pages)
+    }
+
+    /// The heavy segment page `page` points into, verified for that page first: a copy for a
+    /// replica whose own segment is bad, as the page's place in a `PutHeavy` and the segment's
+    /// bytes. `None` when the page does not exist or is not in a heavy segment.
+    pub fn good_segment(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::command::HeavyPage, Vec<u8>)>> {
+        let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
+        if entry.encoding != Encoding::Heavy {
+            return Ok(None);
+        }
+        if self.pages_in_segment(chunk, &stored, &[(page, entry)])?.is_empty() {
+            return Err(Error::corrupted(format!(
+                "page {} of chunk {} fails its checksum in its heavy segment",
+                page.0, chunk.0
+            )));
+        }
+        let (_, len) = Self::segment_extent(&stored)?;
+        let heavy = crate::command::HeavyPage { page, checksum: entry.checksum, lsn: entry.lsn };
+        Ok(Some((heavy, stored[..len].to_vec())))
+    }
 }

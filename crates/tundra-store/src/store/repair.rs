@@ -13,9 +13,9 @@
 //! write, as memory does.
 
 use super::apply::new_entry;
-use super::{Store, check_image};
+use super::{HEAVY_HEADER_BYTES, Store, check_image};
 use crate::command::PagePut;
-use crate::ids::ChunkId;
+use crate::ids::{ChunkId, EXTENT_BLOCKS, PageNo};
 use crate::index::{Encoding, PageEntry};
 use crate::journal::Record;
 use crate::{Error, Result};
@@ -80,5 +80,60 @@ impl Store {
             self.release_freed()?;
         }
         Ok(RepairOutcome::Repaired)
+    }
+
+    /// Rewrites a heavy segment that fails on this replica with `segment`, a peer's copy of the
+    /// same segment (the leader shipped every replica the same bytes), for the pages in `bad`:
+    /// the entries of the pages that point into the bad segment and whose content the caller
+    /// verified in the copy at their own positions (`Pages::check_segment_copy`). Each page
+    /// whose entry is still the one found bad points at the new blocks, at the same position,
+    /// checksum and LSN; the others changed meanwhile and are left. One journal commit, under
+    /// the checkpoint gate held exclusively, as for a page (module doc). Answers how many
+    /// pages now point at the copy.
+    pub fn repair_segment(&self, chunk: ChunkId, bad: &[(PageNo, PageEntry)], segment: &[u8]) -> Result<usize> {
+        if bad.iter().any(|(_, entry)| entry.encoding != Encoding::Heavy) {
+            return Err(Error::invalid("a segment's repair names a page that is not in a heavy segment"));
+        }
+        let max = EXTENT_BLOCKS as usize * tundra_device::BLOCK_SIZE;
+        if bad.is_empty() || segment.len() <= HEAVY_HEADER_BYTES || segment.len() > max {
+            return Err(Error::invalid(format!("a heavy segment of {} bytes for {} pages", segment.len(), bad.len())));
+        }
+        let current = |store: &Store| -> Vec<(PageNo, PageEntry)> {
+            bad.iter().filter(|&&(page, entry)| store.entry(chunk, page) == Some(entry)).copied().collect()
+        };
+        if current(self).is_empty() {
+            return Ok(0);
+        }
+        let runs = self.allocate_many(chunk, &[segment.len().div_ceil(tundra_device::BLOCK_SIZE) as u8])?;
+        if let Err(error) = self.write_runs(&runs, &[segment]) {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
+        let (release, repaired) = {
+            let _alone = self.checkpoint_gate.write();
+            let still = current(self);
+            if still.is_empty() {
+                drop(_alone);
+                self.abandon_runs(chunk, &runs)?;
+                return Ok(0);
+            }
+            let entries: Vec<(PageNo, Option<PageEntry>)> =
+                still.iter().map(|&(page, entry)| (page, Some(PageEntry { run: runs[0], ..entry }))).collect();
+            let records: Vec<Record> = entries
+                .iter()
+                .map(|&(page, entry)| Record::PageSet { chunk, page, entry: entry.expect("set above") })
+                .collect();
+            if let Err(error) = self.journal.commit(&records) {
+                let mut state = self.state.lock();
+                state.unallocate(chunk, &runs);
+                state.failed.get_or_insert_with(|| error.to_string());
+                return Err(error);
+            }
+            (self.state.lock().install(chunk, &entries), still.len())
+        };
+        if release {
+            self.release_freed()?;
+        }
+        Ok(repaired)
     }
 }
