@@ -167,10 +167,10 @@ impl Host {
     pub(crate) fn copy_for_peer(&self, chunk: GroupId, page: PageNo) -> Result<Vec<u8>, String> {
         self.raft(chunk).map_err(|e| e.to_string())?;
         let path = self.pages_of(chunk);
-        if path.store().entry(chunk, page).is_some_and(|e| e.encoding == Encoding::Heavy) {
-            if let Some((heavy, segment)) = path.good_segment(chunk, page).map_err(|e| e.to_string())? {
-                return Ok(StoreCommand::PutHeavy { chunk, pages: vec![heavy], segment }.encode());
-            }
+        if path.store().entry(chunk, page).is_some_and(|e| e.encoding == Encoding::Heavy)
+            && let Some((heavy, segment)) = path.good_segment(chunk, page).map_err(|e| e.to_string())?
+        {
+            return Ok(StoreCommand::PutHeavy { chunk, pages: vec![heavy], segment }.encode());
         }
         let copy = path.good_image(chunk, page).map_err(|e| e.to_string())?;
         Ok(StoreCommand::PutPages { chunk, pages: copy.into_iter().collect() }.encode())
