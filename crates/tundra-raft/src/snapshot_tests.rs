@@ -60,6 +60,15 @@ fn fill(store: &Store, seed: u64, pages: u32, segments: u32) {
         segment.extend_from_slice(&[0; 10]);
         segment.extend_from_slice(&frame);
         let first = pages + 32 * s;
+        // The segment's pages written first at the version it names (a segment takes only
+        // pages still at it).
+        let puts = (0..32)
+            .map(|i| {
+                let image = PageImage { encoding: Encoding::Zstd, bytes: rng.bytes(300), checksum: i };
+                PagePut { page: PageNo(first + i), image, lsn: Lsn(9) }
+            })
+            .collect();
+        store.apply(&StoreCommand::PutPages { chunk: CHUNK, pages: puts }).unwrap();
         let heavy = (0..32).map(|i| HeavyPage { page: PageNo(first + i), checksum: i, lsn: Lsn(9) }).collect();
         store.apply(&StoreCommand::PutHeavy { chunk: CHUNK, pages: heavy, segment }).unwrap();
     }
