@@ -16,7 +16,7 @@ use tundra_store::ids::{ChunkId, PageNo, VolumeId};
 use tundra_store::index::{Encoding, PageEntry};
 use tundra_store::journal::{Journal, JournalGeometry};
 use tundra_store::pages::{CpuLoad, Pages};
-use tundra_store::store::Store;
+use tundra_store::store::{HEAVY_HEADER_BYTES, Store};
 use tundra_store::volume::{Volume, VolumeMode};
 
 use super::check::{Applied, chunk_digest};
@@ -178,19 +178,31 @@ impl Cluster {
     pub fn corrupt(&self, i: usize, chunk: ChunkId, page: PageNo, rng: &mut Rng) -> Option<PageEntry> {
         let node = &self.nodes[i];
         let host = node.host.as_ref()?;
-        let entry = host.store().entry(chunk, page).filter(|e| e.encoding != Encoding::Heavy)?;
+        let entry = host.store().entry(chunk, page)?;
         let device = node.data.inner();
         let mut blocks = vec![0u8; usize::from(entry.run.count) * BLOCK_SIZE];
         device.read(entry.run.first_lba(), &mut blocks).ok()?;
+        // A page's image, or a heavy segment's frame (after its header; a heavy entry's stored
+        // length is its place in the segment).
+        let (from, len) = match entry.encoding {
+            Encoding::Heavy => {
+                let frame = u32::from_le_bytes(blocks[..4].try_into().expect("4 bytes")) as usize;
+                (HEAVY_HEADER_BYTES, frame.min(blocks.len() - HEAVY_HEADER_BYTES))
+            }
+            _ => (0, usize::from(entry.stored_len)),
+        };
+        if len == 0 {
+            return None;
+        }
         let mut bad = blocks.clone();
         for _ in 0..rng.range(1..4) {
-            let at = rng.below(u64::from(entry.stored_len)) as usize;
+            let at = from + rng.below(len as u64) as usize;
             bad[at] ^= 1 << rng.below(8);
         }
         device.write(entry.run.first_lba(), &bad).ok()?;
         let path = host.pages_of(chunk);
         path.forget_all();
-        if path.verify_stored(chunk, page).is_ok() {
+        if sound(host, chunk, page) {
             device.write(entry.run.first_lba(), &blocks).ok()?;
             return None;
         }
@@ -221,5 +233,17 @@ impl Cluster {
                 host.shutdown().await;
             }
         }
+    }
+}
+
+/// Whether `page` of `chunk` reads back verified from `host`'s device: its image, or every
+/// page of its heavy segment (past every cache).
+pub fn sound(host: &Host, chunk: ChunkId, page: PageNo) -> bool {
+    let path = host.pages_of(chunk);
+    match host.store().entry(chunk, page) {
+        Some(entry) if entry.encoding == Encoding::Heavy => {
+            path.verify_segment(chunk, &path.segment_pages(chunk, &entry)).is_ok()
+        }
+        _ => path.verify_stored(chunk, page).is_ok(),
     }
 }

@@ -32,7 +32,7 @@ use tundra_store::ids::{ChunkId, Lsn, PageNo};
 use self::check::{Applied, Model, chunk_digest};
 use self::cluster::{Cluster, PAGE_BYTES};
 use self::net::{NetFaults, SimNet};
-use crate::host::Error;
+use crate::host::{Error, Host};
 use crate::log::LogFault;
 use crate::repair::RepairStats;
 
@@ -67,6 +67,9 @@ pub struct Report {
     pub writes_acked: u64,
     pub writes_unknown: u64,
     pub writes_refused_not_leader: u64,
+    /// Heavy compressions of a chunk asked of its leader, and the pages their segments named.
+    pub heavy_compressions: u64,
+    pub heavy_pages: u64,
     pub reads_checked: u64,
     pub final_reads_checked: u64,
     pub apply_checks: u64,
@@ -97,6 +100,8 @@ impl Report {
         self.writes_acked += other.writes_acked;
         self.writes_unknown += other.writes_unknown;
         self.writes_refused_not_leader += other.writes_refused_not_leader;
+        self.heavy_compressions += other.heavy_compressions;
+        self.heavy_pages += other.heavy_pages;
         self.reads_checked += other.reads_checked;
         self.final_reads_checked += other.final_reads_checked;
         self.apply_checks += other.apply_checks;
@@ -126,17 +131,21 @@ struct Swarm {
     partition: f64,
     /// Chance per step that a page's stored bytes go bad on one replica.
     corrupt: f64,
+    /// The client also asks for heavy compression of whole chunks. Drawn apart from the run's
+    /// random numbers, so a seed without it runs as it did before heavy compression existed.
+    heavy: bool,
 }
 
 impl Swarm {
-    fn draw(rng: &mut Rng) -> Swarm {
+    fn draw(rng: &mut Rng, seed: u64) -> Swarm {
         let net = NetFaults {
             loss: *rng.pick(&[0.0, 0.01, 0.05, 0.15]),
             duplicate: *rng.pick(&[0.0, 0.02, 0.1]),
             delay_max_ms: *rng.pick(&[1, 5, 20, 45]),
         };
         let (crash, partition) = (*rng.pick(&[0.0, 0.03, 0.08]), *rng.pick(&[0.0, 0.03, 0.08]));
-        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]) }
+        let heavy = Rng::new(seed ^ 0x4e61_7679).chance(0.5);
+        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]), heavy }
     }
 }
 
@@ -159,7 +168,7 @@ pub fn run_seed(seed: u64, options: Options) -> Report {
 
 async fn simulate(seed: u64, options: Options) -> Report {
     let mut rng = Rng::new(seed);
-    let swarm = Swarm::draw(&mut rng);
+    let swarm = Swarm::draw(&mut rng, seed);
     let net = SimNet::new(rng.fork(), swarm.net, options.trace);
     net.note(|| format!("seed {seed} swarm {swarm:?}"));
     let applied = Arc::new(Mutex::new(Applied::default()));
@@ -172,7 +181,7 @@ async fn simulate(seed: u64, options: Options) -> Report {
     for step in 0..options.steps {
         report.steps += 1;
         inject_faults(&mut cluster, &mut rng, &swarm, &mut report).await;
-        operate(&cluster, &mut rng, &mut model, &mut sequence, &mut report).await;
+        operate(&cluster, &mut rng, &swarm, &mut model, &mut sequence, &mut report).await;
         tokio::time::sleep(Duration::from_millis(rng.range(1..60))).await;
         check_stores(&cluster, &mut report);
         note_leaders(&cluster, step);
@@ -254,7 +263,7 @@ fn corrupt_one_replica(cluster: &mut Cluster, rng: &mut Rng, report: &mut Report
     }
     let others_good = cluster.nodes.iter().enumerate().filter(|&(j, _)| j != i).all(|(_, node)| {
         let host = node.host.as_ref().expect("every node is up");
-        host.pages_of(chunk).verify_stored(chunk, page).is_ok()
+        cluster::sound(host, chunk, page)
     });
     if !others_good {
         return;
@@ -284,11 +293,29 @@ fn value_of(page: &[u8]) -> u64 {
 }
 
 /// One client operation through the current leader, checked against the model.
-async fn operate(cluster: &Cluster, rng: &mut Rng, model: &mut Model, sequence: &mut u64, report: &mut Report) {
+async fn operate(
+    cluster: &Cluster,
+    rng: &mut Rng,
+    swarm: &Swarm,
+    model: &mut Model,
+    sequence: &mut u64,
+    report: &mut Report,
+) {
     let chunk = *rng.pick(&cluster.chunks);
     let page = PageNo(rng.below(PAGES_PER_CHUNK) as u32);
     let Some(leader) = cluster.leader(chunk) else { return };
     let kind = rng.below(10);
+    if swarm.heavy && kind == 9 && rng.chance(0.3) {
+        // Heavy compression of the whole chunk: no page changes content, so the model does
+        // not either; a page written meanwhile keeps its write (the store's `put_heavy`).
+        report.heavy_compressions += 1;
+        match tokio::time::timeout(OP_TIMEOUT, leader.heavy_compress(chunk, PageNo(0), PAGES_PER_CHUNK as u32)).await {
+            Ok(Ok(done)) => report.heavy_pages += done.pages,
+            Ok(Err(Error::Invalid(why))) => report.violations.push(format!("a heavy compression was refused: {why}")),
+            Ok(Err(_)) | Err(_) => {}
+        }
+        return;
+    }
     if kind < 3 {
         // A read that fails or times out checks nothing: it may have met a deposed leader.
         if let Ok(Ok(read)) = tokio::time::timeout(OP_TIMEOUT, leader.read_page(chunk, page)).await {
@@ -384,7 +411,7 @@ async fn converge(cluster: &mut Cluster, model: &mut Model, report: &mut Report)
     }
     for chunk in converged {
         let hosts: Vec<_> = cluster.nodes.iter().filter_map(|n| n.host.clone()).collect();
-        let contents: Vec<Vec<String>> = hosts.iter().map(|h| replica_content(h.store(), chunk)).collect();
+        let contents: Vec<Vec<String>> = hosts.iter().map(|h| replica_content(h, chunk)).collect();
         for (host, content) in hosts.iter().zip(&contents).skip(1) {
             report.replica_comparisons += 1;
             if *content != contents[0] {
@@ -427,13 +454,23 @@ async fn settled(cluster: &Cluster, chunk: ChunkId) -> bool {
 }
 
 /// A replica's logical content of a chunk, placement aside: each page's encoding, stored
-/// length, checksum, LSN and the crc of its stored bytes.
-fn replica_content(store: &tundra_store::store::Store, chunk: ChunkId) -> Vec<String> {
+/// length, checksum, LSN and the crc of its stored bytes (a heavy page's: of its content).
+fn replica_content(host: &Host, chunk: ChunkId) -> Vec<String> {
+    let store = host.store();
+    let path = host.pages_of(chunk);
     store
         .chunk_entries(chunk)
         .into_iter()
         .map(|(page, entry)| {
-            let bytes = store.read_image(chunk, page).ok().flatten().map(|(_, b)| crc32c::crc32c(&b));
+            // A page's image as stored; a heavy page's content, read from its segment: bytes
+            // of a segment that no page points at (a page written since it was made) can go
+            // bad without changing any page, and no check reads them.
+            let bytes = match entry.encoding {
+                tundra_store::index::Encoding::Heavy => {
+                    path.read_page(chunk, page).ok().flatten().map(|b| crc32c::crc32c(&b))
+                }
+                _ => store.read_image(chunk, page).ok().flatten().map(|(_, b)| crc32c::crc32c(&b)),
+            };
             format!(
                 "{} {:?} {} {:08x} {} {bytes:?}",
                 page.0, entry.encoding, entry.stored_len, entry.checksum, entry.lsn.0

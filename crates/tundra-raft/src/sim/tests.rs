@@ -38,6 +38,7 @@ fn seeds_without_violations() {
     assert!(total.snapshot_pieces > 0, "no snapshot's extents were sent in pieces");
     assert!(total.pages_corrupted > 0 && total.repair.pages_repaired > 0, "no bad page was repaired");
     assert!(total.repair.bad_found_by_snapshots > 0, "no snapshot capture met a bad page");
+    assert!(total.heavy_pages > 0, "no heavy compression stored a segment");
 }
 
 /// Replays one seed (TUNDRA_SEED) and prints its trace.
@@ -180,7 +181,8 @@ pub fn summary(r: &Report) -> String {
     format!(
         "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} snapshot_pieces={} partitions={} crashes={} restarts={} \
          log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} bad_found_by_snapshots={} pages_repaired={} \
-         unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} reads_checked={} \
+         unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} heavy_compressions={} \
+         heavy_pages={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
          violations={}",
         r.seeds,
@@ -205,6 +207,8 @@ pub fn summary(r: &Report) -> String {
         r.writes_acked,
         r.writes_unknown,
         r.writes_refused_not_leader,
+        r.heavy_compressions,
+        r.heavy_pages,
         r.reads_checked,
         r.final_reads_checked,
         r.apply_checks,

@@ -425,6 +425,7 @@ impl Pages {
         *self.cache.lock() = PageCache::new(pages);
         self.partial_raw.lock().clear();
         *self.rechoose.lock() = rechoose::Pending::default();
+        *self.segments.lock() = (SegmentCache::new(SEGMENT_CACHE_SEGMENTS), std::collections::HashMap::new());
     }
 
     /// The host's CPU utilisation for Algorithm 1, in [0, 1].
