@@ -376,3 +376,36 @@ fn with_range_checks_on_the_store_size_a_write_is_taken_before_every_store_grew(
         "the write taken before every store grew reached the followers too"
     );
 }
+
+/// A resize abandoned once the manager placed its new chunk (and never run again) leaves that
+/// chunk in the manager's state; deleting the volume forgets it with the others, so the
+/// manager counts no chunk of a volume that is gone.
+#[test]
+fn deleting_a_volume_forgets_the_chunks_an_abandoned_resize_placed() {
+    let cluster = cluster(&[("TUNDRA_TEST_RESIZE_STOP_AFTER_GROW", "0")]);
+    create(&cluster, "v", "64MiB");
+    let chunks_soon = |want: u64| {
+        let started = std::time::Instant::now();
+        loop {
+            let status = cluster.status(1);
+            let chunks = status["manager"]["chunks"].as_u64().expect("the manager's chunk count");
+            if chunks == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "the manager holds {chunks} chunks, not {want}: {status:#}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    chunks_soon(1);
+    let stopped = fails(
+        &["volume", "resize", "v", "--size", "1088MiB", "--addr", &cluster.member(1).addr()],
+        "coordinator stops here",
+    );
+    println!("{stopped}");
+    chunks_soon(2);
+    succeeds(&["volume", "delete", "v", "--addr", &cluster.member(2).addr()]);
+    chunks_soon(0);
+}
