@@ -278,10 +278,13 @@ impl Repairer {
                 page.0, chunk.0
             )));
         };
-        if bad.encoding == Encoding::Heavy {
-            return self.repair_segment(path, chunk, page, bad, peers).await;
-        }
-        if path.verify_stored(chunk, page).is_ok() {
+        // A heavy page is checked, and repaired, with every page of its segment.
+        let segment = (bad.encoding == Encoding::Heavy).then(|| path.segment_pages(chunk, &bad));
+        let sound = match &segment {
+            Some(pages) => path.verify_segment(chunk, pages),
+            None => path.verify_stored(chunk, page).map(|_| ()),
+        };
+        if sound.is_ok() {
             return Ok(RepairOutcome::Superseded);
         }
         if self.repair.disabled.load(Ordering::Relaxed) {
@@ -290,6 +293,9 @@ impl Repairer {
                 "page {} of chunk {} fails its checksum on node {} and is not repaired (repair is off for it)",
                 page.0, chunk.0, self.id
             )));
+        }
+        if let Some(pages) = segment {
+            return self.repair_segment(path, chunk, page, bad, &pages, peers).await;
         }
         // Why each peer gave no copy, and whether any might give one later (it did not answer,
         // or holds another version while it catches up): then the read is worth asking again.
@@ -326,6 +332,12 @@ impl Repairer {
             }
             return Ok(outcome);
         }
+        Err(self.no_good_copy(chunk, page, bad, &why, transient))
+    }
+
+    /// The error of a repair that found no good copy (counted): worth asking again when a
+    /// peer did not answer or holds another version (`transient`).
+    fn no_good_copy(&self, chunk: ChunkId, page: PageNo, bad: PageEntry, why: &[String], transient: bool) -> Error {
         bump(&self.repair.unrepairable);
         let message = format!(
             "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
@@ -335,7 +347,7 @@ impl Repairer {
             bad.lsn.0,
             why.join("; ")
         );
-        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+        if transient { Error::Unavailable(message) } else { Error::Corrupted(message) }
     }
 
     /// Rewrites a heavy segment that fails here from the first of `peers` whose copy holds
@@ -347,19 +359,9 @@ impl Repairer {
         chunk: ChunkId,
         page: PageNo,
         bad: PageEntry,
+        pages: &[(PageNo, PageEntry)],
         peers: &[u64],
     ) -> Result<RepairOutcome, Error> {
-        let pages = path.segment_pages(chunk, &bad);
-        if path.verify_segment(chunk, &pages).is_ok() {
-            return Ok(RepairOutcome::Superseded);
-        }
-        if self.repair.disabled.load(Ordering::Relaxed) {
-            bump(&self.repair.unrepairable);
-            return Err(Error::Corrupted(format!(
-                "page {} of chunk {} fails in its heavy segment on node {} and is not repaired (repair is off)",
-                page.0, chunk.0, self.id
-            )));
-        }
         let (mut why, mut transient) = (Vec::new(), false);
         for &peer in peers {
             let (heavy, segment) = match self.fetch_command(peer, chunk, page).await {
@@ -388,7 +390,7 @@ impl Repairer {
                 why.push(format!("node {peer}: holds LSN {}", heavy.lsn.0));
                 continue;
             }
-            let good = match path.check_segment_copy(chunk, &segment, &pages) {
+            let good = match path.check_segment_copy(chunk, &segment, pages) {
                 Ok(good) if good.iter().any(|&(p, _)| p == page) => good,
                 Ok(_) => {
                     why.push(format!("node {peer}: its segment does not hold page {} as here", page.0));
@@ -407,17 +409,7 @@ impl Repairer {
             self.repair.pages_repaired.fetch_add(repaired as u64, Ordering::Relaxed);
             return Ok(RepairOutcome::Repaired);
         }
-        bump(&self.repair.unrepairable);
-        let message = format!(
-            "page {} of chunk {} fails in its heavy segment on node {} and no other replica gave a good copy of LSN {} \
-             ({})",
-            page.0,
-            chunk.0,
-            self.id,
-            bad.lsn.0,
-            why.join("; ")
-        );
-        Err(if transient { Error::Unavailable(message) } else { Error::Corrupted(message) })
+        Err(self.no_good_copy(chunk, page, bad, &why, transient))
     }
 
     /// One peer's copy of a page, as the store command it answered (bytes from the network:

@@ -52,27 +52,6 @@ fn read_back(uri: &str, dir: &std::path::Path, name: &str, len: usize) -> Vec<u8
     bytes
 }
 
-/// Waits until node `asked` reports every node up and every replica of every chunk at the
-/// leader's commit index; returns that status.
-fn caught_up(cluster: &Cluster, asked: u64) -> serde_json::Value {
-    let started = Instant::now();
-    loop {
-        let status = cluster.status(asked);
-        let all_up = status["nodes"].as_array().is_some_and(|n| n.iter().all(|n| n["up"] == true));
-        let synced = status["chunks"].as_array().is_some_and(|chunks| {
-            chunks.iter().all(|c| {
-                c["lag"] == 0
-                    && c["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &c["commit_index"]))
-            })
-        });
-        if all_up && synced {
-            return status;
-        }
-        assert!(started.elapsed() < CATCH_UP, "not caught up: {status:#}\n{}", cluster.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn a_killed_leader_fails_over_and_catches_up_after_its_restart() {
     let mut cluster = Cluster::new(|_| None);
@@ -96,7 +75,7 @@ fn a_killed_leader_fails_over_and_catches_up_after_its_restart() {
     nbdcopy(&["--flush", tail_file.to_str().expect("utf-8"), &cluster.member(other).uri("pg")]);
 
     cluster.start(leader);
-    let status = caught_up(&cluster, leader);
+    let status = cluster.caught_up(leader);
     let chunk = &status["chunks"][0];
     assert_eq!(chunk["replicas"], serde_json::json!([1, 2, 3]));
     assert!(chunk["term"].as_u64().is_some_and(|t| t >= 2), "a new term after the failover: {status:#}");

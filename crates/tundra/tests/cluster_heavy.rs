@@ -45,10 +45,9 @@ fn same_heavy_pages_everywhere(cluster: &Cluster, id: u32) -> u64 {
     }
 }
 
-#[test]
-fn a_replicated_volume_is_heavily_compressed_by_its_leaders_and_every_replica_stores_it() {
-    let mut cluster = Cluster::new(|_| None);
-    cluster.start_all();
+/// Volume `h` of 64 MiB with three replicas, its first [`PAGES`] pages written once through
+/// node 1: a client of node 1, the volume's id and the writes' log.
+fn written(cluster: &Cluster) -> (tundra_client::Client, u32, WriterLog) {
     succeeds(&["volume", "create", "h", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
     let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
     let id = client.volume_lookup("h").expect("lookup").id;
@@ -57,6 +56,14 @@ fn a_replicated_volume_is_heavily_compressed_by_its_leaders_and_every_replica_st
         client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
         log.insert(page, 1);
     }
+    (client, id, log)
+}
+
+#[test]
+fn a_replicated_volume_is_heavily_compressed_by_its_leaders_and_every_replica_stores_it() {
+    let mut cluster = Cluster::new(|_| None);
+    cluster.start_all();
+    let (_, id, mut log) = written(&cluster);
 
     // A writer rewrites pages of the range through node 3 while node 2 asks for the range's
     // heavy compression.
@@ -127,25 +134,6 @@ fn a_replicated_volume_is_heavily_compressed_by_its_leaders_and_every_replica_st
     }
 }
 
-/// Waits until every replica of every chunk applied its leader's commit index.
-fn caught_up(cluster: &Cluster, asked: u64) {
-    let started = Instant::now();
-    loop {
-        let status = cluster.status(asked);
-        let synced = status["chunks"].as_array().is_some_and(|chunks| {
-            chunks.iter().all(|c| {
-                c["lag"] == 0
-                    && c["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &c["commit_index"]))
-            })
-        });
-        if synced {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "not caught up: {status:#}\n{}", cluster.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// `tundra fsck --json` of node `id`'s data directory (the node is stopped).
 fn fsck(cluster: &Cluster, id: u64) -> serde_json::Value {
     let config = cluster.member(id).config.to_str().expect("utf-8").to_string();
@@ -192,18 +180,11 @@ fn heavy_segments_gone_bad_on_a_replica_are_repaired_from_a_peer_by_its_scrub() 
         std::fs::write(&cluster.member(id).config, config).expect("config");
     }
     cluster.start_all();
-    succeeds(&["volume", "create", "h", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
-    let id = client.volume_lookup("h").expect("lookup").id;
-    let mut log = WriterLog::new();
-    for page in 0..PAGES {
-        client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
-        log.insert(page, 1);
-    }
+    let (mut client, id, log) = written(&cluster);
     let report = client.heavy_compress(id, 0, PAGES).expect("heavy compression");
     assert_eq!(report.pages, PAGES, "{report:?}");
     drop(client);
-    caught_up(&cluster, 1);
+    cluster.caught_up(1);
 
     // A follower stopped (its stores closed, so the damaged blocks are its segments' only
     // copies) and every heavy segment on its drive damaged.
@@ -247,14 +228,7 @@ fn heavy_segments_gone_bad_on_a_replica_are_repaired_from_a_peer_by_its_scrub() 
 fn a_chunk_of_heavy_segments_moves_by_a_snapshot_and_its_target_holds_them() {
     let mut cluster = Cluster::of_size(4, |_| None, "physical = \"512MiB\"");
     cluster.start_all();
-    succeeds(&["volume", "create", "h", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-    let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
-    let id = client.volume_lookup("h").expect("lookup").id;
-    let mut log = WriterLog::new();
-    for page in 0..PAGES {
-        client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");
-        log.insert(page, 1);
-    }
+    let (mut client, id, mut log) = written(&cluster);
     let report = client.heavy_compress(id, 0, PAGES).expect("heavy compression");
     assert_eq!(report.pages, PAGES, "{report:?}");
     // More than a snapshot's worth of entries after the segments, on other pages.

@@ -36,25 +36,6 @@ fn find_all(haystack: &[u8], needle: &[u8]) -> Vec<usize> {
     haystack.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(at, _)| at).collect()
 }
 
-/// Waits until every replica of every chunk applied the leader's commit index.
-fn caught_up(cluster: &Cluster, asked: u64) {
-    let started = Instant::now();
-    loop {
-        let status = cluster.status(asked);
-        let synced = status["chunks"].as_array().is_some_and(|chunks| {
-            chunks.iter().all(|c| {
-                c["lag"] == 0
-                    && c["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &c["commit_index"]))
-            })
-        });
-        if synced {
-            return;
-        }
-        assert!(started.elapsed() < REPAIR_WAIT, "not caught up: {status:#}\n{}", cluster.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn a_page_gone_bad_on_a_stopped_replica_is_repaired_from_a_peer_by_the_scrub() {
     let mut cluster = Cluster::with_drive(|_| None, "physical = \"256MiB\"\ncompression = \"off\"");
@@ -66,7 +47,7 @@ fn a_page_gone_bad_on_a_stopped_replica_is_repaired_from_a_peer_by_the_scrub() {
         client.write_page(volume, page, WriteMode::Auto, &page_content(page)).expect("write");
     }
     drop(client);
-    caught_up(&cluster, 1);
+    cluster.caught_up(1);
 
     // A follower goes down and one of its pages goes bad on its drive meanwhile. It is stopped
     // (SIGTERM), not killed: a replica applies committed entries without a store sync, and a
@@ -148,7 +129,7 @@ fn a_read_through_a_leader_whose_page_went_bad_repairs_it_from_a_peer() {
         client.write_page(volume, page, WriteMode::Auto, &page_content(page)).expect("write");
     }
     drop(client);
-    caught_up(&cluster, 1);
+    cluster.caught_up(1);
 
     // Page 9 goes bad on nodes 1 and 2 (stopped, so that the damaged blocks are the page's
     // durable copies: see the test above); node 3 keeps the one good copy.

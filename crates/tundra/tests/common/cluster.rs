@@ -244,6 +244,28 @@ impl Cluster {
         }
     }
 
+    /// Waits until node `asked` reports every node up and every replica of every chunk at its
+    /// leader's commit index (for up to a minute); returns that status.
+    #[allow(dead_code)]
+    pub fn caught_up(&self, asked: u64) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let status = self.status(asked);
+            let all_up = status["nodes"].as_array().is_some_and(|n| n.iter().all(|n| n["up"] == true));
+            let synced = status["chunks"].as_array().is_some_and(|chunks| {
+                chunks.iter().all(|c| {
+                    c["lag"] == 0
+                        && c["replica_applied"].as_object().is_some_and(|r| r.values().all(|a| a == &c["commit_index"]))
+                })
+            });
+            if all_up && synced {
+                return status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "not caught up: {status:#}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The logs of every node, for a failing test's message.
     pub fn logs(&self) -> String {
         self.members.iter().map(|m| format!("--- node {} ---\n{}", m.id, m.log_text())).collect()
