@@ -407,6 +407,14 @@ impl Host {
         let raft = self.leader_raft(chunk)?;
         self.read_pages(chunk, &[]).await?;
         let pages = self.pages_of(chunk);
+        // A page whose image went bad here is repaired from a peer first, as a read would
+        // (the plan reads every page of the range).
+        for (page, entry) in pages.store().chunk_entries(chunk) {
+            let end = first.0.saturating_add(count);
+            if (first.0..end).contains(&page.0) && entry.encoding != tundra_store::index::Encoding::Heavy {
+                self.read_or_repair(&pages, chunk, page).await?;
+            }
+        }
         let plans = crate::redo_machine::block_in_place_if_multi(|| pages.plan_heavy(chunk, first, count)).map_err(
             |e| match e.kind() {
                 tundra_store::ErrorKind::Invalid => Error::Invalid(e.to_string()),

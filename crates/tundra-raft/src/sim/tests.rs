@@ -328,3 +328,42 @@ fn a_joint_membership_is_not_settled() {
         panic!("the group never settled after the heal: {last:?}");
     });
 }
+
+/// A heavy compression whose leader holds a bad page repairs it from a peer first, as a read
+/// would, and archives it with the others; every replica then holds the same heavy pages, and
+/// every page reads back as written.
+#[test]
+fn a_heavy_compression_over_a_bad_page_on_its_leader_repairs_it_first() {
+    paused_runtime(11).block_on(async {
+        let mut rng = Rng::new(11);
+        let mut cluster = quiet_cluster(&mut rng, 1).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        let pages: Vec<_> = (0..6).map(|p| (PageNo(p), content(u64::from(p) + 1), Lsn(u64::from(p) + 1))).collect();
+        leader.write_pages(chunk, &pages).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        let at = (0..cluster.nodes.len())
+            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() == leader.id()))
+            .expect("the leader's node");
+        assert!((0..10).any(|_| cluster.corrupt(at, chunk, PageNo(2), &mut rng).is_some()), "page 2 stayed good");
+        let done = leader.heavy_compress(chunk, PageNo(0), 6).await.expect("heavy compression over a bad page");
+        assert_eq!(done.pages, 6, "{done:?}");
+        assert!(leader.repair_stats().pages_repaired >= 1, "{:?}", leader.repair_stats());
+        assert!(settled(&cluster, chunk).await, "the segment did not reach every replica");
+        for host in cluster.nodes.iter().filter_map(|n| n.host.as_ref()) {
+            let heavy = host
+                .store()
+                .chunk_entries(chunk)
+                .iter()
+                .filter(|(_, e)| e.encoding == tundra_store::index::Encoding::Heavy)
+                .count();
+            assert_eq!(heavy, 6, "node {}", host.id());
+        }
+        for (page, bytes, _) in &pages {
+            let read = leader.read_page(chunk, *page).await.expect("read").expect("a page");
+            assert!(read == *bytes, "page {} differs", page.0);
+        }
+        cluster.shutdown().await;
+    });
+}
