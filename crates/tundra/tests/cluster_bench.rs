@@ -13,6 +13,9 @@
 //! chunks, three replicas, one volume created on freshly started nodes: see [`build_groups`])
 //! at a fixed client concurrency and reports pages/s.
 //!
+//! `heavy_costs` heavily compresses the same pages on a node alone and through a cluster's
+//! leader, and compares what each stored, the bytes sent to the followers and their CPU.
+//!
 //! By default it runs tiny (a few pages, one round) so that it cannot rot. With
 //! `TUNDRA_CLUSTER_BENCH_OUT=DIR` it runs three rounds of `TUNDRA_CLUSTER_BENCH_PAGES` (default
 //! 1,000) pages of a real PostgreSQL heap (`target/realdata/flights.heap` from
@@ -724,5 +727,116 @@ fn throughput_by_groups() {
     }
     std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
     std::fs::write(results_dir(&dir).join("groups.txt"), &text).expect("write the results");
+    print!("{text}");
+}
+
+/// One round of heavy compression's costs: what a node alone and a three-node cluster each
+/// stored for the same pages, the bytes the cluster's leader sent each follower, and each
+/// node's CPU time during the compression.
+struct HeavyRound {
+    single: tundra_proto::HeavyResult,
+    replicated: tundra_proto::HeavyResult,
+    follower_bytes: f64,
+    leader_cpu_s: f64,
+    follower_cpu_s: [f64; 2],
+}
+
+fn heavy_round(count: usize) -> HeavyRound {
+    let (pages, _) = pages(count);
+    let site = common_serve::Site::new();
+    let single = site.start();
+    single.create_volume("bench", "64MiB", "8KiB", "normal");
+    let mut client = single.client();
+    let volume = client.volume_lookup("bench").expect("lookup").id;
+    write_all(&mut client, volume, &pages);
+    let single_result = client.heavy_compress(volume, 0, count as u64).expect("heavy compression on a node alone");
+    drop((client, single));
+
+    let mut cluster = Cluster::new(|_| None);
+    cluster.start_all();
+    succeeds(&["volume", "create", "bench", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let leader = cluster.leader(1, "bench");
+    let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
+    let volume = client.volume_lookup("bench").expect("lookup").id;
+    write_all(&mut client, volume, &pages);
+    wait_caught_up(&cluster, leader, "bench", Duration::from_secs(60));
+    let sent_before = cluster.status(leader)["traffic"]["raft_bytes_sent"].as_u64().expect("traffic");
+    let cpu_before = cluster_cpu(&cluster);
+    let replicated = client.heavy_compress(volume, 0, count as u64).expect("heavy compression of a replicated volume");
+    // The followers hear the last commit index and apply the last segment.
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu_after = cluster_cpu(&cluster);
+    let sent_after = cluster.status(leader)["traffic"]["raft_bytes_sent"].as_u64().expect("traffic");
+    let cpu = |id: u64| cpu_after[id as usize - 1] - cpu_before[id as usize - 1];
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    HeavyRound {
+        single: single_result,
+        replicated,
+        follower_bytes: (sent_after - sent_before) as f64 / 2.0,
+        leader_cpu_s: cpu(leader),
+        follower_cpu_s: [cpu(followers[0]), cpu(followers[1])],
+    }
+}
+
+/// Heavy compression of a replicated volume (seed 000 §3.2.3): the same pages of a real
+/// PostgreSQL heap written to a node alone and to a three-node cluster, then heavily
+/// compressed through the chunk's leader. The leader compresses once and ships the segments:
+/// the cluster stores what the node alone stores, each follower receives about the segments'
+/// bytes, and the followers spend a fraction of the leader's CPU (they decompress nothing and
+/// compress nothing). Tiny by default; with `TUNDRA_CLUSTER_BENCH_OUT`, three rounds of
+/// `TUNDRA_CLUSTER_BENCH_PAGES` (default 1,000) pages written to DIR/heavy.txt.
+#[test]
+fn heavy_costs() {
+    let _serial = serial();
+    let out = out_dir();
+    let count: usize = match &out {
+        Some(_) => std::env::var("TUNDRA_CLUSTER_BENCH_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+        None => 64,
+    };
+    let rounds = if out.is_some() { full_rounds() } else { 1 };
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let results: Vec<HeavyRound> = (0..rounds).map(|_| heavy_round(count)).collect();
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    for r in &results {
+        assert_eq!(r.single.pages, count as u64, "{:?}", r.single);
+        assert_eq!(r.replicated.pages, count as u64, "{:?}", r.replicated);
+        assert!(r.single.bytes_after < r.single.bytes_before, "{:?}", r.single);
+        // The same pages in the same groups give the same segments, wherever compressed.
+        assert_eq!((r.replicated.segments, r.replicated.bytes_after), (r.single.segments, r.single.bytes_after));
+        assert!(r.follower_bytes > 0.0 && r.leader_cpu_s >= 0.0);
+    }
+    let Some(dir) = out else { return };
+    let (_, what) = pages(1);
+    let mut text = String::new();
+    let release = if cfg!(debug_assertions) { "" } else { " --release" };
+    writeln!(text, "# TUNDRA_CLUSTER_BENCH_OUT={dir} TUNDRA_CLUSTER_BENCH_PAGES={count} cargo test{release} -p tundra --test cluster_bench heavy_costs -- --nocapture").unwrap();
+    writeln!(text, "# pages: {count} 8 KiB pages of {what}, written, then heavily compressed in one request (a node alone; then through the leader of a three-node cluster)").unwrap();
+    writeln!(text, "# bytes: the stored bytes the pages took before and take after (4 KiB-rounded), as HEAVY_COMPRESS answers; follower_bytes: the leader's Raft bytes sent during the compression, per follower; cpu: utime + stime of each tundra serve process from before the request to 300 ms after its answer ({} ticks a second)", clock_ticks()).unwrap();
+    writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
+    writeln!(text, "round\tsingle_before\tsingle_after\tsingle_ratio\treplicated_before\treplicated_after\tsegments\tfollower_bytes\tfollower_bytes_over_after\tleader_cpu_ms\tfollower1_cpu_ms\tfollower2_cpu_ms").unwrap();
+    for (i, r) in results.iter().enumerate() {
+        writeln!(
+            text,
+            "{i}\t{}\t{}\t{:.3}\t{}\t{}\t{}\t{:.0}\t{:.4}\t{:.0}\t{:.0}\t{:.0}",
+            r.single.bytes_before,
+            r.single.bytes_after,
+            r.single.bytes_before as f64 / r.single.bytes_after as f64,
+            r.replicated.bytes_before,
+            r.replicated.bytes_after,
+            r.replicated.segments,
+            r.follower_bytes,
+            r.follower_bytes / r.replicated.bytes_after as f64,
+            r.leader_cpu_s * 1e3,
+            r.follower_cpu_s[0] * 1e3,
+            r.follower_cpu_s[1] * 1e3,
+        )
+        .unwrap();
+    }
+    let ratio: Vec<f64> =
+        results.iter().map(|r| (r.follower_cpu_s[0] + r.follower_cpu_s[1]) / 2.0 / r.leader_cpu_s.max(1e-9)).collect();
+    let (m, lo, hi) = spread(&ratio);
+    writeln!(text, "follower_cpu_over_leader median {m:.3} (min {lo:.3}, max {hi:.3})").unwrap();
+    std::fs::create_dir_all(results_dir(&dir)).expect("create the results directory");
+    std::fs::write(results_dir(&dir).join("heavy.txt"), &text).expect("write the results");
     print!("{text}");
 }
