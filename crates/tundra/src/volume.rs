@@ -61,6 +61,22 @@ pub enum VolumeCommand {
         #[command(flatten)]
         connect: Connect,
     },
+    /// Heavily compress a volume's pages (seed 000 §3.2.3: zstd at a high level over runs of
+    /// pages, for archived data); on a replicated volume each chunk's leader compresses and
+    /// every replica stores the segments.
+    HeavyCompress {
+        name: String,
+        /// The first page.
+        #[arg(long, default_value_t = 0, value_name = "PAGE")]
+        first: u64,
+        /// How many pages (default: to the volume's end).
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: Connect,
+    },
     /// One volume's space, mix and latencies.
     Stats {
         name: String,
@@ -134,6 +150,9 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             connect.client()?.volume_delete(&name)?;
             println!("deleted {}", printable(&name));
         }
+        VolumeCommand::HeavyCompress { name, first, count, json, connect } => {
+            heavy_compress(&mut connect.client()?, &name, first, count, json)?;
+        }
         VolumeCommand::Stats { name, json, connect } => {
             let mut client = connect.client()?;
             let v = client.volume_lookup(&name)?;
@@ -145,6 +164,68 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 print_volume_stats(&stats);
             }
         }
+    }
+    Ok(())
+}
+
+/// Pages a heavy compression asks for at a time: each batch's progress is printed.
+const HEAVY_BATCH_PAGES: u64 = 8192;
+
+/// `tundra volume heavy-compress`: the range in batches, each one's figures on stderr, the
+/// total on stdout.
+fn heavy_compress(client: &mut Client, name: &str, first: u64, count: Option<u64>, json: bool) -> Result<()> {
+    let v = client.volume_lookup(name)?;
+    let pages = v.page_count();
+    if first >= pages {
+        bail!("--first {first}: volume {} has {pages} pages (0 to {})", printable(name), pages.saturating_sub(1));
+    }
+    let count = count.unwrap_or(pages - first);
+    let end = first.checked_add(count).filter(|&end| end <= pages).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--count {count}: pages {first} to {} are outside volume {}, which has {pages} pages",
+            first.saturating_add(count),
+            printable(name)
+        )
+    })?;
+    let mut total = tundra_proto::HeavyResult { pages: 0, segments: 0, bytes_before: 0, bytes_after: 0 };
+    let mut at = first;
+    while at < end {
+        let n = HEAVY_BATCH_PAGES.min(end - at);
+        let part = client.heavy_compress(v.id, at, n)?;
+        total.pages += part.pages;
+        total.segments += part.segments;
+        total.bytes_before += part.bytes_before;
+        total.bytes_after += part.bytes_after;
+        at += n;
+        if end - first > HEAVY_BATCH_PAGES {
+            eprintln!(
+                "tundra: pages {first} to {at} of {end}: {} pages into {} segments so far",
+                total.pages, total.segments
+            );
+        }
+    }
+    if json {
+        let report = serde_json::json!({
+            "volume": name,
+            "first": first,
+            "count": count,
+            "pages": total.pages,
+            "segments": total.segments,
+            "bytes_before": total.bytes_before,
+            "bytes_after": total.bytes_after,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if total.pages == 0 {
+        println!("nothing to compress: no page in {first} to {end} is stored outside a heavy segment");
+    } else {
+        println!(
+            "{} pages into {} segments: {} before, {} after ({:.2}x)",
+            total.pages,
+            total.segments,
+            format_size(total.bytes_before),
+            format_size(total.bytes_after),
+            total.bytes_before as f64 / total.bytes_after.max(1) as f64
+        );
     }
     Ok(())
 }

@@ -229,8 +229,16 @@ fn a_chunk_of_heavy_segments_moves_by_a_snapshot_and_its_target_holds_them() {
     let mut cluster = Cluster::of_size(4, |_| None, "physical = \"512MiB\"");
     cluster.start_all();
     let (mut client, id, mut log) = written(&cluster);
-    let report = client.heavy_compress(id, 0, PAGES).expect("heavy compression");
-    assert_eq!(report.pages, PAGES, "{report:?}");
+    // Through the command line this time; a range past the volume's end is refused first.
+    let addr = cluster.member(3).addr();
+    let refused =
+        common::fails(&["volume", "heavy-compress", "h", "--first", "8192", "--addr", &addr], "has 8192 pages");
+    println!("{refused}");
+    let pages = PAGES.to_string();
+    let out = succeeds(&["volume", "heavy-compress", "h", "--count", &pages, "--json", "--addr", &addr]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("heavy-compress --json is JSON");
+    assert_eq!(report["pages"].as_u64(), Some(PAGES), "{report:#}");
+    assert!(report["bytes_after"].as_u64() < report["bytes_before"].as_u64(), "{report:#}");
     // More than a snapshot's worth of entries after the segments, on other pages.
     for page in PAGES..PAGES + 1100 {
         client.write_page(id, page, WriteMode::Auto, &content(page, 1)).expect("write");

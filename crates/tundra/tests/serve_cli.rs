@@ -744,6 +744,13 @@ fn stats_json_and_prometheus_metrics_after_compressible_writes() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("volume pg"));
     let out = succeeds(&node.with_addr(&["volume", "stats", "wal"]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("volume wal"));
+    // Heavy compression from the command line: every written page of pg; a volume of mode
+    // none is refused.
+    let out = succeeds(&node.with_addr(&["volume", "heavy-compress", "pg"]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("640 pages into"), "{said}");
+    fails(&node.with_addr(&["volume", "heavy-compress", "wal"]), "never compressed");
+    assert_eq!(volume_stats(&crate::stats(&node), "pg")["heavy_pages"], 640);
 
     let (status, body) = http_get(node.metrics, "/metrics");
     assert!(status.contains("200"), "{status}");
