@@ -416,17 +416,18 @@ impl SnapshotFiles {
     /// apply mark `mark` names. The extents are written to a new file, then renamed over any of
     /// the same id (a transfer reading an older copy keeps its own).
     ///
-    /// Each page's image goes through `check` first (the state machine decompresses it and
-    /// compares its checksum), so a bad copy here is not handed on as the chunk's. A page that
-    /// cannot be read or fails `check` does not stop the capture: every such page is listed in
-    /// [`CaptureError::BadPages`], for the caller to repair from a peer and capture again.
+    /// Each image goes through `check` first (the state machine decompresses it and compares
+    /// its checksum; a heavy segment's, every page of it), so a bad copy here is not handed on
+    /// as the chunk's. A page that cannot be read or fails `check` does not stop the capture:
+    /// every such page (a heavy segment's first) is listed in [`CaptureError::BadPages`], for
+    /// the caller to repair from a peer and capture again.
     pub fn capture(
         &self,
         store: &Store,
         group: GroupId,
         id: &str,
         mark: Vec<u8>,
-        check: &dyn Fn(&PagePut) -> tundra_store::Result<()>,
+        check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>,
     ) -> Result<Manifest, CaptureError> {
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");
@@ -444,12 +445,12 @@ impl SnapshotFiles {
                 }
                 Err(error) => return Err(CaptureError::Failed(error.to_string())),
             };
+            if let Err(error) = check(&image) {
+                bad.push(BadImage { page, readable: true, why: error.to_string() });
+                continue;
+            }
             let (bytes, what) = match image {
                 ChunkImage::Page(put) => {
-                    if let Err(error) = check(&put) {
-                        bad.push(BadImage { page, readable: true, why: error.to_string() });
-                        continue;
-                    }
                     let what = Holds::Page {
                         page: put.page,
                         encoding: put.image.encoding,

@@ -12,7 +12,7 @@ use tundra_store::command::{HeavyPage, PagePut, StoreCommand};
 use tundra_store::ids::{ChunkId, Lsn, PageNo, VolumeId};
 use tundra_store::index::Encoding;
 use tundra_store::journal::{Journal, JournalGeometry};
-use tundra_store::store::{PageImage, Store};
+use tundra_store::store::{ChunkImage, PageImage, Store};
 use tundra_store::volume::{Volume, VolumeMode};
 
 use crate::network::{Call, Envelope, Link, Reply, Rpc, Transport, push_extents};
@@ -157,7 +157,7 @@ const ID: &str = "n1-t1.1-i100";
 
 /// The check of a capture whose images are all good (these stores' images are random bytes,
 /// not pages a codec decodes).
-fn sound(_: &PagePut) -> tundra_store::Result<()> {
+fn sound(_: &ChunkImage) -> tundra_store::Result<()> {
     Ok(())
 }
 
@@ -169,10 +169,15 @@ fn a_capture_lists_every_bad_page_and_keeps_no_extents() {
     let source = store();
     fill(&source, 14, 300, 2);
     let files = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
-    let bad_pages = [7u32, 150, 299];
-    let check = |put: &PagePut| {
-        if bad_pages.contains(&put.page.0) {
-            Err(tundra_store::Error::corrupted(format!("page {} fails its checksum", put.page.0)))
+    // Three pages and the second heavy segment (named by its first page, 332).
+    let bad_pages = [7u32, 150, 299, 332];
+    let check = |image: &ChunkImage| {
+        let page = match image {
+            ChunkImage::Page(put) => put.page.0,
+            ChunkImage::Heavy { pages, .. } => pages[0].page.0,
+        };
+        if bad_pages.contains(&page) {
+            Err(tundra_store::Error::corrupted(format!("page {page} fails its checksum")))
         } else {
             Ok(())
         }

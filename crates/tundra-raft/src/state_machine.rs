@@ -25,8 +25,8 @@ use tundra_store::{Error, ErrorKind};
 use crate::mark::ApplyMark;
 use std::collections::BTreeSet;
 
-use tundra_store::command::PagePut;
 use tundra_store::ids::PageNo;
+use tundra_store::store::ChunkImage;
 
 use crate::repair::Repairer;
 use crate::snapshot::{CaptureError, SnapshotFiles};
@@ -190,7 +190,14 @@ impl ChunkStateMachine {
     /// The pages in `as_stored` are copied as they are stored, unchecked.
     fn capture(&self, id: &str, as_stored: &BTreeSet<PageNo>) -> Result<Vec<u8>, CaptureError> {
         let (store, pages, group) = (self.store(), &self.pages, self.group);
-        let check = |put: &PagePut| if as_stored.contains(&put.page) { Ok(()) } else { pages.verify_image(group, put) };
+        let check = |image: &ChunkImage| match image {
+            ChunkImage::Page(put) if as_stored.contains(&put.page) => Ok(()),
+            ChunkImage::Page(put) => pages.verify_image(group, put),
+            ChunkImage::Heavy { pages: slots, .. } if slots.first().is_some_and(|s| as_stored.contains(&s.page)) => {
+                Ok(())
+            }
+            ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
+        };
         let capture = || self.files.capture(store, group, id, self.mark.encode(), &check);
         let manifest = if self.files.on_disk() { tokio::task::block_in_place(capture) } else { capture() }?;
         Ok(manifest.encode())

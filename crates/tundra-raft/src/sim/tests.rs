@@ -224,7 +224,7 @@ pub fn summary(r: &Report) -> String {
 /// page from another voter and captures it good, and the group keeps running there. `Err`
 /// says which check failed; with repair off (the twin) the capture still succeeds, copying
 /// the bad image as stored, and the check that the page is good again fails.
-fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
+fn snapshot_over_a_bad_page(repair_off: bool, heavy: bool) -> Result<(), String> {
     paused_runtime(9).block_on(async {
         let mut rng = Rng::new(9);
         let mut cluster = quiet_cluster(&mut rng, 1).await;
@@ -233,8 +233,11 @@ fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
         let leader = cluster.leader(chunk).expect("a leader");
         let pages: Vec<_> = (0..6).map(|p| (PageNo(p), content(u64::from(p) + 1), Lsn(u64::from(p) + 1))).collect();
         leader.write_pages(chunk, &pages).await.expect("write");
+        if heavy {
+            leader.heavy_compress(chunk, PageNo(0), 6).await.expect("heavy compression");
+        }
         assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
-        // A follower's copy of page 3 goes bad.
+        // A follower's copy of page 3 goes bad (with `heavy`, its whole segment).
         let i = (0..cluster.nodes.len())
             .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
             .expect("a follower");
@@ -260,7 +263,7 @@ fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
             }
         }
         let stats = host.repair_stats();
-        let page_good = host.pages_of(chunk).verify_stored(chunk, PageNo(3)).is_ok();
+        let page_good = super::cluster::sound(&host, chunk, PageNo(3));
         cluster.shutdown().await;
         if !built {
             return Err("no snapshot was built".into());
@@ -277,12 +280,19 @@ fn snapshot_over_a_bad_page(repair_off: bool) -> Result<(), String> {
 
 #[test]
 fn a_snapshot_over_a_bad_page_repairs_it_first() {
-    snapshot_over_a_bad_page(false).expect("the capture repaired the page");
+    snapshot_over_a_bad_page(false, false).expect("the capture repaired the page");
+}
+
+/// The same over a heavy segment gone bad: the capture checks every page of each segment it
+/// copies, and repairs the segment first.
+#[test]
+fn a_snapshot_over_a_bad_heavy_segment_repairs_it_first() {
+    snapshot_over_a_bad_page(false, true).expect("the capture repaired the segment");
 }
 
 #[test]
 fn a_capture_that_does_not_repair_is_caught() {
-    let verdict = snapshot_over_a_bad_page(true);
+    let verdict = snapshot_over_a_bad_page(true, false);
     let why = verdict.expect_err("a capture without repair passed the check");
     assert!(why.contains("still bad"), "{why}");
 }

@@ -166,19 +166,45 @@ impl Pages {
         stored: &[u8],
         pages: &[(PageNo, crate::index::PageEntry)],
     ) -> Result<Vec<(PageNo, crate::index::PageEntry)>> {
+        let places: Vec<(PageNo, u16, u32)> = pages.iter().map(|(p, e)| (*p, e.stored_len, e.checksum)).collect();
+        let good = self.verify_places(chunk, stored, &places)?;
+        Ok(pages.iter().zip(good).filter(|(_, good)| *good).map(|(page, _)| *page).collect())
+    }
+
+    /// Decompresses a heavy segment (never from the cache) and says, for each (page, position,
+    /// checksum), whether the content at that position matches.
+    fn verify_places(&self, chunk: ChunkId, stored: &[u8], places: &[(PageNo, u16, u32)]) -> Result<Vec<bool>> {
         let (page_count, len) = Self::segment_extent(stored)?;
         let frame = &stored[HEAVY_HEADER_BYTES..len];
         let segment =
             tundra_codec::heavy::decompress_segment(frame, self.page_size, page_count).map_err(codec_error)?;
-        Ok(pages
+        Ok(places
             .iter()
-            .filter(|(page, entry)| {
+            .map(|&(page, position, checksum)| {
                 segment
-                    .page(usize::from(entry.stored_len))
-                    .is_some_and(|content| page_checksum(chunk, *page, content) == entry.checksum)
+                    .page(usize::from(position))
+                    .is_some_and(|content| page_checksum(chunk, page, content) == checksum)
             })
-            .copied()
             .collect())
+    }
+
+    /// Checks a heavy segment as a snapshot captures it (its bytes as stored, and the chunk's
+    /// pages that point into it): a corruption error naming the first page that fails.
+    pub fn verify_segment_image(
+        &self,
+        chunk: ChunkId,
+        segment: &[u8],
+        slots: &[crate::store::HeavySlot],
+    ) -> Result<()> {
+        let places: Vec<(PageNo, u16, u32)> = slots.iter().map(|s| (s.page, s.position, s.checksum)).collect();
+        let good = self.verify_places(chunk, segment, &places)?;
+        match slots.iter().zip(good).find(|(_, good)| !*good) {
+            Some((slot, _)) => Err(Error::corrupted(format!(
+                "page {} of chunk {} fails its checksum in its heavy segment",
+                slot.page.0, chunk.0
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The pages of `chunk` whose entries point into the same heavy segment as `entry`.
