@@ -203,16 +203,13 @@ impl ClusterNode {
         def.ok_or_else(|| Refusal::Invalid(format!("volume id {volume} is not replicated here")))
     }
 
-    /// The manager forgets the volume's chunks; one it does not know is forgotten already.
-    /// Those its state holds past the catalog's size go too: a resize that placed new chunks
-    /// and was never finished (nor run again) left them there.
+    /// The manager forgets every chunk of the volume its state holds, those past the catalog's
+    /// size too (a resize that placed new chunks and was never finished left them there); one
+    /// forgotten meanwhile is forgotten already.
     async fn forget_chunks(&self, def: &VolumeDef) -> Result<(), Refusal> {
         let volume = VolumeId(def.id);
-        let mut chunks: std::collections::BTreeSet<ChunkId> =
-            (0..chunk_spans(def.size_bytes).len() as u32).map(|index| ChunkId::new(volume, index)).collect();
         let (state, _) = self.manager_state_now().await?;
-        chunks.extend(state.chunks().keys().filter(|chunk| chunk.volume() == volume));
-        for chunk in chunks {
+        for &chunk in state.chunks().keys().filter(|chunk| chunk.volume() == volume) {
             match self.manager_command(&Command::DeleteChunk { chunk }).await {
                 Ok(()) | Err(Refusal::Invalid(_)) => {}
                 Err(other) => return Err(other),

@@ -407,21 +407,30 @@ impl Host {
         let raft = self.leader_raft(chunk)?;
         self.read_pages(chunk, &[]).await?;
         let pages = self.pages_of(chunk);
-        // A page whose image went bad here is repaired from a peer first, as a read would
-        // (the plan reads every page of the range).
-        for (page, entry) in pages.store().chunk_entries(chunk) {
-            let end = first.0.saturating_add(count);
-            if (first.0..end).contains(&page.0) && entry.encoding != tundra_store::index::Encoding::Heavy {
-                self.read_or_repair(&pages, chunk, page).await?;
+        let plan = || crate::redo_machine::block_in_place_if_multi(|| pages.plan_heavy(chunk, first, count));
+        let plans = match plan() {
+            // A page whose image went bad here: the range is read again as reads do, which
+            // repairs a bad page from a peer, and planned again.
+            Err(error) if error.kind() == tundra_store::ErrorKind::Corrupted => {
+                for page in first.0..first.0.saturating_add(count) {
+                    let page = PageNo(page);
+                    if pages
+                        .store()
+                        .entry(chunk, page)
+                        .is_some_and(|e| e.encoding != tundra_store::index::Encoding::Heavy)
+                    {
+                        self.read_or_repair(&pages, chunk, page).await?;
+                    }
+                }
+                plan()
             }
+            other => other,
         }
-        let plans = crate::redo_machine::block_in_place_if_multi(|| pages.plan_heavy(chunk, first, count)).map_err(
-            |e| match e.kind() {
-                tundra_store::ErrorKind::Invalid => Error::Invalid(e.to_string()),
-                tundra_store::ErrorKind::Corrupted => Error::Corrupted(e.to_string()),
-                _ => Error::Unavailable(e.to_string()),
-            },
-        )?;
+        .map_err(|e| match e.kind() {
+            tundra_store::ErrorKind::Invalid => Error::Invalid(e.to_string()),
+            tundra_store::ErrorKind::Corrupted => Error::Corrupted(e.to_string()),
+            _ => Error::Unavailable(e.to_string()),
+        })?;
         let mut report = tundra_store::pages::HeavyReport::default();
         for plan in plans {
             self.propose(chunk, &raft, Proposal::new(&plan.command)).await?;

@@ -110,12 +110,10 @@ impl Pages {
     /// One page of a heavy segment, from the cache of decompressed segments when this segment
     /// (same first block and nonce) was decompressed before.
     fn heavy_page(&self, entry: &crate::index::PageEntry, stored: &[u8]) -> Result<Vec<u8>> {
-        let header = &stored[..HEAVY_HEADER_BYTES];
-        let frame_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let page_count = usize::from(u16::from_le_bytes(header[4..6].try_into().expect("2 bytes")));
-        let nonce = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let (page_count, len) = Self::segment_extent(stored)?;
+        let nonce = u64::from_le_bytes(stored[8..HEAVY_HEADER_BYTES].try_into().expect("8 bytes"));
         let index = usize::from(entry.stored_len);
-        if HEAVY_HEADER_BYTES + frame_len > stored.len() || index >= page_count {
+        if index >= page_count {
             return Err(Error::corrupted("a heavy segment header that does not fit its blocks"));
         }
         let key = entry.run.first_lba().0;
@@ -127,7 +125,7 @@ impl Pages {
         let segment = match cached {
             Some(segment) => segment,
             None => {
-                let frame = &stored[HEAVY_HEADER_BYTES..HEAVY_HEADER_BYTES + frame_len];
+                let frame = &stored[HEAVY_HEADER_BYTES..len];
                 let segment =
                     tundra_codec::heavy::decompress_segment(frame, self.page_size, page_count).map_err(codec_error)?;
                 let segment = Arc::new(segment);
@@ -157,20 +155,6 @@ impl Pages {
         Ok((page_count, HEAVY_HEADER_BYTES + frame_len))
     }
 
-    /// Decompresses a heavy segment (never from the cache) and checks each of `pages` (a
-    /// page and its entry, which names its position and checksum) against it; answers those
-    /// whose content verifies.
-    fn pages_in_segment(
-        &self,
-        chunk: ChunkId,
-        stored: &[u8],
-        pages: &[(PageNo, crate::index::PageEntry)],
-    ) -> Result<Vec<(PageNo, crate::index::PageEntry)>> {
-        let places: Vec<(PageNo, u16, u32)> = pages.iter().map(|(p, e)| (*p, e.stored_len, e.checksum)).collect();
-        let good = self.verify_places(chunk, stored, &places)?;
-        Ok(pages.iter().zip(good).filter(|(_, good)| *good).map(|(page, _)| *page).collect())
-    }
-
     /// Decompresses a heavy segment (never from the cache) and says, for each (page, position,
     /// checksum), whether the content at that position matches.
     fn verify_places(&self, chunk: ChunkId, stored: &[u8], places: &[(PageNo, u16, u32)]) -> Result<Vec<bool>> {
@@ -188,6 +172,18 @@ impl Pages {
             .collect())
     }
 
+    /// [`Pages::verify_places`], as an error naming the first page that fails.
+    fn verify_all(&self, chunk: ChunkId, stored: &[u8], places: &[(PageNo, u16, u32)]) -> Result<()> {
+        let good = self.verify_places(chunk, stored, places)?;
+        match places.iter().zip(good).find(|(_, good)| !*good) {
+            Some(((page, _, _), _)) => Err(Error::corrupted(format!(
+                "page {} of chunk {} fails its checksum in its heavy segment",
+                page.0, chunk.0
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Checks a heavy segment as a snapshot captures it (its bytes as stored, and the chunk's
     /// pages that point into it): a corruption error naming the first page that fails.
     pub fn verify_segment_image(
@@ -197,14 +193,7 @@ impl Pages {
         slots: &[crate::store::HeavySlot],
     ) -> Result<()> {
         let places: Vec<(PageNo, u16, u32)> = slots.iter().map(|s| (s.page, s.position, s.checksum)).collect();
-        let good = self.verify_places(chunk, segment, &places)?;
-        match slots.iter().zip(good).find(|(_, good)| !*good) {
-            Some((slot, _)) => Err(Error::corrupted(format!(
-                "page {} of chunk {} fails its checksum in its heavy segment",
-                slot.page.0, chunk.0
-            ))),
-            None => Ok(()),
-        }
+        self.verify_all(chunk, segment, &places)
     }
 
     /// The pages of `chunk` whose entries point into the same heavy segment as `entry`.
@@ -226,14 +215,7 @@ impl Pages {
     pub fn verify_segment(&self, chunk: ChunkId, pages: &[(PageNo, crate::index::PageEntry)]) -> Result<()> {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         let Some((_, stored)) = self.store.read_image(chunk, first)? else { return Ok(()) };
-        let good = self.pages_in_segment(chunk, &stored, pages)?;
-        match pages.iter().find(|p| !good.contains(p)) {
-            Some((page, _)) => Err(Error::corrupted(format!(
-                "page {} of chunk {} fails its checksum in its heavy segment",
-                page.0, chunk.0
-            ))),
-            None => Ok(()),
-        }
+        self.verify_all(chunk, &stored, &places_of(pages))
     }
 
     /// Of `pages` (entries of this replica pointing into one heavy segment), those whose
@@ -248,7 +230,8 @@ impl Pages {
         if len != segment.len() {
             return Err(Error::corrupted("a heavy segment copy longer than its header says"));
         }
-        self.pages_in_segment(chunk, segment, pages)
+        let good = self.verify_places(chunk, segment, &places_of(pages))?;
+        Ok(pages.iter().zip(good).filter(|(_, good)| *good).map(|(page, _)| *page).collect())
     }
 
     /// The heavy segment page `page` points into, verified for that page first: a copy for a
@@ -259,14 +242,14 @@ impl Pages {
         if entry.encoding != Encoding::Heavy {
             return Ok(None);
         }
-        if self.pages_in_segment(chunk, &stored, &[(page, entry)])?.is_empty() {
-            return Err(Error::corrupted(format!(
-                "page {} of chunk {} fails its checksum in its heavy segment",
-                page.0, chunk.0
-            )));
-        }
+        self.verify_all(chunk, &stored, &places_of(&[(page, entry)]))?;
         let (_, len) = Self::segment_extent(&stored)?;
         let heavy = crate::command::HeavyPage { page, checksum: entry.checksum, lsn: entry.lsn };
         Ok(Some((heavy, stored[..len].to_vec())))
     }
+}
+
+/// Each page's place in its heavy segment and checksum, from its entry.
+fn places_of(pages: &[(PageNo, crate::index::PageEntry)]) -> Vec<(PageNo, u16, u32)> {
+    pages.iter().map(|(page, entry)| (*page, entry.stored_len, entry.checksum)).collect()
 }

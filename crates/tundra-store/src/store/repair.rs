@@ -117,12 +117,12 @@ impl Store {
                 self.abandon_runs(chunk, &runs)?;
                 return Ok(0);
             }
+            let moved: Vec<(PageNo, PageEntry)> =
+                still.iter().map(|&(page, entry)| (page, PageEntry { run: runs[0], ..entry })).collect();
+            let records: Vec<Record> =
+                moved.iter().map(|&(page, entry)| Record::PageSet { chunk, page, entry }).collect();
             let entries: Vec<(PageNo, Option<PageEntry>)> =
-                still.iter().map(|&(page, entry)| (page, Some(PageEntry { run: runs[0], ..entry }))).collect();
-            let records: Vec<Record> = entries
-                .iter()
-                .map(|&(page, entry)| Record::PageSet { chunk, page, entry: entry.expect("set above") })
-                .collect();
+                moved.iter().map(|&(page, entry)| (page, Some(entry))).collect();
             if let Err(error) = self.journal.commit(&records) {
                 let mut state = self.state.lock();
                 state.unallocate(chunk, &runs);
