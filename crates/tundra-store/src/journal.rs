@@ -34,7 +34,7 @@ use frame::{CheckpointHeader, LOG_PAYLOAD_BYTES, Superblock, encode_log_block};
 pub use ids::LogPosition;
 use ids::{CheckpointSlot, Epoch, Generation};
 pub(crate) use record::{Cursor, decode_volume, encode_volume, encoding_bits, encoding_from_bits};
-pub use record::{MAX_CHUNK_MARK_BYTES, MAX_RECORD_BYTES, PAGE_RECORD_BYTES, Record};
+pub use record::{MAX_CHUNK_MARK_BYTES, MAX_RECORD_BYTES, PAGE_DATA_MAX_BYTES, PAGE_RECORD_BYTES, Record};
 #[cfg(test)]
 pub(crate) use recovery::set_damage_ends_log;
 #[cfg(test)]
@@ -50,6 +50,10 @@ struct Committer {
     /// Encoded records waiting for the next group commit, with the batch they belong to.
     pending: Vec<u8>,
     pending_batch: u64,
+    /// Whether a pending record points at blocks written straight to the data device, so that
+    /// the group must flush the barrier device first. Records that carry their pages' images
+    /// ([`Journal::commit_with_data`]) do not.
+    pending_needs_barrier: bool,
     /// Every batch up to this one is durable.
     durable_batch: u64,
     /// The batch of the newest deferred records ([`Journal::commit_deferred`]): [`Journal::sync`]
@@ -169,6 +173,7 @@ impl Journal {
             committer: Mutex::new(Committer {
                 pending: Vec::new(),
                 pending_batch: 1,
+                pending_needs_barrier: false,
                 durable_batch: 0,
                 deferred_batch: 0,
                 committing: false,
@@ -204,7 +209,29 @@ impl Journal {
     /// Makes `records` durable, together with whatever other threads commit at the same time
     /// (group commit: one device write and one flush for the whole group).
     pub fn commit(&self, records: &[Record]) -> Result<()> {
-        self.commit_from(records, false)
+        self.commit_from(records, false, true)
+    }
+
+    /// [`Journal::commit`] of records that carry the images of the pages they install
+    /// ([`Record::PageData`] before each [`Record::PageSet`]): they do not need the data device
+    /// flushed before them, so a group of only such records pays one flush, the log's. Replay
+    /// writes the images again (the data device may lose them in a crash), and a checkpoint
+    /// flushes the data device before it stops the log from being replayed.
+    pub fn commit_with_data(&self, records: &[Record]) -> Result<()> {
+        self.commit_from(records, false, false)
+    }
+
+    /// Whether the log has room for `bytes` more of page images in the commits before the next
+    /// checkpoint: at most a quarter of the ring written since the newest checkpoint, with
+    /// them. Images take many log blocks; past this, commits flush the data device instead, so
+    /// that images never fill the ring before the next checkpoint frees it.
+    pub fn has_room_for_data(&self, bytes: usize) -> bool {
+        let c = self.committer.lock();
+        let partly = u64::from(!c.tail.is_empty());
+        let end = c.next_position.after(partly);
+        let since_newest = end.blocks_since(c.checkpoint_position);
+        let queued = (c.pending.len() + bytes).div_ceil(frame::LOG_PAYLOAD_BYTES) as u64 + 1;
+        (since_newest + queued) * 4 <= self.geometry.log_blocks
     }
 
     /// [`Journal::commit`] of records that must start a fresh log block: a [`Record::Unit`]'s.
@@ -213,10 +240,10 @@ impl Journal {
     /// group land would replay the unit's later records without its marker. A fresh block's old
     /// content is of another position or zeros, so a torn unit is always cut at its end.
     pub fn commit_unit(&self, records: &[Record]) -> Result<()> {
-        self.commit_from(records, true)
+        self.commit_from(records, true, true)
     }
 
-    fn commit_from(&self, records: &[Record], fresh: bool) -> Result<()> {
+    fn commit_from(&self, records: &[Record], fresh: bool, needs_barrier: bool) -> Result<()> {
         let mut c = self.committer.lock();
         if let Some(reason) = &c.failed {
             return Err(Error::closed(format!("the journal stopped after an error ({reason})")));
@@ -251,6 +278,7 @@ impl Journal {
         for record in records {
             record.encode(&mut c.pending);
         }
+        c.pending_needs_barrier |= needs_barrier;
         let my_batch = c.pending_batch;
         self.wait_durable(c, my_batch)
     }
@@ -272,6 +300,7 @@ impl Journal {
         for record in records {
             record.encode(&mut c.pending);
         }
+        c.pending_needs_barrier = true;
         c.deferred_batch = c.pending_batch;
         if c.pending.len() > DEFERRED_LIMIT {
             let my_batch = c.pending_batch;
@@ -317,11 +346,12 @@ impl Journal {
                 }
                 let mut batch = c.tail.clone();
                 batch.append(&mut c.pending);
+                let barrier = std::mem::take(&mut c.pending_needs_barrier);
                 let batch_id = c.pending_batch;
                 c.pending_batch += 1;
                 let (position, epoch, retain_from) = (c.next_position, c.epoch, c.retain_from);
                 drop(c);
-                let written = self.write_batch(&batch, position, epoch, retain_from);
+                let written = self.write_batch(&batch, position, epoch, retain_from, barrier);
                 c = self.committer.lock();
                 c.committing = false;
                 match written {
@@ -341,7 +371,9 @@ impl Journal {
         }
     }
 
-    /// Writes a group of encoded records as log blocks from `position`, and flushes. The first
+    /// Writes a group of encoded records as log blocks from `position`, and flushes; first
+    /// flushes the barrier device when `barrier` (a record of the group points at blocks
+    /// written straight to it). The first
     /// block rewrites the previous commit's partly filled block, whose records `records` starts
     /// with (a single block write is atomic, so they are never lost). Returns the position of
     /// the new last block if it has room left, with its records, or of the next block. Refuses
@@ -352,10 +384,11 @@ impl Journal {
         position: LogPosition,
         epoch: Epoch,
         retain_from: LogPosition,
+        barrier: bool,
     ) -> Result<(LogPosition, Vec<u8>)> {
         assert!(!records.is_empty(), "a group commit of no records");
-        if let Some(barrier) = &self.barrier {
-            barrier.flush()?;
+        if let Some(device) = self.barrier.as_ref().filter(|_| barrier) {
+            device.flush()?;
         }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;

@@ -24,7 +24,7 @@ use parking_lot::{Mutex, RwLock};
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::buf::with_scratch;
-use crate::ids::{ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
+use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
 use crate::journal::{Journal, JournalPlace, LogDamage};
 use crate::volume::{Volume, VolumeMode};
@@ -166,7 +166,7 @@ impl Store {
         journal.set_barrier(data.clone());
         let extent_count = u32::try_from(data.block_count() / u64::from(EXTENT_BLOCKS))
             .map_err(|_| Error::invalid("the data device has more than 2^32 extents"))?;
-        let state = rebuild(replay, extent_count)?;
+        let (state, rewrites) = rebuild(replay, extent_count)?;
         let store = Store {
             data,
             recovery,
@@ -176,6 +176,11 @@ impl Store {
             checkpoint_gate: RwLock::new(()),
             reuse_gate: RwLock::new(()),
         };
+        // Images the log carried, for entries still mapped: the data device may have lost
+        // them. The checkpoint below flushes them before it ends their replay.
+        let runs: Vec<BlockRun> = rewrites.iter().map(|r| r.run).collect();
+        let images: Vec<&[u8]> = rewrites.iter().map(|r| r.image.as_slice()).collect();
+        store.write_runs(&runs, &images)?;
         // A checkpoint now makes the replayed state the starting point of the next recovery.
         store.checkpoint()?;
         store.trim_unused()?;
@@ -311,6 +316,12 @@ impl Store {
         // Deferred records are installed already: the checkpoint reflects them, so they must
         // be in the log before its position.
         self.sync()?;
+        // Images that commits carried in the log (Journal::commit_with_data) may still be only
+        // in the data device's cache: the log stops being replayed at this checkpoint, so they
+        // must be durable first.
+        if !checkpoint_skips_data_flush() {
+            self.data.flush()?;
+        }
         let records = self.state.lock().checkpoint_records();
         let position = self.journal.position();
         self.journal.checkpoint(&records, position)
@@ -344,7 +355,7 @@ impl Store {
         let mut physical = Some(0u64);
         let mut stored_bytes = 0u64;
         for &(extent, offset, count) in &runs {
-            let run = crate::ids::BlockRun::new(crate::ids::ExtentId(extent), offset, count);
+            let run = BlockRun::new(crate::ids::ExtentId(extent), offset, count);
             stored_bytes += u64::from(count) * BLOCK_SIZE as u64;
             physical = match (physical, self.data.physical_bytes_in(run.first_lba(), u64::from(count))) {
                 (Some(sum), Some(bytes)) => Some(sum + bytes),
@@ -394,6 +405,26 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
         )));
     }
     Ok(len.div_ceil(BLOCK_SIZE) as u8)
+}
+
+/// The twin of the checkpoint's data flush (tests only): a checkpoint then ends the replay of
+/// images the data device may not hold yet, and the store's crash test must fail.
+fn checkpoint_skips_data_flush() -> bool {
+    #[cfg(test)]
+    return SKIP_CHECKPOINT_DATA_FLUSH.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static SKIP_CHECKPOINT_DATA_FLUSH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's checkpoints skip the data flush (the twin above).
+#[cfg(test)]
+pub(crate) fn set_checkpoint_skips_data_flush(on: bool) {
+    SKIP_CHECKPOINT_DATA_FLUSH.with(|flag| flag.set(on));
 }
 
 #[cfg(test)]

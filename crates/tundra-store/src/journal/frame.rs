@@ -9,16 +9,17 @@ use super::ids::{CheckpointSlot, Epoch, Generation, LogPosition};
 
 /// The journal format this build writes. Version 1 had one checksum per log block and one
 /// checkpoint position in the superblock; version 2 is version 3 without the Watermarks record,
-/// and version 3 is version 4 without the ChunkMark record.
-pub(super) const VERSION: u32 = 4;
-/// The oldest version this build reads: a version 2 or 3 journal is a version 4 journal that
+/// version 3 is version 4 without the ChunkMark record, and version 4 is version 5 without the
+/// PageData record.
+pub(super) const VERSION: u32 = 5;
+/// The oldest version this build reads: a version 2 to 4 journal is a version 5 journal that
 /// holds no record its version lacks, so it replays as it is, and the checkpoint taken when the
-/// store opens carries it to version 4. A build that reads only older versions refuses a newer
+/// store opens carries it to version 5. A build that reads only older versions refuses a newer
 /// journal by its superblock, before it could meet a record it does not know.
 pub(super) const OLDEST_READABLE: u32 = 2;
 
 /// The versions this build reads, for messages.
-pub(super) const READABLE: &str = "versions 2 to 4";
+pub(super) const READABLE: &str = "versions 2 to 5";
 
 fn readable(version: u32) -> bool {
     (OLDEST_READABLE..=VERSION).contains(&version)

@@ -36,6 +36,13 @@ pub enum Record {
     /// the log ends inside of (a snapshot's install, seed 000 §3.2.1: the chunk as it was or as
     /// sent). Never in a checkpoint.
     Unit { records: u32 },
+    /// A piece of the stored image of the page the next [`Record::PageSet`] of the same chunk
+    /// and page installs: `bytes` from byte `offset` of the image. A small commit carries its
+    /// pages' images in the log this way instead of flushing the data device before the log
+    /// (one flush per commit instead of two); replay writes the image again to the entry's
+    /// blocks if that entry is still the page's at the end of the log, since the data device
+    /// may have lost it. Never in a checkpoint: a checkpoint flushes the data device first.
+    PageData { chunk: ChunkId, page: PageNo, offset: u16, bytes: Vec<u8> },
 }
 
 const TAG_PAGE_SET: u8 = 1;
@@ -46,6 +53,11 @@ const TAG_VOLUME_ID_FLOOR: u8 = 5;
 const TAG_WATERMARKS: u8 = 6;
 const TAG_CHUNK_MARK: u8 = 7;
 const TAG_UNIT: u8 = 8;
+const TAG_PAGE_DATA: u8 = 9;
+/// The bytes of a [`Record::PageData`] before its data.
+const PAGE_DATA_HEADER_BYTES: usize = 1 + 8 + 4 + 2 + 2;
+/// The most image bytes one [`Record::PageData`] carries: it fills one log block's payload.
+pub const PAGE_DATA_MAX_BYTES: usize = super::frame::LOG_PAYLOAD_BYTES - PAGE_DATA_HEADER_BYTES;
 /// The longest chunk mark the journal keeps.
 pub const MAX_CHUNK_MARK_BYTES: usize = 80;
 /// The largest encoded record: a volume with the longest name.
@@ -103,6 +115,15 @@ impl Record {
                 out.push(TAG_UNIT);
                 out.extend_from_slice(&records.to_le_bytes());
             }
+            Record::PageData { chunk, page, offset, ref bytes } => {
+                assert!(bytes.len() <= PAGE_DATA_MAX_BYTES);
+                out.push(TAG_PAGE_DATA);
+                out.extend_from_slice(&chunk.0.to_le_bytes());
+                out.extend_from_slice(&page.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                out.extend_from_slice(bytes);
+            }
         }
     }
 
@@ -151,6 +172,17 @@ impl Record {
                 Record::PageSet { chunk, page, entry }
             }
             TAG_PAGE_CLEAR => Record::PageClear { chunk, page },
+            TAG_PAGE_DATA => {
+                let offset = r.u16()?;
+                let len = usize::from(r.u16()?);
+                if len == 0 || len > PAGE_DATA_MAX_BYTES || usize::from(offset) + len > usize::from(u16::MAX) {
+                    return Err(Error::corrupted(format!("journal page data of {len} bytes at offset {offset}")));
+                }
+                let bytes =
+                    r.bytes.get(r.at..r.at + len).ok_or_else(|| Error::corrupted("journal record cut short"))?.to_vec();
+                r.at += len;
+                Record::PageData { chunk, page, offset, bytes }
+            }
             other => return Err(Error::corrupted(format!("journal record with unknown tag {other}"))),
         };
         Ok((record, r.at))

@@ -67,6 +67,8 @@ fn records_round_trip_and_garbage_is_an_error() {
         Record::VolumeDelete(VolumeId(4)),
         Record::ChunkMark { chunk: ChunkId(9), mark: vec![7; MAX_CHUNK_MARK_BYTES] },
         Record::ChunkMark { chunk: ChunkId(9), mark: Vec::new() },
+        Record::PageData { chunk: ChunkId(9), page: PageNo(4), offset: 0, bytes: vec![0xA5; PAGE_DATA_MAX_BYTES] },
+        Record::PageData { chunk: ChunkId(9), page: PageNo(4), offset: 4039, bytes: vec![1, 2, 3] },
     ];
     let mut bytes = Vec::new();
     for r in &records {
@@ -74,7 +76,22 @@ fn records_round_trip_and_garbage_is_an_error() {
     }
     assert_eq!(decode_all(&bytes).unwrap(), records);
     assert!(Record::decode(&bytes[..10]).is_err());
-    assert!(Record::decode(&[9u8; 40]).is_err());
+    assert!(Record::decode(&[0xEEu8; 40]).is_err());
+    // A piece longer than a log block holds, of no bytes, or past a stored image's longest.
+    let piece = |offset: u16, len: u16| {
+        let mut b = vec![9u8];
+        b.extend_from_slice(&9u64.to_le_bytes());
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        b.resize(b.len() + usize::from(len), 7);
+        b
+    };
+    assert!(Record::decode(&piece(0, PAGE_DATA_MAX_BYTES as u16)).is_ok());
+    for (offset, len) in [(0, PAGE_DATA_MAX_BYTES as u16 + 1), (0, 0), (u16::MAX - 2, 3)] {
+        assert!(Record::decode(&piece(offset, len)).is_err(), "piece of {len} bytes at {offset}");
+    }
+    assert_eq!(PAGE_DATA_MAX_BYTES + 17, LOG_PAYLOAD_BYTES, "a largest piece fills a log block");
 }
 
 #[test]
@@ -470,7 +487,7 @@ fn an_older_journal_format_is_a_clear_error() {
     body.extend_from_slice(&[0u8; 48]);
     device.write(Lba(1), &frame::seal_block(body)).unwrap();
     let error = Journal::open(device).err().unwrap();
-    assert!(error.message().contains("journal format version 1; this build reads versions 2 to 4"), "{error}");
+    assert!(error.message().contains("journal format version 1; this build reads versions 2 to 5"), "{error}");
 }
 
 /// Every header field and record of a log block is checked before use: any byte of a valid
@@ -586,12 +603,12 @@ fn a_version_2_journal_replays_and_a_checkpoint_carries_it_to_the_current_versio
     let (_, replay) = Journal::open(device.clone()).unwrap();
     assert_eq!(replayed(&replay), model);
 
-    frame::set_write_version(5);
+    frame::set_write_version(6);
     let newer: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(GEOMETRY.total_blocks()));
     Journal::format(newer.as_ref(), GEOMETRY).unwrap();
     frame::set_write_version(0);
     let error = Journal::open(newer).err().unwrap();
-    assert!(error.message().contains("journal format version 5; this build reads versions 2 to 4"), "{error}");
+    assert!(error.message().contains("journal format version 6; this build reads versions 2 to 5"), "{error}");
 }
 
 /// Counters with valid checksums but beyond any real log (a superblock's positions, epoch or
@@ -670,4 +687,46 @@ fn torn_group_violations() -> usize {
         }
     }
     violations
+}
+
+/// Records that carry their images ask for no flush of the barrier device, and a group with
+/// any record that does not asks for one; pieces that fill whole log blocks pack and replay in
+/// order across groups and a reopen.
+#[test]
+fn commits_that_carry_images_skip_the_barrier_and_replay_in_order() {
+    let geometry = JournalGeometry { checkpoint_blocks: 4, log_blocks: 64 };
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(geometry.total_blocks()));
+    Journal::format(device.as_ref(), geometry).unwrap();
+    let barrier = Arc::new(FaultyDevice::new(MemDevice::new(8), 3));
+    let (mut journal, _) = Journal::open(device.clone()).unwrap();
+    journal.set_barrier(barrier.clone());
+    let carried = |page: u32, version: u64| -> Vec<Record> {
+        let image: Vec<u8> = (0..9000u32).map(|i| (i as u64 * 31 + version) as u8).collect();
+        let mut records: Vec<Record> = image
+            .chunks(PAGE_DATA_MAX_BYTES)
+            .enumerate()
+            .map(|(n, piece)| Record::PageData {
+                chunk: ChunkId(7),
+                page: PageNo(page),
+                offset: (n * PAGE_DATA_MAX_BYTES) as u16,
+                bytes: piece.to_vec(),
+            })
+            .collect();
+        records.push(set(page, version));
+        records
+    };
+    let mut written = Vec::new();
+    let flushes = barrier.stats().flushes;
+    for version in 0..6 {
+        let records = carried(version as u32 % 4, version);
+        journal.commit_with_data(&records).unwrap();
+        written.extend(records);
+    }
+    assert_eq!(barrier.stats().flushes, flushes, "commits that carry their images flushed the barrier device");
+    journal.commit(&[set(9, 1)]).unwrap();
+    written.push(set(9, 1));
+    assert_eq!(barrier.stats().flushes, flushes + 1, "a commit of a plain record flushes the barrier device once");
+    drop(journal);
+    let (_, replay) = Journal::open(device).unwrap();
+    assert_eq!(replay.log, written);
 }

@@ -12,9 +12,17 @@ use crate::buf::with_scratch;
 use crate::command::{HeavyPage, PagePut, StoreCommand};
 use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, PageNo, VolumeId};
 use crate::index::{Encoding, PageEntry};
-use crate::journal::{MAX_CHUNK_MARK_BYTES, Record};
+use crate::journal::{MAX_CHUNK_MARK_BYTES, PAGE_DATA_MAX_BYTES, Record};
 use crate::volume::{Volume, VolumeMode};
 use crate::{Error, Result};
+
+/// The most image bytes a commit carries in the log instead of flushing the data device before
+/// it ([`Journal::commit_with_data`]): a commit's one or two database pages (a WAL page and
+/// its fsync, a 16 KiB InnoDB page). Larger commits are the write-back cache's batches, which
+/// pay one data flush for many pages and would fill the log's ring.
+///
+/// [`Journal::commit_with_data`]: crate::journal::Journal::commit_with_data
+pub const CARRIED_IMAGES_MAX_BYTES: usize = 16 * 1024;
 
 impl Store {
     /// Applies a command: the one way the store changes. On an error the command had no effect
@@ -157,6 +165,12 @@ impl Store {
         }
         let entries: Vec<(PageNo, Option<PageEntry>)> =
             pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))).collect();
+        // A small commit of the store's own (no replicated log holds it) carries its images in
+        // the log: one flush, the log's, instead of the data device's and then the log's.
+        let bytes: usize = images.iter().map(|image| image.len()).sum();
+        if mark.is_none() && bytes <= CARRIED_IMAGES_MAX_BYTES && self.journal.has_room_for_data(bytes) {
+            return self.commit_and_install_as(chunk, &entries, &runs, None, false, &images);
+        }
         self.commit_and_install(chunk, &entries, &runs, mark)
     }
 
@@ -362,11 +376,14 @@ impl Store {
         new_runs: &[BlockRun],
         mark: Option<(&[u8], Durability)>,
     ) -> Result<()> {
-        self.commit_and_install_as(chunk, entries, new_runs, mark, false)
+        self.commit_and_install_as(chunk, entries, new_runs, mark, false, &[])
     }
 
     /// [`Store::commit_and_install`], its records preceded by a [`Record::Unit`] marker when
-    /// `unit`, so that replay takes them all or none even if the commit spans log blocks.
+    /// `unit`, so that replay takes them all or none even if the commit spans log blocks. With
+    /// `carried` (each entry's image, written to its run already), the images go into the log
+    /// before their entries' records ([`Record::PageData`]) and the commit does not flush the
+    /// data device ([`Journal::commit_with_data`]).
     pub(super) fn commit_and_install_as(
         &self,
         chunk: ChunkId,
@@ -374,17 +391,28 @@ impl Store {
         new_runs: &[BlockRun],
         mark: Option<(&[u8], Durability)>,
         unit: bool,
+        carried: &[&[u8]],
     ) -> Result<()> {
-        let mut records: Vec<Record> = Vec::with_capacity(entries.len() + 2);
+        assert!(carried.is_empty() || (carried.len() == entries.len() && !unit && mark.is_none()));
+        let pieces: usize = carried.iter().map(|image| image.len().div_ceil(PAGE_DATA_MAX_BYTES)).sum();
+        let mut records: Vec<Record> = Vec::with_capacity(entries.len() + pieces + 2);
         if unit {
             let count = entries.len() + usize::from(mark.is_some());
             let count = u32::try_from(count).map_err(|_| Error::invalid("a unit of more than 2^32 records"))?;
             records.push(Record::Unit { records: count });
         }
-        records.extend(entries.iter().map(|&(page, entry)| match entry {
-            Some(entry) => Record::PageSet { chunk, page, entry },
-            None => Record::PageClear { chunk, page },
-        }));
+        for (i, &(page, entry)) in entries.iter().enumerate() {
+            if let Some(image) = carried.get(i) {
+                for (n, piece) in image.chunks(PAGE_DATA_MAX_BYTES).enumerate() {
+                    let offset = (n * PAGE_DATA_MAX_BYTES) as u16;
+                    records.push(Record::PageData { chunk, page, offset, bytes: piece.to_vec() });
+                }
+            }
+            records.push(match entry {
+                Some(entry) => Record::PageSet { chunk, page, entry },
+                None => Record::PageClear { chunk, page },
+            });
+        }
         if let Some((mark, _)) = mark {
             records.push(Record::ChunkMark { chunk, mark: mark.to_vec() });
         }
@@ -396,6 +424,7 @@ impl Store {
             return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
         }
         let committed = match mark {
+            _ if !carried.is_empty() => self.journal.commit_with_data(&records),
             _ if unit => self.journal.commit_unit(&records),
             Some((_, Durability::Deferred)) => self.journal.commit_deferred(&records),
             _ => self.journal.commit(&records),

@@ -50,18 +50,41 @@ pub(super) fn entry_problem(volume: &Volume, entry: &PageEntry) -> Option<String
     ))
 }
 
+/// A page image the log carried ([`Record::PageData`]) for an entry that is still its page's
+/// at the end of the replay: the data device may have lost it in a crash, so the store writes
+/// it again before it serves.
+pub(super) struct Rewrite {
+    pub run: BlockRun,
+    pub image: Vec<u8>,
+}
+
 /// Rebuilds the index from a journal replay, and the allocator from the index: every run of a
 /// mapped page is in use, every extent holding one belongs to that page's chunk. Two pages
-/// sharing a block, or two chunks sharing an extent, is corruption.
-pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
+/// sharing a block, or two chunks sharing an extent, is corruption. Also returns the images
+/// the log carried for entries that are still their pages' (see [`Rewrite`]).
+pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<(StoreCore, Vec<Rewrite>)> {
     let mut chunks: BTreeMap<ChunkId, Chunk> = BTreeMap::new();
     let mut volumes: BTreeMap<VolumeId, Volume> = BTreeMap::new();
     let mut damaged: BTreeMap<(ChunkId, PageNo), DamagedEntry> = BTreeMap::new();
     let mut next_volume_id = VolumeId(0);
     let mut watermarks: BTreeMap<VolumeId, Watermarks> = BTreeMap::new();
     let mut chunk_marks: BTreeMap<ChunkId, Vec<u8>> = BTreeMap::new();
+    // Image pieces waiting for their page's PageSet, which follows them in the same commit; and
+    // the images of entries installed with them, dropped when the page changes again.
+    let mut pieces: HashMap<(ChunkId, PageNo), Vec<u8>> = HashMap::new();
+    let mut carried: HashMap<(ChunkId, PageNo), (PageEntry, Vec<u8>)> = HashMap::new();
     for record in replay.checkpoint.into_iter().chain(replay.log) {
         match record {
+            Record::PageData { chunk, page, offset, bytes } => {
+                let image = pieces.entry((chunk, page)).or_default();
+                // Pieces come in order; one out of order leaves the image incomplete, and it is
+                // then not written again (the entry reads as its blocks hold it).
+                if image.len() == usize::from(offset) {
+                    image.extend_from_slice(&bytes);
+                } else {
+                    image.clear();
+                }
+            }
             Record::VolumeSet(volume) => {
                 next_volume_id = next_volume_id.max(volume.id.next());
                 volumes.insert(volume.id, volume);
@@ -89,6 +112,14 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
                     )));
                 };
                 let problem = entry_problem(volume, &entry);
+                match pieces.remove(&(chunk, page)) {
+                    Some(image) if problem.is_none() && image.len() == usize::from(entry.stored_len) => {
+                        carried.insert((chunk, page), (entry, image));
+                    }
+                    _ => {
+                        carried.remove(&(chunk, page));
+                    }
+                }
                 let index = &mut chunks.entry(chunk).or_default().index;
                 match problem {
                     Some(why) => {
@@ -104,6 +135,7 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
             Record::PageClear { chunk, page } => {
                 chunks.entry(chunk).or_default().index.set(page, None);
                 damaged.remove(&(chunk, page));
+                carried.remove(&(chunk, page));
             }
             Record::ChunkMark { chunk, mark } => {
                 chunk_marks.insert(chunk, mark);
@@ -112,12 +144,43 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<StoreCore> {
             Record::Unit { .. } => {}
         }
     }
+    // Only images of entries still mapped at the end: a page rewritten or trimmed since, or a
+    // volume deleted, has nothing to write again (its blocks may belong to another page now).
+    let mut rewrites: Vec<Rewrite> = carried
+        .into_iter()
+        .filter(|((chunk, page), (entry, _))| {
+            chunks.get(chunk).and_then(|c| c.index.get(*page)) == Some(*entry) && !replay_skips_carried_images()
+        })
+        .map(|(_, (entry, image))| Rewrite { run: entry.run, image })
+        .collect();
+    rewrites.sort_unstable_by_key(|r| r.run.first_lba().0);
     let (extents, heavy_refs) = rebuild_allocator(&mut chunks, extent_count)?;
     let mut core = StoreCore::new(extent_count);
     (core.volumes, core.next_volume_id, core.extents, core.chunks) = (volumes, next_volume_id, extents, chunks);
     (core.heavy_refs, core.damaged, core.watermarks) = (heavy_refs, damaged, watermarks);
     core.chunk_marks = chunk_marks;
-    Ok(core)
+    Ok((core, rewrites))
+}
+
+/// The twin of the carried images' oracle (tests only): replay then writes no image again, so
+/// a page whose image the data device lost in a crash reads as a corruption error, and the
+/// store's crash test must fail.
+fn replay_skips_carried_images() -> bool {
+    #[cfg(test)]
+    return SKIP_CARRIED.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static SKIP_CARRIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's replays skip the images the log carried (the twin above).
+#[cfg(test)]
+pub(crate) fn set_replay_skips_carried_images(on: bool) {
+    SKIP_CARRIED.with(|flag| flag.set(on));
 }
 
 type HeavyRefs = HashMap<(ChunkId, BlockRun), u32>;

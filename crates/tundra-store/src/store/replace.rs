@@ -97,7 +97,14 @@ impl Store {
                 all.len()
             )));
         }
-        self.commit_and_install_as(chunk, &all, &written, Some((mark, super::Durability::Now)), !replace_without_unit())
+        self.commit_and_install_as(
+            chunk,
+            &all,
+            &written,
+            Some((mark, super::Durability::Now)),
+            !replace_without_unit(),
+            &[],
+        )
     }
 
     /// Checks and writes every image to fresh runs, in batches, recording the runs written and

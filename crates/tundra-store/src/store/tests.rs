@@ -160,6 +160,82 @@ fn the_store_crash_oracle_fails_when_recovery_drops_the_newest_commit() {
     assert!(verdict.is_err(), "the store's crash oracle missed a dropped acknowledged write");
 }
 
+/// The same oracle catches a replay that does not write again the images small commits carried
+/// in the log: the data device loses them in the crashes, and their pages fail their checksums.
+#[test]
+fn the_store_crash_oracle_fails_when_replay_skips_carried_images() {
+    rebuild::set_replay_skips_carried_images(true);
+    let verdict = std::panic::catch_unwind(|| store_crash_rounds(150));
+    rebuild::set_replay_skips_carried_images(false);
+    assert!(verdict.is_err(), "the store's crash oracle missed images lost from the data device");
+}
+
+/// And a checkpoint that does not flush the data device first: the log behind it, which held
+/// the images the device has not made durable, is no longer replayed.
+#[test]
+fn the_store_crash_oracle_fails_when_a_checkpoint_does_not_flush_carried_images() {
+    set_checkpoint_skips_data_flush(true);
+    let verdict = std::panic::catch_unwind(|| store_crash_rounds(150));
+    set_checkpoint_skips_data_flush(false);
+    assert!(verdict.is_err(), "the store's crash oracle missed a checkpoint ahead of the data device");
+}
+
+/// A small commit carries its page's image in the log and flushes the data device not at all:
+/// after a crash that loses every data write since the device's last flush, replay writes the
+/// images again and the pages read as written. With replay skipping them (the twin) the same
+/// pages fail their checksums.
+#[test]
+fn a_small_commit_carries_its_image_and_replay_writes_it_again() {
+    let chunk = ChunkId(0);
+    for skip in [false, true] {
+        let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), 1));
+        let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+        Journal::format(fast.as_ref(), JOURNAL).unwrap();
+        let store = open_store(data.clone(), fast.clone());
+        store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 7), Lsn(7)).unwrap();
+        store.checkpoint().unwrap();
+        // The data device as of its last flush.
+        let flushed = data.inner().snapshot();
+        let flushes = data.stats().flushes;
+        store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 8), Lsn(8)).unwrap();
+        store.apply_write(chunk, PageNo(2), &raw_image(chunk, PageNo(2), 9), Lsn(9)).unwrap();
+        assert_eq!(data.stats().flushes, flushes, "a small commit flushed the data device");
+        drop(store);
+        let lost = Arc::new(MemDevice::from_snapshot(1024, flushed));
+        rebuild::set_replay_skips_carried_images(skip);
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let store = open_store(lost.clone(), fast.clone());
+            (tag_of(&store, chunk, PageNo(1)), tag_of(&store, chunk, PageNo(2)))
+        }));
+        rebuild::set_replay_skips_carried_images(false);
+        match (skip, read) {
+            (false, Ok(tags)) => assert_eq!(tags, (Some(8), Some(9))),
+            (false, Err(_)) => panic!("a page whose image the log carried was lost"),
+            (true, read) => assert!(read.is_err(), "the twin read the lost images back: {read:?}"),
+        }
+    }
+}
+
+/// A commit of more than [`CARRIED_IMAGES_MAX_BYTES`] of images flushes the data device before
+/// its records, as every commit did before images were carried, and carries nothing.
+#[test]
+fn a_large_commit_flushes_the_data_device_and_carries_no_image() {
+    let chunk = ChunkId(0);
+    let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), 1));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    let store = open_store(data.clone(), fast.clone());
+    let flushes = data.stats().flushes;
+    let pages: Vec<PagePut> =
+        (0..2).map(|p| PagePut { page: PageNo(p), image: raw_image(chunk, PageNo(p), 5), lsn: Lsn(5) }).collect();
+    const { assert!(2 * PAGE > apply::CARRIED_IMAGES_MAX_BYTES) };
+    store.apply(&StoreCommand::PutPages { chunk, pages }).unwrap();
+    assert_eq!(data.stats().flushes, flushes + 1, "one data flush before the commit's records");
+    drop(store);
+    let (_, replay) = Journal::open(fast.clone()).unwrap();
+    assert!(!replay.log.iter().any(|r| matches!(r, Record::PageData { .. })), "a large commit carried images");
+}
+
 /// Runs `rounds` rounds of page writes, groups and trims with power failing at random writes;
 /// panics on the first page that breaks the oracle. Returns how many operations failed.
 fn store_crash_rounds(rounds: u64) -> u64 {
@@ -223,7 +299,11 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                         .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), Lsn(tag))
                         .map(|()| vec![(page, Some(tag))])
                 };
-                let result = result.and_then(|r| store.maybe_checkpoint().map(|()| r));
+                // Now and then a checkpoint whether or not the journal wants one (a node's
+                // close, a snapshot), right behind commits that carried their images.
+                let forced = rng.chance(0.10);
+                let result =
+                    result.and_then(|r| if forced { store.checkpoint() } else { store.maybe_checkpoint() }.map(|()| r));
                 let result =
                     if rng.chance(0.20) { result.and_then(|r| store.release_freed().map(|()| r)) } else { result };
                 match result {
