@@ -209,7 +209,15 @@ def tundra_stats(stack) -> dict | None:
         return None
     s = stack._stats()
     return {k: s.get(k) for k in ("configuration", "cpu", "mounts", "rechoose", "drive", "compressed", "ratio",
-                                  "software_ratio", "drive_ratio")}
+                                  "software_ratio", "drive_ratio", "journals")}
+
+
+def journal_sum(r: dict, field: str):
+    """A journal counter summed over the node's two stores (None for a build without them)."""
+    journals = (r.get("tundra") or {}).get("journals")
+    if not journals:
+        return None
+    return sum(j.get(field, 0) for j in journals.values())
 
 
 class Bench:
@@ -358,6 +366,9 @@ def summarize(runs: list[dict]) -> dict:
         "pgbench_init_seconds": lambda r: r["pgbench"]["init_seconds"],
         "drive_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("drive_seconds"),
         "host_cpu_seconds": lambda r: (r.get("tundra") or {}).get("cpu", {}).get("host_seconds"),
+        "journal_group_commits": lambda r: journal_sum(r, "group_commits"),
+        "journal_data_flushes": lambda r: journal_sum(r, "data_flushes"),
+        "journal_carried_images": lambda r: journal_sum(r, "carried_images"),
     }
     for job, _, _ in FIO_JOBS:
         key = job.replace("-", "_")
@@ -410,11 +421,17 @@ def report(results: dict) -> str:
             f"{fmt(rt.get('pgbench_tps_vs_ext4'), 2)} | {fmt(rt.get('pgbench_tps_vs_previous'), 2)} | "
             f"{fmt(rt.get('write_sync_iops_vs_ext4'), 2)} | {fmt(rt.get('write_sync_sync_p99_ms_vs_previous'), 2)} |")
     lines += ["", "CPU of the node process during a repetition (median s): the emulated drive's (what a "
-              "hardware drive does) and the rest.", "", "| step | drive CPU s | host software CPU s |", "|---|---|---|"]
+              "hardware drive does) and the rest; and its stores' journals over the repetition (both stores "
+              "summed; — for a build that does not report them): group commits, those that flushed the data "
+              "device first, and page images carried in the log instead.", "",
+              "| step | drive CPU s | host software CPU s | group commits | data flushes | carried images |",
+              "|---|---|---|---|---|---|"]
     for stack in [st for st in STEPS if st not in ("ext4", "fuse-null")]:
         m = s["per_stack"].get(stack)
         if m:
-            lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} |")
+            lines.append(f"| {stack} | {fmt(m['drive_cpu_seconds'], 2)} | {fmt(m['host_cpu_seconds'], 2)} | "
+                         f"{fmt(m.get('journal_group_commits'), 0)} | {fmt(m.get('journal_data_flushes'), 0)} | "
+                         f"{fmt(m.get('journal_carried_images'), 0)} |")
     lines += matrix_report(s)
     if results.get("rechoose"):
         lines += ["", "## Pages written while the host was busy, chosen again", "",

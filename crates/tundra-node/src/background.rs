@@ -1,9 +1,9 @@
 //! The node's periodic upkeep: once a second the write-back cache is written to the store,
-//! replicas' deferred applies are made durable,
-//! redo is folded into pages (and records past the redo cache leave memory for their log
-//! slots), each store checkpoints when its journal is half full, pages that partial writes
-//! left raw are compressed again, and, when the host is idle, a bounded number of pages written
-//! while it was busy are chosen again (tundra-store's rechoose.rs).
+//! replicas' deferred applies are made durable, redo is folded into pages (and records past the
+//! redo cache leave memory for their log slots), pages that partial writes left raw are
+//! compressed again, and, when the host is idle, a bounded number of pages written while it was
+//! busy are chosen again (tundra-store's rechoose.rs); every 50 ms each store checkpoints if its
+//! journal asks for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,15 +32,39 @@ impl Node {
         }
         Ok(())
     }
+
+    /// Checkpoints each store whose journal asks for one. Cheap when none does; the background
+    /// loop asks every 50 ms, since commits that carry their page images (a WAL write and its
+    /// fsync) fill a third of the log's ring in well under a second, and until the next
+    /// checkpoint further commits flush the data device instead.
+    pub fn checkpoint_if_wanted(&self) -> Result<()> {
+        self.data.maybe_checkpoint()?;
+        self.fast.maybe_checkpoint()?;
+        Ok(())
+    }
 }
 
-/// Runs `node.background()` every `period` until `stop` is set; errors are reported to `log`.
+/// Runs `node.background()` every `period` until `stop` is set, and the stores' checkpoints
+/// when their journals want one every 50 ms; errors are reported to `log`.
 pub fn background_loop(node: &Node, period: Duration, stop: &AtomicBool, log: &dyn Fn(&str)) {
+    // A checkpoint that fails fails again 50 ms later: said once, until it succeeds or fails
+    // otherwise.
+    let mut checkpoint_failure: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
         let mut waited = Duration::ZERO;
         while waited < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             waited += Duration::from_millis(50);
+            match node.checkpoint_if_wanted() {
+                Ok(()) => checkpoint_failure = None,
+                Err(e) => {
+                    let message = format!("a checkpoint failed: {e}");
+                    if checkpoint_failure.as_ref() != Some(&message) {
+                        log(&message);
+                        checkpoint_failure = Some(message);
+                    }
+                }
+            }
         }
         if let Err(e) = node.background() {
             log(&format!("background work failed: {e}"));

@@ -91,6 +91,19 @@ pub fn render(node: &Node) -> String {
         "Block-device writes held in the write-back cache until the next flush",
         stats.write_back_dirty_bytes as f64,
     );
+    for (store, journal) in [("drive", stats.journals.drive), ("fast", stats.journals.fast)] {
+        let sub = registry.sub_registry_with_label(("store".into(), store.into()));
+        sub.register(
+            "journal_group_commits",
+            "Group commits of the store's journal: one log write and one flush of the log each",
+            ConstGauge::new(journal.group_commits as f64),
+        );
+        sub.register(
+            "journal_data_flushes",
+            "Group commits that flushed the data device first (the others carried their page images)",
+            ConstGauge::new(journal.data_flushes as f64),
+        );
+    }
     for volume in node.volumes() {
         let v = stats.volumes.iter().find(|s| s.id == volume.volume.id.0);
         let sub = registry.sub_registry_with_label(("volume".into(), volume.volume.name.clone().into()));

@@ -105,6 +105,10 @@ impl Node {
             cache_hits: cache.0,
             cache_misses: cache.1,
             write_back_dirty_bytes: self.writeback.dirty_bytes(),
+            journals: JournalsStats {
+                drive: JournalStats::of(self.data.journal_stats()),
+                fast: JournalStats::of(self.fast.journal_stats()),
+            },
             volumes,
             mounts: self.mount_stats(),
         }
@@ -175,6 +179,40 @@ impl SpaceStats {
         self.zstd_pages += o.zstd_pages;
         self.heavy_pages += o.heavy_pages;
     }
+}
+
+/// What a store's journal has done since the node started (tundra-store's `JournalStats`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct JournalStats {
+    /// Group commits written: one log write and one flush of the log each.
+    pub group_commits: u64,
+    /// Group commits that flushed the data device first (a record pointed at blocks written
+    /// straight there); the rest carried their page images in the log (docs/format.md, "Small
+    /// commits carry their images") and cost one host flush.
+    pub data_flushes: u64,
+    /// Page images carried in the log.
+    pub carried_images: u64,
+    pub checkpoints: u64,
+}
+
+impl JournalStats {
+    fn of(s: tundra_store::journal::JournalStats) -> JournalStats {
+        JournalStats {
+            group_commits: s.group_commits,
+            data_flushes: s.data_flushes,
+            carried_images: s.carried_images,
+            checkpoints: s.checkpoints,
+        }
+    }
+}
+
+/// The journals of the node's two stores.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct JournalsStats {
+    /// The compressed store's (volumes on the drive).
+    pub drive: JournalStats,
+    /// The uncompressed store's (volumes of mode none on the fast device).
+    pub fast: JournalStats,
 }
 
 /// What the pass that chooses again the pages written on a busy host has done since the node
@@ -334,6 +372,7 @@ pub struct NodeStats {
     pub cache_misses: u64,
     /// Block-device writes acknowledged and held in the write-back cache until the next flush.
     pub write_back_dirty_bytes: u64,
+    pub journals: JournalsStats,
     pub volumes: Vec<VolumeStats>,
     /// Volumes served as files through FUSE in the node's process.
     pub mounts: Vec<crate::mount::MountStats>,

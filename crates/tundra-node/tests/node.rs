@@ -310,3 +310,38 @@ fn rewrites_on_the_fast_device_reuse_blocks_and_a_delete_gives_them_back() {
     assert!(allocated() + 64 * 8192 <= before, "{} then {}", before, allocated());
     node.close().unwrap();
 }
+
+/// A database's WAL write and its fsync (one 8 KiB page, then a flush of its volume) is one
+/// group commit of the fast store's journal that carries the page's image and does not flush
+/// the data device; a flush of many pages flushes the data device once. Both read back after a
+/// restart.
+#[test]
+fn a_wal_write_and_its_flush_cost_one_log_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    {
+        let node = Node::open(&config, &mut |_| {}).unwrap();
+        let wal = node.volume_create("wal", 4 << 20, 8192, VolumeMode::None).unwrap();
+        let before = node.stats().journals.fast;
+        node.write_bytes(&wal, 8192, &page(1, 8192)).unwrap();
+        node.flush(Some(&wal)).unwrap();
+        let after = node.stats().journals.fast;
+        assert_eq!(after.group_commits, before.group_commits + 1, "{before:?} {after:?}");
+        assert_eq!(after.data_flushes, before.data_flushes, "a WAL commit flushed the data device");
+        assert_eq!(after.carried_images, before.carried_images + 1);
+        node.write_bytes(&wal, 16 * 8192, &page(2, 64 * 8192)).unwrap();
+        node.flush(Some(&wal)).unwrap();
+        let batch = node.stats().journals.fast;
+        assert_eq!(batch.carried_images, after.carried_images, "a batch of 64 pages carried images");
+        assert!(batch.data_flushes > after.data_flushes, "a batch of pages did not flush the data device");
+        node.close().unwrap();
+    }
+    let node = Node::open(&config, &mut |_| {}).unwrap();
+    let wal = node.volume_by_name("wal").unwrap();
+    let mut back = vec![0u8; 8192];
+    node.read_bytes(&wal, 8192, &mut back).unwrap();
+    assert_eq!(back, page(1, 8192));
+    let mut back = vec![0u8; 64 * 8192];
+    node.read_bytes(&wal, 16 * 8192, &mut back).unwrap();
+    assert_eq!(back, page(2, 64 * 8192));
+}

@@ -81,6 +81,19 @@ struct Checkpoints {
     positions: [LogPosition; 2],
 }
 
+/// What a journal has done since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Group commits written (each one log write and one flush of the log).
+    pub group_commits: u64,
+    /// Of those, the ones that flushed the data device first: a record of the group pointed at
+    /// blocks written straight there. The others carried their images in the log.
+    pub data_flushes: u64,
+    /// Page images commits carried in the log ([`Record::PageData`] pieces' pages).
+    pub carried_images: u64,
+    pub checkpoints: u64,
+}
+
 /// The journal on a fast device.
 pub struct Journal {
     device: Arc<dyn BlockDevice>,
@@ -91,6 +104,7 @@ pub struct Journal {
     /// A device flushed before every group of records is written: the data device, whose blocks
     /// the records point at. One flush then covers every writer of the group.
     barrier: Option<Arc<dyn BlockDevice>>,
+    stats: Mutex<JournalStats>,
 }
 
 /// What recovery found: the checkpoint's records, then the log's, in order.
@@ -187,6 +201,7 @@ impl Journal {
             committed: Condvar::new(),
             checkpoints: Mutex::new(checkpoints),
             barrier: None,
+            stats: Mutex::new(JournalStats::default()),
         };
         // The new epoch must be durable before any block of it is written.
         journal.write_superblock(&mut checkpoints, found.next_epoch)?;
@@ -218,20 +233,29 @@ impl Journal {
     /// writes the images again (the data device may lose them in a crash), and a checkpoint
     /// flushes the data device before it stops the log from being replayed.
     pub fn commit_with_data(&self, records: &[Record]) -> Result<()> {
-        self.commit_from(records, false, false)
+        let images = records.iter().filter(|r| matches!(r, Record::PageData { offset: 0, .. })).count();
+        self.commit_from(records, false, false)?;
+        self.stats.lock().carried_images += images as u64;
+        Ok(())
+    }
+
+    /// What the journal has done since it opened.
+    pub fn stats(&self) -> JournalStats {
+        *self.stats.lock()
     }
 
     /// Whether the log has room for `bytes` more of page images in the commits before the next
-    /// checkpoint: at most a quarter of the ring written since the newest checkpoint, with
-    /// them. Images take many log blocks; past this, commits flush the data device instead, so
-    /// that images never fill the ring before the next checkpoint frees it.
+    /// checkpoint: at most a third of the ring written since the newest checkpoint, with them,
+    /// where [`Journal::wants_checkpoint`] asks for the next one. Images take many log blocks;
+    /// past this, commits flush the data device instead, so that images alone never take the
+    /// ring further than checkpoints keep up with.
     pub fn has_room_for_data(&self, bytes: usize) -> bool {
         let c = self.committer.lock();
         let partly = u64::from(!c.tail.is_empty());
         let end = c.next_position.after(partly);
         let since_newest = end.blocks_since(c.checkpoint_position);
         let queued = (c.pending.len() + bytes).div_ceil(frame::LOG_PAYLOAD_BYTES) as u64 + 1;
-        (since_newest + queued) * 4 <= self.geometry.log_blocks
+        (since_newest + queued) * 3 <= self.geometry.log_blocks
     }
 
     /// [`Journal::commit`] of records that must start a fresh log block: a [`Record::Unit`]'s.
@@ -389,6 +413,7 @@ impl Journal {
         assert!(!records.is_empty(), "a group commit of no records");
         if let Some(device) = self.barrier.as_ref().filter(|_| barrier) {
             device.flush()?;
+            self.stats.lock().data_flushes += 1;
         }
         let mut blocks: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
@@ -426,6 +451,7 @@ impl Journal {
             i += n;
         }
         self.device.flush()?;
+        self.stats.lock().group_commits += 1;
         Ok((tail_position, tail))
     }
 
@@ -470,6 +496,7 @@ impl Journal {
         let mut c = self.committer.lock();
         c.checkpoint_position = position;
         c.retain_from = previous.min(position);
+        self.stats.lock().checkpoints += 1;
         Ok(())
     }
 

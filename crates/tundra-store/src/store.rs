@@ -336,6 +336,12 @@ impl Store {
         self.state.lock().stats()
     }
 
+    /// What the store's journal has done since the store opened: group commits, the data
+    /// flushes among them, the page images commits carried in the log, checkpoints.
+    pub fn journal_stats(&self) -> crate::journal::JournalStats {
+        self.journal.stats()
+    }
+
     /// Space figures of volume `id` (zero for an unknown volume).
     pub fn volume_usage(&self, id: VolumeId) -> VolumeUsage {
         self.state.lock().volume_usage(id)
