@@ -145,12 +145,17 @@ fn a_flipped_bit_in_the_log_is_refused_reported_and_repaired_without_wrong_data(
     assert_eq!(current + older + errors, PAGES);
 }
 
-/// Rewrites the first record of a log block (a page record) with an impossible stored length and
-/// seals the block again with valid checksums, as a writer's bug would: the page it names.
+/// Rewrites the first page record of a log block with an impossible stored length and seals the
+/// block again with valid checksums, as a writer's bug would: the page it names. Pieces of page
+/// images a small commit carried (tag 9, 17 bytes and their length) may come before it.
 fn corrupt_first_record(block: &mut [u8]) -> u64 {
-    assert_eq!(block[40], 1, "a page record");
-    let page = u32::from_le_bytes(block[49..53].try_into().unwrap());
-    block[60..62].copy_from_slice(&60_000u16.to_le_bytes());
+    let mut at = 40;
+    while block[at] == 9 {
+        at += 17 + usize::from(u16::from_le_bytes(block[at + 15..at + 17].try_into().unwrap()));
+    }
+    assert_eq!(block[at], 1, "a page record at byte {at}");
+    let page = u32::from_le_bytes(block[at + 9..at + 13].try_into().unwrap());
+    block[at + 20..at + 22].copy_from_slice(&60_000u16.to_le_bytes());
     let body = crc32c::crc32c(&block[40..]);
     block[28..32].copy_from_slice(&body.to_le_bytes());
     let header = crc32c::crc32c(&block[..36]);
