@@ -24,8 +24,7 @@ impl Node {
         // here, so a restart replays at most about a second of them.
         self.data.sync()?;
         self.fast.sync()?;
-        self.data.maybe_checkpoint()?;
-        self.fast.maybe_checkpoint()?;
+        self.checkpoint_if_wanted()?;
         for pages in self.paths.values() {
             pages.recompress_partial()?;
             pages.rechoose(self.rechoose_pages, self.rechoose_idle_below)?;

@@ -72,6 +72,13 @@ struct Committer {
     failed: Option<String>,
 }
 
+impl Committer {
+    /// The position after the log's last written block (the partly filled one included).
+    fn end(&self) -> LogPosition {
+        self.next_position.after(u64::from(!self.tail.is_empty()))
+    }
+}
+
 /// The superblock's view of the checkpoints: its generation, the newest checkpoint's slot and
 /// each slot's log position.
 #[derive(Clone, Copy)]
@@ -251,9 +258,7 @@ impl Journal {
     /// ring further than checkpoints keep up with.
     pub fn has_room_for_data(&self, bytes: usize) -> bool {
         let c = self.committer.lock();
-        let partly = u64::from(!c.tail.is_empty());
-        let end = c.next_position.after(partly);
-        let since_newest = end.blocks_since(c.checkpoint_position);
+        let since_newest = c.end().blocks_since(c.checkpoint_position);
         let queued = (c.pending.len() + bytes).div_ceil(frame::LOG_PAYLOAD_BYTES) as u64 + 1;
         (since_newest + queued) * 3 <= self.geometry.log_blocks
     }
@@ -459,8 +464,7 @@ impl Journal {
     /// ring's size. A commit that would need more than the ring fails: the journal is full.
     pub fn usage_blocks(&self) -> (u64, u64) {
         let c = self.committer.lock();
-        let partly = u64::from(!c.tail.is_empty());
-        (c.next_position.after(partly).blocks_since(c.retain_from), self.geometry.log_blocks)
+        (c.end().blocks_since(c.retain_from), self.geometry.log_blocks)
     }
 
     /// Whether a checkpoint is due: a third of the ring written since the newest checkpoint, or
@@ -468,8 +472,7 @@ impl Journal {
     /// the blocks both checkpoints need stay within about two thirds of it.
     pub fn wants_checkpoint(&self) -> bool {
         let c = self.committer.lock();
-        let partly = u64::from(!c.tail.is_empty());
-        let end = c.next_position.after(partly);
+        let end = c.end();
         let since_newest = end.blocks_since(c.checkpoint_position);
         let held = end.blocks_since(c.retain_from);
         let ring = self.geometry.log_blocks;

@@ -24,6 +24,22 @@ use crate::{Error, Result};
 /// [`Journal::commit_with_data`]: crate::journal::Journal::commit_with_data
 pub const CARRIED_IMAGES_MAX_BYTES: usize = 16 * 1024;
 
+/// How [`Store::commit_and_install_as`] commits its records.
+#[derive(Clone, Copy)]
+pub(super) enum CommitAs<'a> {
+    /// As the mark's durability says (now, or deferred to the next group commit).
+    Plain,
+    /// Preceded by a [`Record::Unit`] marker, so that replay takes them all or none even if
+    /// the commit spans log blocks.
+    Unit,
+    /// Each entry's image (written to its run already) goes into the log before the entry's
+    /// record ([`Record::PageData`]), and the commit does not flush the data device
+    /// ([`Journal::commit_with_data`]). Only for a commit of the store's own: no mark.
+    ///
+    /// [`Journal::commit_with_data`]: crate::journal::Journal::commit_with_data
+    Carrying(&'a [&'a [u8]]),
+}
+
 impl Store {
     /// Applies a command: the one way the store changes. On an error the command had no effect
     /// (a journal or device error in the middle also stops the store, see [`Store::open`]).
@@ -169,7 +185,7 @@ impl Store {
         // the log: one flush, the log's, instead of the data device's and then the log's.
         let bytes: usize = images.iter().map(|image| image.len()).sum();
         if mark.is_none() && bytes <= CARRIED_IMAGES_MAX_BYTES && self.journal.has_room_for_data(bytes) {
-            return self.commit_and_install_as(chunk, &entries, &runs, None, false, &images);
+            return self.commit_and_install_as(chunk, &entries, &runs, None, CommitAs::Carrying(&images));
         }
         self.commit_and_install(chunk, &entries, &runs, mark)
     }
@@ -376,27 +392,28 @@ impl Store {
         new_runs: &[BlockRun],
         mark: Option<(&[u8], Durability)>,
     ) -> Result<()> {
-        self.commit_and_install_as(chunk, entries, new_runs, mark, false, &[])
+        self.commit_and_install_as(chunk, entries, new_runs, mark, CommitAs::Plain)
     }
 
-    /// [`Store::commit_and_install`], its records preceded by a [`Record::Unit`] marker when
-    /// `unit`, so that replay takes them all or none even if the commit spans log blocks. With
-    /// `carried` (each entry's image, written to its run already), the images go into the log
-    /// before their entries' records ([`Record::PageData`]) and the commit does not flush the
-    /// data device ([`Journal::commit_with_data`]).
+    /// [`Store::commit_and_install`], committed as `how` says.
     pub(super) fn commit_and_install_as(
         &self,
         chunk: ChunkId,
         entries: &[(PageNo, Option<PageEntry>)],
         new_runs: &[BlockRun],
         mark: Option<(&[u8], Durability)>,
-        unit: bool,
-        carried: &[&[u8]],
+        how: CommitAs<'_>,
     ) -> Result<()> {
-        assert!(carried.is_empty() || (carried.len() == entries.len() && !unit && mark.is_none()));
+        let carried: &[&[u8]] = match how {
+            CommitAs::Carrying(images) => {
+                assert!(images.len() == entries.len() && mark.is_none(), "carried images are one per entry, unmarked");
+                images
+            }
+            _ => &[],
+        };
         let pieces: usize = carried.iter().map(|image| image.len().div_ceil(PAGE_DATA_MAX_BYTES)).sum();
         let mut records: Vec<Record> = Vec::with_capacity(entries.len() + pieces + 2);
-        if unit {
+        if let CommitAs::Unit = how {
             let count = entries.len() + usize::from(mark.is_some());
             let count = u32::try_from(count).map_err(|_| Error::invalid("a unit of more than 2^32 records"))?;
             records.push(Record::Unit { records: count });
@@ -423,11 +440,11 @@ impl Store {
             self.abandon_runs(chunk, new_runs)?;
             return Err(Error::invalid(format!("volume {} was deleted", chunk.volume().0)));
         }
-        let committed = match mark {
-            _ if !carried.is_empty() => self.journal.commit_with_data(&records),
-            _ if unit => self.journal.commit_unit(&records),
-            Some((_, Durability::Deferred)) => self.journal.commit_deferred(&records),
-            _ => self.journal.commit(&records),
+        let committed = match (how, mark) {
+            (CommitAs::Carrying(_), _) => self.journal.commit_with_data(&records),
+            (CommitAs::Unit, _) => self.journal.commit_unit(&records),
+            (CommitAs::Plain, Some((_, Durability::Deferred))) => self.journal.commit_deferred(&records),
+            (CommitAs::Plain, _) => self.journal.commit(&records),
         };
         if let Err(error) = committed {
             let mut state = self.state.lock();

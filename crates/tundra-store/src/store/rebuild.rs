@@ -70,7 +70,8 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<(StoreCore, V
     let mut watermarks: BTreeMap<VolumeId, Watermarks> = BTreeMap::new();
     let mut chunk_marks: BTreeMap<ChunkId, Vec<u8>> = BTreeMap::new();
     // Image pieces waiting for their page's PageSet, which follows them in the same commit; and
-    // the images of entries installed with them, dropped when the page changes again.
+    // the images of entries installed with them (kept only if the entry is still the page's at
+    // the end, below).
     let mut pieces: HashMap<(ChunkId, PageNo), Vec<u8>> = HashMap::new();
     let mut carried: HashMap<(ChunkId, PageNo), (PageEntry, Vec<u8>)> = HashMap::new();
     for record in replay.checkpoint.into_iter().chain(replay.log) {
@@ -112,13 +113,11 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<(StoreCore, V
                     )));
                 };
                 let problem = entry_problem(volume, &entry);
-                match pieces.remove(&(chunk, page)) {
-                    Some(image) if problem.is_none() && image.len() == usize::from(entry.stored_len) => {
-                        carried.insert((chunk, page), (entry, image));
-                    }
-                    _ => {
-                        carried.remove(&(chunk, page));
-                    }
+                if let Some(image) = pieces.remove(&(chunk, page))
+                    && problem.is_none()
+                    && image.len() == usize::from(entry.stored_len)
+                {
+                    carried.insert((chunk, page), (entry, image));
                 }
                 let index = &mut chunks.entry(chunk).or_default().index;
                 match problem {
@@ -135,7 +134,6 @@ pub(super) fn rebuild(replay: Replay, extent_count: u32) -> Result<(StoreCore, V
             Record::PageClear { chunk, page } => {
                 chunks.entry(chunk).or_default().index.set(page, None);
                 damaged.remove(&(chunk, page));
-                carried.remove(&(chunk, page));
             }
             Record::ChunkMark { chunk, mark } => {
                 chunk_marks.insert(chunk, mark);

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use tundra_device::BLOCK_SIZE;
 
-use super::apply::new_entry;
+use super::apply::{CommitAs, new_entry};
 use super::{HEAVY_HEADER_BYTES, Store, check_image};
 use crate::command::PagePut;
 use crate::ids::{BlockRun, ChunkId, EXTENT_BLOCKS, Lsn, PageNo};
@@ -97,14 +97,8 @@ impl Store {
                 all.len()
             )));
         }
-        self.commit_and_install_as(
-            chunk,
-            &all,
-            &written,
-            Some((mark, super::Durability::Now)),
-            !replace_without_unit(),
-            &[],
-        )
+        let how = if replace_without_unit() { CommitAs::Plain } else { CommitAs::Unit };
+        self.commit_and_install_as(chunk, &all, &written, Some((mark, super::Durability::Now)), how)
     }
 
     /// Checks and writes every image to fresh runs, in batches, recording the runs written and
