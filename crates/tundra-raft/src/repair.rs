@@ -60,9 +60,14 @@ pub struct RepairStats {
     pub bad_found_by_reads: u64,
     /// Bad pages rewritten from a peer's copy.
     pub pages_repaired: u64,
-    /// Bad pages no peer had a good copy of when asked (a read of one failed; the scrub tries
-    /// again on its next pass).
+    /// Repairs that found no good copy: every peer answered and none had one of the same
+    /// version (a read of the page failed as corrupted; the scrub tries again on its next pass).
     pub unrepairable: u64,
+    /// Repairs put off: a peer did not answer or holds another version of the page (it may be
+    /// catching up), or this node did not know the chunk's voters yet (it is starting). A read
+    /// of the page failed as unavailable, worth asking again; the scrub tries again on its next
+    /// pass.
+    pub repairs_deferred: u64,
     /// Pages whose stored image was unreadable or failed its checksum when a snapshot of its
     /// chunk was captured here (state_machine.rs): repaired first, then captured.
     pub bad_found_by_snapshots: u64,
@@ -78,6 +83,7 @@ pub struct Repair {
     bad_found_by_reads: AtomicU64,
     pages_repaired: AtomicU64,
     unrepairable: AtomicU64,
+    repairs_deferred: AtomicU64,
     bad_found_by_snapshots: AtomicU64,
     disabled: AtomicBool,
     scrub: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -92,6 +98,7 @@ impl Repair {
             bad_found_by_reads: self.bad_found_by_reads.load(Ordering::Relaxed),
             pages_repaired: self.pages_repaired.load(Ordering::Relaxed),
             unrepairable: self.unrepairable.load(Ordering::Relaxed),
+            repairs_deferred: self.repairs_deferred.load(Ordering::Relaxed),
             bad_found_by_snapshots: self.bad_found_by_snapshots.load(Ordering::Relaxed),
         }
     }
@@ -146,7 +153,14 @@ impl Host {
 
     /// Rewrites a bad page from the first peer that holds a good copy of the same version.
     async fn repair_page(&self, path: &Pages, chunk: ChunkId, page: PageNo) -> Result<RepairOutcome, Error> {
-        self.repairer().repair_page(path, chunk, page, &self.peers_of(chunk)).await
+        let peers = match self.peers_of(chunk) {
+            Ok(peers) => peers,
+            Err(error) => {
+                bump(&self.repair.repairs_deferred);
+                return Err(error);
+            }
+        };
+        self.repairer().repair_page(path, chunk, page, &peers).await
     }
 
     /// What a chunk's state machine repairs with (a snapshot capture's bad pages).
@@ -154,11 +168,20 @@ impl Host {
         Repairer { id: self.id(), transport: self.transport().clone(), repair: self.repair.clone() }
     }
 
-    /// The other voters of a chunk's group, in id order.
-    fn peers_of(&self, chunk: ChunkId) -> Vec<u64> {
-        let Ok(raft) = self.raft(chunk) else { return Vec::new() };
+    /// The other voters of a chunk's group, in id order. Unavailable while the group has not
+    /// published its membership yet (its Raft core is starting, and its metrics name no voter):
+    /// "no peer" then would turn a repair that can wait into a page called corrupted.
+    fn peers_of(&self, chunk: ChunkId) -> Result<Vec<u64>, Error> {
+        let raft = self.raft(chunk)?;
         let voters: Vec<u64> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
-        voters.into_iter().filter(|&id| id != self.id()).collect()
+        if voters.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "chunk {}: node {} does not know the chunk's voters yet (it is starting)",
+                chunk.0,
+                self.id()
+            )));
+        }
+        Ok(voters.into_iter().filter(|&id| id != self.id()).collect())
     }
 
     /// A peer's request for this replica's copy of a page: its stored image, verified, as an
@@ -335,10 +358,11 @@ impl Repairer {
         Err(self.no_good_copy(chunk, page, bad, &why, transient))
     }
 
-    /// The error of a repair that found no good copy (counted): worth asking again when a
-    /// peer did not answer or holds another version (`transient`).
+    /// The error of a repair that found no good copy (counted as unrepairable, or as deferred
+    /// when it is worth asking again: a peer did not answer or holds another version,
+    /// `transient`).
     fn no_good_copy(&self, chunk: ChunkId, page: PageNo, bad: PageEntry, why: &[String], transient: bool) -> Error {
-        bump(&self.repair.unrepairable);
+        bump(if transient { &self.repair.repairs_deferred } else { &self.repair.unrepairable });
         let message = format!(
             "page {} of chunk {} fails its checksum on node {} and no other replica gave a good copy of LSN {} ({})",
             page.0,

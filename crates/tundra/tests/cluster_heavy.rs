@@ -212,7 +212,7 @@ fn heavy_segments_gone_bad_on_a_replica_are_repaired_from_a_peer_by_its_scrub() 
     };
     println!("node {bad}: {repair}");
     assert!(repair["bad_found_by_scrub"].as_u64().is_some_and(|n| n >= report.segments), "{repair}");
-    assert_eq!(repair["unrepairable"], 0, "{repair}");
+    assert_eq!(repair["unrepairable"], 0, "{repair}\n{}", cluster.logs());
     for node in 1..=3 {
         verify(&cluster, node, id, &log).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     }

@@ -120,6 +120,7 @@ fn add_repair(total: &mut RepairStats, other: &RepairStats) {
     total.bad_found_by_reads += other.bad_found_by_reads;
     total.pages_repaired += other.pages_repaired;
     total.unrepairable += other.unrepairable;
+    total.repairs_deferred += other.repairs_deferred;
     total.bad_found_by_snapshots += other.bad_found_by_snapshots;
 }
 

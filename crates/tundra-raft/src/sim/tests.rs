@@ -177,11 +177,44 @@ fn a_page_bad_on_every_replica_reads_as_an_error() {
     });
 }
 
+/// A follower that meets a bad page while it starts, before its group has published the
+/// chunk's voters, puts the repair off (the peers it would ask are not known yet): the page is
+/// never called unrepairable, and the scrub's next pass repairs it from a peer.
+#[test]
+fn a_bad_page_met_while_its_node_starts_is_repaired_later_not_called_unrepairable() {
+    paused_runtime(6).block_on(async {
+        let mut rng = Rng::new(6);
+        let mut cluster = quiet_cluster(&mut rng, 1).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        leader.write_pages(chunk, &[(PageNo(1), content(1), Lsn(1))]).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        let follower = (0..cluster.nodes.len())
+            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
+            .expect("a follower");
+        cluster.crash(follower, &mut rng).await;
+        cluster.start(follower).await.expect("the follower starts again");
+        let corrupted = (0..10).any(|_| cluster.corrupt(follower, chunk, PageNo(1), &mut rng).is_some());
+        assert!(corrupted, "the follower kept a good copy");
+        let host = cluster.nodes[follower].host.clone().expect("the follower is up");
+        host.scrub_pass(Duration::ZERO).await;
+        let early = host.repair_stats();
+        assert_eq!((early.bad_found_by_scrub, early.repairs_deferred, early.unrepairable), (1, 1, 0), "{early:?}");
+        assert!(settled(&cluster, chunk).await, "the follower did not catch up");
+        host.scrub_pass(Duration::ZERO).await;
+        let later = host.repair_stats();
+        assert_eq!((later.pages_repaired, later.unrepairable), (1, 0), "{later:?}");
+        assert!(cluster::sound(&host, chunk, PageNo(1)), "the page is still bad on node {}", host.id());
+        cluster.shutdown().await;
+    });
+}
+
 pub fn summary(r: &Report) -> String {
     format!(
         "seeds={} steps={} messages_sent={} lost={} duplicated={} blocked={} snapshots_sent={} snapshot_pieces={} partitions={} crashes={} restarts={} \
          log_records_lost_in_crashes={} pages_corrupted={} bad_found_by_reads={} bad_found_by_scrub={} bad_found_by_snapshots={} pages_repaired={} \
-         unrepairable={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} heavy_compressions={} \
+         unrepairable={} repairs_deferred={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} heavy_compressions={} \
          heavy_pages={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
          violations={}",
@@ -203,6 +236,7 @@ pub fn summary(r: &Report) -> String {
         r.repair.bad_found_by_snapshots,
         r.repair.pages_repaired,
         r.repair.unrepairable,
+        r.repair.repairs_deferred,
         r.repair.pages_scrubbed,
         r.writes_acked,
         r.writes_unknown,
