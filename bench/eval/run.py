@@ -75,6 +75,8 @@ SYSTEMS = [
     System("tundra-drive-only", "tundra-drive-only", "tundra-off", description="Tundra: the drive compresses, software does not"),
     System("tundra-software-only", "tundra-software-only", "tundra-off", description="Tundra: software compresses (Algorithm 1), the drive does not"),
     System("tundra-off", "tundra-off", "tundra-off", description="Tundra with compression off (Tundra's uncompressed baseline)"),
+    System("fuse-null", "fuse-null", "ext4", space=False,
+           description="ablation: the block path with the store taken out (tundra-off's FUSE export, loop and ext4 over plain host files)"),
     System("tundra-drive-only-wal-on-data", "tundra-drive-only-wal-on-data", "tundra-off",
            description="ablation: drive only, WAL on the data volume", space=False),
     System("tundra-zstd-wal-on-data", "tundra-zstd-wal-on-data", "tundra-off",
@@ -146,7 +148,7 @@ def db_settings(database: str, size: Size, system: System) -> dict:
 class Runner:
     def __init__(self, args, size: Size, out: pathlib.Path):
         self.args, self.size, self.out = args, size, out
-        self.tundra_bin = REPO / "target" / "release" / "tundra"
+        self.tundra_bin = pathlib.Path(args.tundra_bin) if args.tundra_bin else REPO / "target" / "release" / "tundra"
         self.bench_bin = REPO / "target" / "release" / "tundra-bench"
         self.work = pathlib.Path(args.work_dir or "/tmp") / f"tundra-bench.{os.getpid()}"
         self.results = {"space": [], "throughput": [], "store": [], "drive": None, "problems": []}
@@ -543,6 +545,8 @@ def main(argv=None) -> int:
                    help="with --full: not the README's other benchmarks (drive, real table, block path, pg-storage)")
     p.add_argument("--out", help="output directory (default target/bench/eval/<UTC time>)")
     p.add_argument("--work-dir", help="where stacks are built (default /tmp)")
+    p.add_argument("--tundra-bin", help="the tundra binary the Tundra stacks run (default target/release/tundra; "
+                                        "another build's, to measure a change against it)")
     p.add_argument("--list", action="store_true", help="list the systems and exit")
     p.set_defaults(size="quick")
     a = p.parse_args(argv)

@@ -282,11 +282,12 @@ impl Pages {
         &self.page_locks[self.stripe(chunk, page)]
     }
 
-    /// Stores an image and drops the page's cached copy. The drop follows the index install, so
-    /// a reader that cached the old version before the install is undone by it.
-    fn apply(&self, chunk: ChunkId, page: PageNo, image: PageImage, lsn: Lsn) -> Result<()> {
+    /// Stores an image of `content` and gives the page's cached copy, if the cache holds one,
+    /// the new content (see `forget_written`). The change follows the index install, so a
+    /// reader that cached the old version before the install is undone by it.
+    fn apply(&self, chunk: ChunkId, page: PageNo, image: PageImage, lsn: Lsn, content: &[u8]) -> Result<()> {
         self.store.apply(&StoreCommand::PutPages { chunk, pages: vec![PagePut { page, image, lsn }] })?;
-        self.cache.lock().invalidate((chunk, page));
+        self.cache.lock().replace((chunk, page), || Arc::from(content));
         Ok(())
     }
 
@@ -343,7 +344,8 @@ impl Pages {
         stripes.dedup();
         let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
         let (command, counters, revisits) = self.encode_batch(chunk, pages)?;
-        self.apply_command(&command, |command| self.store.apply(command))?;
+        self.store.apply(&command)?;
+        self.forget_written(&command, pages);
         for counter in counters {
             counter.fetch_add(1, Ordering::Relaxed);
         }
@@ -419,6 +421,26 @@ impl Pages {
         }
     }
 
+    /// [`Pages::forget`] after this path stored `written` (whole pages, by `command`, the page
+    /// writers' locks held): a page the cache holds gets its new content instead of being
+    /// dropped. A page read to merge a piece of a write into it (the write-back cache merging a
+    /// filesystem's block into a larger page) is then found for the next piece, as a redo log's
+    /// tail page is written piece by piece, one flush after another, and a read of the device
+    /// per piece is spared. A page the cache does not hold stays out: writes alone do not fill
+    /// it. Under the cache's lock after the install, so a reader that loaded the page's older
+    /// version does not cache it (`remember` checks the entry).
+    fn forget_written(&self, command: &StoreCommand, written: &[(PageNo, &[u8], Lsn, Option<f64>)]) {
+        let Some(chunk) = command.chunk() else { return };
+        let mut partial = self.partial_raw.lock();
+        let mut cache = self.cache.lock();
+        let mut rechoose = self.rechoose.lock();
+        for &(page, content, ..) in written {
+            partial.remove(&(chunk, page));
+            cache.replace((chunk, page), || Arc::from(content));
+            rechoose.note(chunk, page, false);
+        }
+    }
+
     /// Drops every cached page: after a chunk was replaced whole (a snapshot installed).
     pub fn forget_all(&self) {
         let pages = self.cache.lock().capacity();
@@ -459,7 +481,7 @@ impl Pages {
     ) -> Result<Encoding> {
         let (image, counter) = self.image(chunk, page, content, encoded);
         let encoding = image.encoding;
-        self.apply(chunk, page, image, lsn)?;
+        self.apply(chunk, page, image, lsn, content)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(encoding)
     }

@@ -298,6 +298,36 @@ fn the_cache_hits_and_never_serves_an_old_version() {
     assert_eq!(pages.cache_stats().pages, 0);
 }
 
+/// A write of a page the cache holds (one read to merge a piece of a write into it) gives the
+/// cached copy the new content, whether the page came alone or in a batch; a page the cache does
+/// not hold is not cached by being written.
+#[test]
+fn a_cached_page_written_again_stays_cached_with_its_new_content() {
+    let (_, _, pages) = pages_on_a_drive(8192);
+    let chunk = ChunkId(7);
+    pages.write_page(chunk, PageNo(3), &table_page(1, 8192), Lsn(1), None).unwrap();
+    pages.write_page(chunk, PageNo(4), &table_page(2, 8192), Lsn(2), None).unwrap();
+    assert_eq!(pages.cache_stats().pages, 0, "a write alone cached a page");
+    assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(1, 8192));
+    // Alone, as a page protocol write or the merge of a piece with the cache off does.
+    pages.write_partial(chunk, PageNo(3), 100, &[7u8; 500], Lsn(3)).unwrap();
+    let mut merged = table_page(1, 8192);
+    merged[100..600].fill(7);
+    let misses = pages.cache_stats().misses;
+    assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), merged);
+    // In a batch, as the write-back cache flushes.
+    let items = [(PageNo(3), table_page(5, 8192)), (PageNo(4), table_page(6, 8192))];
+    let batch: Vec<_> = items.iter().map(|(p, c)| (*p, c.as_slice(), Lsn(4), None)).collect();
+    pages.write_pages(chunk, &batch).unwrap();
+    assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(5, 8192));
+    assert_eq!(pages.cache_stats().misses, misses, "a page written while cached was read from the device");
+    assert_eq!(pages.cache_stats().pages, 1, "page 4, written but never read, was cached");
+    assert_eq!(pages.read_page(chunk, PageNo(4)).unwrap().unwrap(), table_page(6, 8192));
+    // What the device holds is what the cache served.
+    pages.set_cache_pages(16);
+    assert_eq!(pages.read_page(chunk, PageNo(3)).unwrap().unwrap(), table_page(5, 8192));
+}
+
 #[test]
 fn check_is_clean_then_finds_damage() {
     let (_, _, pages) = pages_on_a_drive(8192);
