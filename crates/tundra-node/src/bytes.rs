@@ -65,6 +65,7 @@ impl Node {
             shard.put(Content::Page(Arc::new(piece.to_vec())));
         } else if let Some(cached) = shard.page_mut() {
             cached[within].copy_from_slice(piece);
+            self.writeback.count_piece(false);
         } else {
             // The page's current content, under the shard's lock so that no other writer of
             // this page slips in between the read and the merge.
@@ -75,6 +76,7 @@ impl Node {
             .unwrap_or_else(|| vec![0u8; volume.page_size()]);
             content[within].copy_from_slice(piece);
             shard.put(Content::Page(Arc::new(content)));
+            self.writeback.count_piece(true);
         }
         Ok(())
     }

@@ -91,6 +91,18 @@ pub fn render(node: &Node) -> String {
         "Block-device writes held in the write-back cache until the next flush",
         stats.write_back_dirty_bytes as f64,
     );
+    gauge(
+        &mut registry,
+        "write_back_pieces",
+        "Block-device writes of less than a page merged into their page in the write-back cache",
+        stats.write_back_pieces as f64,
+    );
+    gauge(
+        &mut registry,
+        "write_back_piece_reads",
+        "Pieces whose page was read from the store first (read-modify-write)",
+        stats.write_back_piece_reads as f64,
+    );
     for (store, journal) in [("drive", stats.journals.drive), ("fast", stats.journals.fast)] {
         let sub = registry.sub_registry_with_label(("store".into(), store.into()));
         sub.register(

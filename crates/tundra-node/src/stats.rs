@@ -105,6 +105,8 @@ impl Node {
             cache_hits: cache.0,
             cache_misses: cache.1,
             write_back_dirty_bytes: self.writeback.dirty_bytes(),
+            write_back_pieces: self.writeback.piece_counts().0,
+            write_back_piece_reads: self.writeback.piece_counts().1,
             journals: JournalsStats {
                 drive: JournalStats::of(self.data.journal_stats()),
                 fast: JournalStats::of(self.fast.journal_stats()),
@@ -372,6 +374,11 @@ pub struct NodeStats {
     pub cache_misses: u64,
     /// Block-device writes acknowledged and held in the write-back cache until the next flush.
     pub write_back_dirty_bytes: u64,
+    /// Block-device writes of less than a page, merged into their page in the write-back cache.
+    pub write_back_pieces: u64,
+    /// Of those, the ones whose page was not in the write-back cache and was read from the store
+    /// first (a read-modify-write; from the page cache when it held the page).
+    pub write_back_piece_reads: u64,
     pub journals: JournalsStats,
     pub volumes: Vec<VolumeStats>,
     /// Volumes served as files through FUSE in the node's process.

@@ -59,6 +59,11 @@ pub struct WriteBack {
     /// direct store operations on it share it.
     gates: Vec<RwLock<()>>,
     limit_bytes: u64,
+    /// Pieces of pages written (less than a page), merged into a page here.
+    pieces: AtomicU64,
+    /// Of those, the pieces whose page was not cached here, so that the page was read from the
+    /// store first (from its page cache when that held it, from the device otherwise).
+    piece_reads: AtomicU64,
 }
 
 /// A dirty page as a flush found it.
@@ -90,6 +95,8 @@ impl WriteBack {
             generation: AtomicU64::new(1),
             gates: (0..gates).map(|_| RwLock::new(())).collect(),
             limit_bytes,
+            pieces: AtomicU64::new(0),
+            piece_reads: AtomicU64::new(0),
         }
     }
 
@@ -107,6 +114,19 @@ impl WriteBack {
     /// What a reader sees for `key`, if it is dirty.
     pub fn get(&self, key: Key) -> Option<Content> {
         self.shards[Self::shard_of(key)].lock().get(&key).map(|d| d.content.clone())
+    }
+
+    /// Counts a piece of a page merged here; `read` when its page had to be read from the store.
+    pub fn count_piece(&self, read: bool) {
+        self.pieces.fetch_add(1, Ordering::Relaxed);
+        if read {
+            self.piece_reads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Pieces merged since the node started, and those that read their page from the store.
+    pub fn piece_counts(&self) -> (u64, u64) {
+        (self.pieces.load(Ordering::Relaxed), self.piece_reads.load(Ordering::Relaxed))
     }
 
     pub fn dirty_bytes(&self) -> u64 {

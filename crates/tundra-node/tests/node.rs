@@ -247,6 +247,39 @@ fn a_flush_makes_cached_writes_survive_a_crash() {
     assert!(out == want);
 }
 
+/// A redo log's appends: pieces of one page, each followed by a flush. The first piece reads
+/// the page from the store; once flushed, the page cache holds the page's new content, so the
+/// next piece finds it there and reads nothing from the device. `tundra stats` counts the
+/// pieces and the reads.
+#[test]
+fn pieces_of_a_page_flushed_one_by_one_read_it_from_the_device_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::open(&config(dir.path()), &mut |_| {}).unwrap();
+    let wal = node.volume_create("wal", 1 << 20, 16384, VolumeMode::None).unwrap();
+    node.write_bytes(&wal, 0, &page(1, 16384)).unwrap();
+    node.flush(Some(&wal)).unwrap();
+    let misses = node.stats().cache_misses;
+    let mut want = page(1, 16384);
+    for n in 0..8usize {
+        let piece = page(100 + n as u64, 1024);
+        node.write_bytes(&wal, (n * 1024) as u64, &piece).unwrap();
+        want[n * 1024..(n + 1) * 1024].copy_from_slice(&piece);
+        node.flush(Some(&wal)).unwrap();
+    }
+    let stats = node.stats();
+    assert_eq!((stats.write_back_pieces, stats.write_back_piece_reads), (8, 8), "every piece found its page flushed");
+    assert_eq!(stats.cache_misses, misses + 1, "pieces read their page from the device more than once");
+    let mut out = vec![0u8; 16384];
+    node.read_bytes(&wal, 0, &mut out).unwrap();
+    assert!(out == want);
+    node.close().unwrap();
+    drop((wal, node));
+    let node = Node::open(&config(dir.path()), &mut |_| {}).unwrap();
+    let wal = node.volume_by_name("wal").unwrap();
+    node.read_bytes(&wal, 0, &mut out).unwrap();
+    assert!(out == want, "the pieces did not survive a restart");
+}
+
 #[test]
 fn a_flush_covers_its_own_volume_and_leaves_the_others_cached() {
     let dir = tempfile::tempdir().unwrap();

@@ -401,12 +401,15 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         }
     }
     println!(
-        "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses; write-back cache: {} not yet flushed",
+        "index: {} ({:.1} bytes per page); page cache: {} hits, {} misses; write-back cache: {} not yet flushed, \
+         {} pieces of pages merged ({} read their page first)",
         bytes(&stats, "index_memory_bytes"),
         num(&stats, "index_bytes_per_page"),
         num(&stats, "cache_hits"),
         num(&stats, "cache_misses"),
-        bytes(&stats, "write_back_dirty_bytes")
+        bytes(&stats, "write_back_dirty_bytes"),
+        num(&stats, "write_back_pieces"),
+        num(&stats, "write_back_piece_reads")
     );
     if let Some(volumes) = stats["volumes"].as_array() {
         for v in volumes {
