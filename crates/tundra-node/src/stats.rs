@@ -70,6 +70,7 @@ impl Node {
             .collect();
         let cache = self.paths.values().map(|p| p.cache_stats()).fold((0, 0), |(h, m), s| (h + s.hits, m + s.misses));
         let store = self.data.stats();
+        let (write_back_pieces, write_back_piece_reads) = self.writeback.piece_counts();
         NodeStats {
             uptime_seconds: self.clock.now().saturating_sub(self.started).as_secs_f64(),
             data_dir: self.data_dir.display().to_string(),
@@ -105,8 +106,8 @@ impl Node {
             cache_hits: cache.0,
             cache_misses: cache.1,
             write_back_dirty_bytes: self.writeback.dirty_bytes(),
-            write_back_pieces: self.writeback.piece_counts().0,
-            write_back_piece_reads: self.writeback.piece_counts().1,
+            write_back_pieces,
+            write_back_piece_reads,
             journals: JournalsStats {
                 drive: JournalStats::of(self.data.journal_stats()),
                 fast: JournalStats::of(self.fast.journal_stats()),

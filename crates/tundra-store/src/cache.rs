@@ -65,14 +65,12 @@ impl PageCache {
         self.order.insert(self.clock, key);
     }
 
-    /// Gives a page the cache holds new content (a use of it); false, and nothing cached, when
-    /// the cache does not hold the page.
-    pub fn replace(&mut self, key: Key, page: impl FnOnce() -> Arc<[u8]>) -> bool {
-        if !self.pages.contains_key(&key) {
-            return false;
+    /// Gives a page the cache holds new content (a use of it); a page it does not hold stays
+    /// out.
+    pub fn replace(&mut self, key: Key, page: impl FnOnce() -> Arc<[u8]>) {
+        if self.pages.contains_key(&key) {
+            self.insert(key, page());
         }
-        self.insert(key, page());
-        true
     }
 
     pub fn invalidate(&mut self, key: Key) {

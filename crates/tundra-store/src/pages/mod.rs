@@ -345,7 +345,7 @@ impl Pages {
         let _writers: Vec<_> = stripes.iter().map(|&i| self.page_locks[i].lock()).collect();
         let (command, counters, revisits) = self.encode_batch(chunk, pages)?;
         self.store.apply(&command)?;
-        self.forget_written(&command, pages);
+        self.forget_written(chunk, pages);
         for counter in counters {
             counter.fetch_add(1, Ordering::Relaxed);
         }
@@ -411,17 +411,10 @@ impl Pages {
             StoreCommand::PutHeavy { pages, .. } => pages.iter().map(|heavy| heavy.page).collect(),
             _ => Vec::new(),
         };
-        let mut partial = self.partial_raw.lock();
-        let mut cache = self.cache.lock();
-        let mut rechoose = self.rechoose.lock();
-        for page in pages {
-            partial.remove(&(chunk, page));
-            cache.invalidate((chunk, page));
-            rechoose.note(chunk, page, false);
-        }
+        self.forget_pages(chunk, pages.into_iter().map(|page| (page, None)));
     }
 
-    /// [`Pages::forget`] after this path stored `written` (whole pages, by `command`, the page
+    /// [`Pages::forget`] after this path stored `written` (whole pages of `chunk`, the page
     /// writers' locks held): a page the cache holds gets its new content instead of being
     /// dropped. A page read to merge a piece of a write into it (the write-back cache merging a
     /// filesystem's block into a larger page) is then found for the next piece, as a redo log's
@@ -429,14 +422,22 @@ impl Pages {
     /// per piece is spared. A page the cache does not hold stays out: writes alone do not fill
     /// it. Under the cache's lock after the install, so a reader that loaded the page's older
     /// version does not cache it (`remember` checks the entry).
-    fn forget_written(&self, command: &StoreCommand, written: &[(PageNo, &[u8], Lsn, Option<f64>)]) {
-        let Some(chunk) = command.chunk() else { return };
+    fn forget_written(&self, chunk: ChunkId, written: &[(PageNo, &[u8], Lsn, Option<f64>)]) {
+        self.forget_pages(chunk, written.iter().map(|&(page, content, ..)| (page, Some(content))));
+    }
+
+    /// Takes `pages` of `chunk` out of the partial-write list and the rechoose set, and out of
+    /// the cache, or, with their new content, gives a cached copy that content.
+    fn forget_pages<'a>(&self, chunk: ChunkId, pages: impl Iterator<Item = (PageNo, Option<&'a [u8]>)>) {
         let mut partial = self.partial_raw.lock();
         let mut cache = self.cache.lock();
         let mut rechoose = self.rechoose.lock();
-        for &(page, content, ..) in written {
+        for (page, content) in pages {
             partial.remove(&(chunk, page));
-            cache.replace((chunk, page), || Arc::from(content));
+            match content {
+                Some(content) => cache.replace((chunk, page), || Arc::from(content)),
+                None => cache.invalidate((chunk, page)),
+            }
             rechoose.note(chunk, page, false);
         }
     }
