@@ -144,6 +144,12 @@ impl ClusterNode {
                 None,
             )
         })?;
+        // A benchmark hook: `TUNDRA_TEST_LEADER_SYNC_FIRST=1` makes a leader's appends wait for
+        // its own log's sync before the followers see them (openraft 0.9 alone), the baseline
+        // of reporting them flushed early (tundra-raft's log/mod.rs).
+        if std::env::var("TUNDRA_TEST_LEADER_SYNC_FIRST").is_ok_and(|v| v == "1") {
+            host.log().set_ahead(false);
+        }
         // Snapshots' extents, captured to send and staged as received, on the node's disk.
         host.set_snapshot_dir(node.data_dir().join(SNAPSHOT_DIR))?;
         let start_lsn = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros());

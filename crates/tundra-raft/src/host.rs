@@ -95,11 +95,6 @@ pub struct Host {
     manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
     /// Snapshots captured to send and staged as received (snapshot.rs).
     files: Arc<SnapshotFiles>,
-    /// Per group started, the index of the last entry its log held then, until this node
-    /// applied that far: see [`Host::read_pages`].
-    started_last: Mutex<BTreeMap<GroupId, u64>>,
-    /// The injected bug of a simulation twin: reads skip `caught_up_since_start`.
-    skip_catch_up: std::sync::atomic::AtomicBool,
     /// The injected bug of a simulation twin: purges skip the purge guard.
     purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
     /// Per redo group, how far its replica here may purge (redo_machine.rs).
@@ -138,8 +133,6 @@ impl Host {
             manager: Mutex::new(None),
             files: Arc::new(SnapshotFiles::in_memory()),
             purge_unsynced: Arc::default(),
-            started_last: Mutex::default(),
-            skip_catch_up: std::sync::atomic::AtomicBool::new(false),
             redo: Mutex::default(),
             redo_held_committed: std::sync::atomic::AtomicBool::new(false),
         })
@@ -215,13 +208,28 @@ impl Host {
         Ok(Arc::new(config.validate().map_err(|e| e.to_string())?))
     }
 
+    /// Starts `group`'s Raft on this node over the node's transport and shared log, with
+    /// `machine` applying only entries durable in the log (log/mod.rs).
+    async fn new_raft<M>(&self, group: GroupId, config: Arc<Config>, machine: M) -> Result<Raft, String>
+    where
+        M: openraft::storage::RaftStateMachine<crate::types::TypeConfig>,
+    {
+        let network = GroupNetwork {
+            transport: self.transport.clone(),
+            from: self.id,
+            group,
+            files: self.files.clone(),
+            log: self.log.clone(),
+        };
+        let log = GroupLogStore::new(self.log.clone(), group, self.id);
+        let machine = crate::log::DurableApply::new(machine, self.log.clone(), group);
+        Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())
+    }
+
     async fn start_group(&self, group: GroupId, pages: Arc<Pages>, config: Arc<Config>) -> Result<(), String> {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network =
-            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
-        let log = GroupLogStore::new(self.log.clone(), group);
         self.paths.lock().insert(group, pages.clone());
         // The requests of the committed entries the log still holds: those a restarted node
         // applied before it stopped are never applied again, so never recorded otherwise.
@@ -234,9 +242,6 @@ impl Host {
             }
         });
         self.log.set_purge_guard(group, self.purge_guard(group, pages.clone()));
-        if let Some(last) = self.log.with_group(group, |log| log.entries.keys().next_back().copied()) {
-            self.started_last.lock().insert(group, last);
-        }
         let machine = ChunkStateMachine::open(
             group,
             pages,
@@ -245,7 +250,7 @@ impl Host {
             (self.id, self.files.clone()),
             self.repairer(),
         )?;
-        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        let raft = self.new_raft(group, config, machine).await?;
         self.groups.lock().insert(group, raft);
         Ok(())
     }
@@ -274,12 +279,6 @@ impl Host {
             store.sync().map_err(|e| format!("chunk {}: syncing the store before a purge: {e}", group.0))?;
             Ok(applied)
         })
-    }
-
-    /// The injected bug of a simulation twin: reads no longer wait for the log held at start.
-    #[cfg(test)]
-    pub(crate) fn reads_before_catch_up(&self) {
-        self.skip_catch_up.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The injected bug of the simulation's twin: purges no longer wait for the store.
@@ -447,7 +446,9 @@ impl Host {
     }
 
     /// A linearizable read on the leader: leadership confirmed by a quorum, everything
-    /// committed before the read applied here, then the page read and verified.
+    /// committed before the read applied here, then the page read and verified. A leader
+    /// never resumes a term after a restart (log/store.rs, `read_vote`), so its read index is
+    /// at least its own term's first entry, which follows every write acknowledged before.
     pub async fn read_page(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Vec<u8>>, Error> {
         let mut pages = self.read_pages(chunk, &[page]).await?;
         Ok(pages.pop().flatten())
@@ -462,34 +463,12 @@ impl Host {
             }
             other => Error::Unavailable(other.to_string()),
         })?;
-        self.caught_up_since_start(chunk, &raft).await?;
         let path = self.pages_of(chunk);
         let mut read = Vec::with_capacity(pages.len());
         for &page in pages {
             read.push(self.read_or_repair(&path, chunk, page).await?);
         }
         Ok(read)
-    }
-
-    /// Waits until this node applied its log as far as it held it when the group started. A
-    /// replica's applies are durable only with a later store sync, and its saved commit index
-    /// with a later log flush, so after a crash both may be older than writes it acknowledged;
-    /// a leader that resumes its term after a restart would take its read index from that
-    /// older commit index (openraft's read index is the larger of its term's first entry and
-    /// its commit index). Every write it acknowledged is in its log, so once it applied the log
-    /// as it held it at start, its reads see them (the simulation's seed 101 read a page older
-    /// than an acknowledged write without this).
-    async fn caught_up_since_start(&self, group: GroupId, raft: &Raft) -> Result<(), Error> {
-        if self.skip_catch_up.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
-        }
-        let Some(last) = self.started_last.lock().get(&group).copied() else { return Ok(()) };
-        raft.wait(Some(Duration::from_secs(10)))
-            .applied_index_at_least(Some(last), "the log held at start applied")
-            .await
-            .map_err(|e| Error::Unavailable(format!("group {}: {e}", group.0)))?;
-        self.started_last.lock().remove(&group);
-        Ok(())
     }
 
     pub(crate) fn pages_of(&self, group: GroupId) -> Arc<Pages> {
@@ -540,9 +519,6 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Ok(());
         }
-        let network =
-            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
-        let log = GroupLogStore::new(self.log.clone(), group);
         // openraft never purges by itself: only below what every voter holds (redo_machine.rs).
         let config = Config {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(logs_per_mark),
@@ -554,7 +530,7 @@ impl Host {
         let machine =
             crate::redo_machine::RedoStateMachine::open(group, applier, marks)?.with_copies(self.files.clone());
         let progress = machine.progress();
-        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        let raft = self.new_raft(group, config, machine).await?;
         self.groups.lock().insert(group, raft);
         self.redo.lock().insert(group, progress);
         Ok(())
@@ -627,9 +603,6 @@ impl Host {
         if let Some(view) = self.manager.lock().clone() {
             return Ok(view);
         }
-        let network =
-            GroupNetwork { transport: self.transport.clone(), from: self.id, group, files: self.files.clone() };
-        let log = GroupLogStore::new(self.log.clone(), group);
         let config = Config {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(logs_per_snapshot),
             max_in_snapshot_log_to_keep: logs_per_snapshot / 4,
@@ -639,7 +612,7 @@ impl Host {
         let config = Arc::new(config.validate().map_err(|e| e.to_string())?);
         let machine = crate::manager_machine::ManagerStateMachine::open(snapshots, hook, bug)?;
         let view = machine.view();
-        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        let raft = self.new_raft(group, config, machine).await?;
         self.groups.lock().insert(group, raft);
         *self.manager.lock() = Some(view.clone());
         Ok(view)

@@ -17,6 +17,7 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotRespon
 use openraft::storage::{Snapshot, SnapshotMeta};
 use openraft::{EmptyNode, OptionalSend, RaftNetwork, RaftNetworkFactory, Vote};
 
+use crate::log::NodeLog;
 use crate::snapshot::{PIECE_BYTES, SnapshotBug, SnapshotFiles};
 use crate::types::{GroupId, NodeId, TypeConfig};
 
@@ -110,6 +111,8 @@ pub struct GroupNetwork {
     pub from: NodeId,
     pub group: GroupId,
     pub files: Arc<SnapshotFiles>,
+    /// The node's shared log: how far the group's entries are durable here.
+    pub log: Arc<NodeLog>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
@@ -122,6 +125,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
             to: target,
             group: self.group,
             files: self.files.clone(),
+            log: self.log.clone(),
         }
     }
 }
@@ -133,6 +137,7 @@ pub struct PeerClient {
     to: NodeId,
     group: GroupId,
     files: Arc<SnapshotFiles>,
+    log: Arc<NodeLog>,
 }
 
 impl PeerClient {
@@ -147,11 +152,15 @@ fn mismatch() -> NetworkError {
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
+    /// The commit position sent goes no further than the leader's entries durable here (a
+    /// leader's own appends are reported flushed early, log/mod.rs): a follower never applies
+    /// an entry a majority does not hold durably.
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+        rpc.leader_commit = self.log.durable_commit(self.group, rpc.leader_commit);
         let t0 = std::time::Instant::now();
         let some = !rpc.entries.is_empty();
         let r = self.call(Rpc::Append(rpc)).await;

@@ -235,6 +235,10 @@ struct Round {
     /// (`TUNDRA_TEST_RAFT_LOG_APPENDS=1`): what growing the log ahead saves.
     appends_us_p50: f64,
     appends_us_p99: f64,
+    /// The same writes to a cluster whose leaders sync their own log before the followers see
+    /// an entry (`TUNDRA_TEST_LEADER_SYNC_FIRST=1`): what sending before the sync saves.
+    sync_first_us_p50: f64,
+    sync_first_us_p99: f64,
     single_us_p99: f64,
     follower_bytes_per_page: f64,
     compressed_bytes_per_page: f64,
@@ -253,6 +257,19 @@ impl Round {
     fn cpu_ratio(&self) -> f64 {
         (self.follower_cpu_us_per_page[0] + self.follower_cpu_us_per_page[1]) / 2.0 / self.leader_cpu_us_per_page
     }
+}
+
+/// The latencies of writing `pages` at queue depth 1 to the chunk's leader on three fresh
+/// nodes run with the benchmark hook `hook` set to 1.
+fn replicated_with(hook: &str, pages: &[Vec<u8>]) -> Vec<f64> {
+    let mut cluster = Cluster::new(|_| None);
+    cluster.env.push((hook.into(), "1".into()));
+    cluster.start_all();
+    succeeds(&["volume", "create", "bench", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
+    let leader = cluster.leader(1, "bench");
+    let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
+    let volume = client.volume_lookup("bench").expect("lookup").id;
+    write_all(&mut client, volume, pages)
 }
 
 fn round(count: usize) -> Round {
@@ -290,16 +307,13 @@ fn round(count: usize) -> Round {
     let follower_bytes_per_page = (after - before) as f64 / 2.0 / count as f64;
     drop((client, cluster));
 
-    // Three nodes whose Raft logs grow by their frames alone.
-    let mut cluster = Cluster::new(|_| None);
-    cluster.env.push(("TUNDRA_TEST_RAFT_LOG_APPENDS".into(), "1".into()));
-    cluster.start_all();
-    succeeds(&["volume", "create", "bench", "--size", "64MiB", "--replicas", "3", "--addr", &cluster.member(1).addr()]);
-    let leader = cluster.leader(1, "bench");
-    let mut client = tundra_client::Client::connect(cluster.member(leader).native).expect("connect");
-    let volume = client.volume_lookup("bench").expect("lookup").id;
-    let mut appends_us = write_all(&mut client, volume, &pages);
+    // Three nodes whose Raft logs grow by their frames alone, then three whose leaders sync
+    // their own log before the followers see an entry.
+    let mut appends_us = replicated_with("TUNDRA_TEST_RAFT_LOG_APPENDS", &pages);
+    let mut sync_first_us = replicated_with("TUNDRA_TEST_LEADER_SYNC_FIRST", &pages);
     Round {
+        sync_first_us_p50: median(&mut sync_first_us),
+        sync_first_us_p99: percentile(&mut sync_first_us, 0.99),
         rtt_us,
         fsync_us,
         fsync_append_us,
@@ -341,6 +355,7 @@ fn replication_costs() {
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for r in &results {
         assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0 && r.appends_us_p50 > 0.0);
+        assert!(r.sync_first_us_p50 > 0.0);
         assert!(r.rtt_us > 0.0 && r.fsync_us > 0.0 && r.over_budget().is_finite());
         assert!(r.compressed_bytes_per_page > 0.0 && r.follower_bytes_per_page > 0.0);
         assert!(r.leader_cpu_us_per_page.is_finite() && r.follower_cpu_us_per_page.iter().all(|c| c.is_finite()));
@@ -362,13 +377,14 @@ fn replication_costs() {
     writeln!(text, "# build: {profile} (cargo test{flag}); both sides of each ratio in the same round").unwrap();
     writeln!(text, "# budget: replicated_us_p50 - single_us_p50 (extra_us) against one loopback round trip of 8 KiB (rtt_us) plus one 8 KiB write and fdatasync into a file grown ahead with zeros in the nodes' temporary directory (fsync_us; the same appended to a growing file: fsync_append_us), all medians measured in the same round").unwrap();
     writeln!(text, "# appends: the same writes to a cluster whose Raft logs grow by their frames alone (TUNDRA_TEST_RAFT_LOG_APPENDS=1; appends_us_*), against the logs grown ahead (replicated_us_*): appends_over_ahead_p50").unwrap();
+    writeln!(text, "# sync first: the same writes to a cluster whose leaders sync their own Raft log before the followers see an entry (TUNDRA_TEST_LEADER_SYNC_FIRST=1; sync_first_us_*), against leaders that send first (replicated_us_*): ahead_over_sync_first_p50").unwrap();
     writeln!(text, "# cpu: utime + stime of each tundra serve process (/proc/PID/stat, {} ticks a second) from before the first replicated write to 300 ms after the last, per page; the leader's includes serving the client", clock_ticks()).unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget\tfsync_append_us\tappends_us_p50\tappends_us_p99\tappends_over_ahead_p50").unwrap();
+    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget\tfsync_append_us\tappends_us_p50\tappends_us_p99\tappends_over_ahead_p50\tsync_first_us_p50\tsync_first_us_p99\tahead_over_sync_first_p50").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}\t{:.0}\t{:.0}\t{:.0}\t{:.3}",
+            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.3}",
             r.single_us_p50,
             r.single_us_p99,
             r.replicated_us_p50,
@@ -389,6 +405,9 @@ fn replication_costs() {
             r.appends_us_p50,
             r.appends_us_p99,
             r.appends_us_p50 / r.replicated_us_p50,
+            r.sync_first_us_p50,
+            r.sync_first_us_p99,
+            r.replicated_us_p50 / r.sync_first_us_p50,
         )
         .unwrap();
     }
@@ -403,6 +422,8 @@ fn replication_costs() {
     writeln!(text, "single_us_p50 median {s:.0} (min {slo:.0}, max {shi:.0}); replicated_us_p50 median {r:.0} (min {rlo:.0}, max {rhi:.0})").unwrap();
     let (m, lo, hi) = spread(&results.iter().map(|r| r.appends_us_p50 / r.replicated_us_p50).collect::<Vec<f64>>());
     writeln!(text, "appends_over_ahead_p50 median {m:.3} (min {lo:.3}, max {hi:.3}): the Raft logs growing by their frames alone against grown ahead").unwrap();
+    let (m, lo, hi) = spread(&results.iter().map(|r| r.replicated_us_p50 / r.sync_first_us_p50).collect::<Vec<f64>>());
+    writeln!(text, "ahead_over_sync_first_p50 median {m:.3} (min {lo:.3}, max {hi:.3}): leaders that send before their own log's sync against leaders that sync first").unwrap();
     let (m, lo, hi) = spread(&bytes);
     writeln!(text, "bytes_ratio median {m:.4} (min {lo:.4}, max {hi:.4})").unwrap();
     let leader_cpu: Vec<f64> = results.iter().map(|r| r.leader_cpu_us_per_page).collect();

@@ -10,6 +10,23 @@
 //!
 //! The in-memory index of every group's entries ([`NodeLog`]'s groups) is what openraft reads;
 //! it is rebuilt from the medium's durable records when the node restarts.
+//!
+//! **A leader's own entries are sent before they are durable** (seed 000 §3.2.1, Figure 4:
+//! the leader forwards the compressed blocks and persists them itself at the same time).
+//! openraft 0.9's core sends nothing to the followers until the leader's append is flushed, so
+//! a write at queue depth 1 would pay the leader's sync and then the follower's, one after the
+//! other. Here an append of entries the node proposed as the group's leader in its current
+//! term, none of them a membership change, is reported flushed at once and made durable by the
+//! writer as usual, while the core replicates it. openraft then counts the leader toward a
+//! quorum before its copy is durable, so nothing that quorum decides leaves the node until the
+//! leader's copy is durable too: the group's state machine applies (and so answers a client)
+//! only entries durable here ([`DurableApply`]), and the commit position sent to the followers
+//! goes no further than the entries durable here ([`NodeLog::durable_commit`]), so no replica
+//! applies an entry that a majority does not hold durably. A membership change is never
+//! reported early, since the leader acts on its commit itself. And a leader that restarts
+//! never resumes its term ([`GroupLogStore`]'s `read_vote`): it may have lost entries its
+//! followers hold, and proposing again in that term would give other entries their log ids.
+//! See ARCHITECTURE.md, "Replication".
 
 mod file;
 mod mem;
@@ -27,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use file::{FileLog, FileLogBug, LogFile, MemLogFile, OsLogFile};
 pub use mem::{LogFault, MemLog};
-pub use store::GroupLogStore;
+pub use store::{DurableApply, GroupLogStore};
 
 use crate::types::{GroupId, NodeId, TypeConfig};
 
@@ -89,6 +106,14 @@ pub trait LogMedia: Send + Sync + 'static {
         let _ = live;
         Ok(())
     }
+    /// How much longer than usual the next flush takes (the simulation's slow syncs).
+    fn flush_stall(&self) -> Duration {
+        Duration::ZERO
+    }
+    /// Whether flushes wait until released (the simulation's stalled medium).
+    fn flush_held(&self) -> bool {
+        false
+    }
 }
 
 /// One group's log as the node knows it in memory.
@@ -98,6 +123,8 @@ pub(crate) struct GroupLog {
     pub vote: Option<Vote<NodeId>>,
     pub purged: Option<LogId<NodeId>>,
     pub committed: Option<LogId<NodeId>>,
+    /// The index of the last entry the medium holds durably (all before it are durable too).
+    pub durable: Option<u64>,
 }
 
 impl GroupLog {
@@ -123,6 +150,29 @@ impl GroupLog {
     }
 }
 
+/// What a record does to its group's durable mark once a flush made it durable: records are
+/// flushed in order, so after appended entries every entry up to the last one is durable.
+fn advance_durable(durable: &mut Option<u64>, record: &LogRecord) {
+    match record {
+        LogRecord::Entries { entries, .. } => {
+            if let Some(last) = entries.last() {
+                *durable = Some(last.log_id.index);
+            }
+        }
+        LogRecord::Truncate { since, .. } => {
+            if durable.is_some_and(|d| d >= *since) {
+                *durable = since.checked_sub(1);
+            }
+        }
+        LogRecord::Purge { upto, .. } => {
+            if durable.is_none_or(|d| d < upto.index) {
+                *durable = Some(upto.index);
+            }
+        }
+        LogRecord::Vote { .. } | LogRecord::Committed { .. } => {}
+    }
+}
+
 fn group_of(record: &LogRecord) -> GroupId {
     match record {
         LogRecord::Entries { group, .. }
@@ -142,7 +192,24 @@ pub type PurgeGuard = Arc<dyn Fn(LogId<NodeId>) -> Result<Option<u64>, String> +
 enum Done {
     Append(LogFlushed<TypeConfig>),
     Wait(oneshot::Sender<Result<(), String>>),
+    /// A leader's append already reported flushed: nobody hears, but it is flushed at once,
+    /// as its group's applies and commits wait on it.
+    Ahead,
     Nobody,
+}
+
+/// An injected bug of a simulation twin: a leader's early-reported appends without one of the
+/// two rules that keep them safe (the module's documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AheadBug {
+    #[default]
+    None,
+    /// The state machine applies (and the leader answers) entries not yet durable here.
+    ApplyUnflushed,
+    /// The followers are told of commits past the entries durable here.
+    CommitUnflushed,
+    /// A leader restarted with its vote still committed resumes its term.
+    ResumeTerm,
 }
 
 struct Write {
@@ -167,6 +234,13 @@ pub struct NodeLog {
     records: AtomicU64,
     flushes: Arc<AtomicU64>,
     writer: tokio::task::JoinHandle<()>,
+    /// Counts the writer's flushes that moved durable marks; waiters on a mark watch it.
+    flushed: tokio::sync::watch::Sender<u64>,
+    /// Why the medium failed, once it has: no mark moves again.
+    failed: Mutex<Option<String>>,
+    /// Whether a leader's own appends are reported flushed before they are (module docs).
+    ahead: std::sync::atomic::AtomicBool,
+    bug: Mutex<AheadBug>,
 }
 
 impl NodeLog {
@@ -177,7 +251,9 @@ impl NodeLog {
     pub fn open(media: Arc<dyn LogMedia>, flush_latency: Duration) -> Result<Arc<NodeLog>, String> {
         let mut groups: BTreeMap<GroupId, GroupLog> = BTreeMap::new();
         for record in media.replay()? {
-            groups.entry(group_of(&record)).or_default().apply(&record);
+            let log = groups.entry(group_of(&record)).or_default();
+            log.apply(&record);
+            advance_durable(&mut log.durable, &record);
         }
         let (queue, writes) = mpsc::unbounded_channel();
         let flushes = Arc::new(AtomicU64::new(0));
@@ -190,8 +266,83 @@ impl NodeLog {
                 records: AtomicU64::new(0),
                 flushes,
                 writer,
+                flushed: tokio::sync::watch::Sender::new(0),
+                failed: Mutex::new(None),
+                ahead: std::sync::atomic::AtomicBool::new(true),
+                bug: Mutex::new(AheadBug::None),
             }
         }))
+    }
+
+    /// Whether a leader's own appends are reported flushed before they are (on by default;
+    /// off, a write pays the leader's sync before the followers see it, as openraft 0.9 does
+    /// alone). For measurements and tests.
+    pub fn set_ahead(&self, on: bool) {
+        self.ahead.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ahead(&self) -> bool {
+        self.ahead.load(Ordering::Relaxed)
+    }
+
+    /// Injects a bug for a simulation twin.
+    pub fn set_ahead_bug(&self, bug: AheadBug) {
+        *self.bug.lock() = bug;
+    }
+
+    pub(crate) fn ahead_bug(&self) -> AheadBug {
+        *self.bug.lock()
+    }
+
+    /// Waits until `group`'s entries up to `index` are durable here; an error if the medium
+    /// failed (they may never be).
+    pub async fn wait_durable(&self, group: GroupId, index: u64) -> Result<(), String> {
+        let mut flushed = self.flushed.subscribe();
+        loop {
+            if let Some(why) = self.failed.lock().clone() {
+                return Err(format!("the node's Raft log failed: {why}"));
+            }
+            if self.with_group(group, |log| log.durable.is_some_and(|d| d >= index)) {
+                return Ok(());
+            }
+            if flushed.changed().await.is_err() {
+                return Err("the node's log writer stopped".into());
+            }
+        }
+    }
+
+    /// The commit position a leader may tell its followers of: `committed`, or the last of
+    /// `group`'s entries durable here if that is earlier (module docs). `None` tells them
+    /// nothing new.
+    pub fn durable_commit(&self, group: GroupId, committed: Option<LogId<NodeId>>) -> Option<LogId<NodeId>> {
+        let committed = committed?;
+        if self.ahead_bug() == AheadBug::CommitUnflushed {
+            return Some(committed);
+        }
+        self.with_group(group, |log| {
+            let durable = log.durable?;
+            if durable >= committed.index {
+                return Some(committed);
+            }
+            log.entries.get(&durable).map(|e| e.log_id).or(log.purged.filter(|p| p.index == durable))
+        })
+    }
+
+    /// Moves the durable marks by the records a flush made durable, and wakes their waiters.
+    fn mark_durable(&self, records: &[LogRecord]) {
+        {
+            let mut groups = self.groups.lock();
+            for record in records {
+                advance_durable(&mut groups.entry(group_of(record)).or_default().durable, record);
+            }
+        }
+        self.flushed.send_modify(|n| *n += 1);
+    }
+
+    /// The medium failed to flush: what was reported flushed early may never be durable.
+    fn fail(&self, why: String) {
+        self.failed.lock().get_or_insert(why);
+        self.flushed.send_modify(|n| *n += 1);
     }
 
     pub fn stats(&self) -> LogStats {
@@ -264,6 +415,8 @@ async fn write_loop(
     flushes: Arc<AtomicU64>,
     log: std::sync::Weak<NodeLog>,
 ) {
+    // Records appended since the last flush, whose durable marks that flush moves.
+    let mut unflushed: Vec<LogRecord> = Vec::new();
     while let Some(first) = writes.recv().await {
         let mut batch = vec![first];
         while let Ok(write) = writes.try_recv() {
@@ -273,12 +426,17 @@ async fn write_loop(
         let t0 = std::time::Instant::now();
         let mut result = media.append(&records);
         crate::lat::note("log.append", t0);
+        unflushed.extend(records);
         // Records nobody waits for (a truncation, a purge) are durable with the next flush: a
         // batch of only those is appended unflushed.
         let waited = batch.iter().any(|w| !matches!(w.done, Done::Nobody));
         if waited {
-            if !flush_latency.is_zero() {
-                tokio::time::sleep(flush_latency).await;
+            let stall = media.flush_stall();
+            if !flush_latency.is_zero() || !stall.is_zero() {
+                tokio::time::sleep(flush_latency + stall).await;
+            }
+            while media.flush_held() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             if result.is_ok() {
                 let t1 = std::time::Instant::now();
@@ -286,6 +444,15 @@ async fn write_loop(
                 crate::lat::note("log.flush(fdatasync)", t1);
             }
             flushes.fetch_add(1, Ordering::Relaxed);
+            if let Some(log) = log.upgrade() {
+                match &result {
+                    Ok(()) => log.mark_durable(&std::mem::take(&mut unflushed)),
+                    Err(why) => {
+                        log.fail(why.clone());
+                        unflushed.clear();
+                    }
+                }
+            }
         }
         for write in batch {
             match write.done {
@@ -293,7 +460,7 @@ async fn write_loop(
                 Done::Wait(sender) => {
                     let _ = sender.send(result.clone());
                 }
-                Done::Nobody => {}
+                Done::Ahead | Done::Nobody => {}
             }
         }
         if media.wants_compaction() {

@@ -4,26 +4,46 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    EmptyNode, Entry, LogId, OptionalSend, RaftLogReader, RaftTypeConfig, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership, Vote,
+};
 use tokio::sync::oneshot;
 
-use super::{Done, LogRecord, NodeLog};
+use super::{AheadBug, Done, LogRecord, NodeLog};
 use crate::types::{GroupId, NodeId, TypeConfig};
 
 /// How long a purge waits for the state machine to reach its purge point.
 pub const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The log of `group` in the node's shared log.
+/// The log of `group` in the node's shared log, on node `me`.
 #[derive(Clone)]
 pub struct GroupLogStore {
     log: Arc<NodeLog>,
     group: GroupId,
+    me: NodeId,
 }
 
 impl GroupLogStore {
-    pub fn new(log: Arc<NodeLog>, group: GroupId) -> GroupLogStore {
-        GroupLogStore { log, group }
+    pub fn new(log: Arc<NodeLog>, group: GroupId, me: NodeId) -> GroupLogStore {
+        GroupLogStore { log, group, me }
+    }
+
+    /// Whether `entries` may be reported flushed before they are (the module's documentation
+    /// in log/mod.rs): this node leads the group under a vote a quorum granted, it proposed
+    /// every entry under that vote, and none changes the membership. A follower's append, or
+    /// a former leader's entries sent back by a new one, is reported only once durable.
+    fn leader_ahead(&self, entries: &[Entry<TypeConfig>]) -> bool {
+        if !self.log.ahead() {
+            return false;
+        }
+        let Some(vote) = self.log.with_group(self.group, |log| log.vote) else { return false };
+        vote.committed
+            && vote.leader_id.node_id == self.me
+            && entries.iter().all(|e| {
+                e.log_id.leader_id == vote.leader_id && !matches!(e.payload, openraft::EntryPayload::Membership(_))
+            })
     }
 
     fn submit(&self, record: LogRecord, done: Done) -> Result<(), StorageError<NodeId>> {
@@ -63,14 +83,30 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         result.map_err(|e| StorageIOError::write_vote(openraft::AnyError::error(e)).into())
     }
 
+    /// Read once, when the group starts. A vote this node won is read back as not granted: a
+    /// leader's own entries are sent before they are durable (log/mod.rs), so a leader that
+    /// crashed may restart without entries its followers hold under its term's log ids, and
+    /// proposing again in that term would give different entries the same ids (two entries
+    /// with one log id break Raft's log matching). It keeps its vote for the term, so it votes
+    /// for no one else in it, and must win an election in a later term to lead again.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(self.log.with_group(self.group, |log| log.vote))
+        let resume = self.log.ahead_bug() == AheadBug::ResumeTerm;
+        Ok(self.log.with_group(self.group, |log| {
+            if let Some(vote) = log.vote.as_mut()
+                && vote.committed
+                && vote.leader_id.node_id == self.me
+                && !resume
+            {
+                vote.committed = false;
+            }
+            log.vote
+        }))
     }
 
     /// Not waited for: durable with the next flush. After a crash it may be older than what
-    /// the node applied (and acknowledged, as a leader) before; a leader that resumes its term
-    /// reads only once it applied its whole log as of its start ([`crate::Host`]'s
-    /// `read_pages`), so it never serves a read from this older index.
+    /// the node applied (and acknowledged, as a leader) before; the node leads again only in a
+    /// later term (`read_vote`), whose first entry a read waits for, so it never serves a
+    /// read from this older index.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
         self.submit(LogRecord::Committed { group: self.group, committed }, Done::Nobody)
     }
@@ -85,6 +121,11 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if self.leader_ahead(&entries) {
+            self.submit(LogRecord::Entries { group: self.group, entries }, Done::Ahead)?;
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         self.submit(LogRecord::Entries { group: self.group, entries }, Done::Append(callback))
     }
 
@@ -114,5 +155,72 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         };
         let Some(log_id) = allowed else { return Ok(()) };
         self.submit(LogRecord::Purge { group: self.group, upto: log_id }, Done::Nobody)
+    }
+}
+
+/// A group's state machine that applies only entries durable in this node's log: a leader's
+/// own appends are reported flushed before they are (log/mod.rs), so openraft may commit an
+/// entry whose only durable copies are the followers'; applying it here would answer the
+/// client before a majority holds it durably.
+pub struct DurableApply<M> {
+    machine: M,
+    log: Arc<NodeLog>,
+    group: GroupId,
+}
+
+impl<M> DurableApply<M> {
+    pub fn new(machine: M, log: Arc<NodeLog>, group: GroupId) -> DurableApply<M> {
+        DurableApply { machine, log, group }
+    }
+}
+
+type Membership = StoredMembership<NodeId, EmptyNode>;
+
+impl<M: RaftStateMachine<TypeConfig>> RaftStateMachine<TypeConfig> for DurableApply<M> {
+    type SnapshotBuilder = M::SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+        self.machine.applied_state().await
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<<TypeConfig as RaftTypeConfig>::R>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let Some(last) = entries.last()
+            && self.log.ahead_bug() != AheadBug::ApplyUnflushed
+        {
+            let t0 = std::time::Instant::now();
+            self.log
+                .wait_durable(self.group, last.log_id.index)
+                .await
+                .map_err(|e| StorageError::<NodeId>::from(StorageIOError::write_logs(openraft::AnyError::error(e))))?;
+            crate::lat::note("apply.wait_durable", t0);
+        }
+        self.machine.apply(entries).await
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.machine.get_snapshot_builder().await
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<<TypeConfig as RaftTypeConfig>::SnapshotData>, StorageError<NodeId>> {
+        self.machine.begin_receiving_snapshot().await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, EmptyNode>,
+        snapshot: Box<<TypeConfig as RaftTypeConfig>::SnapshotData>,
+    ) -> Result<(), StorageError<NodeId>> {
+        self.machine.install_snapshot(meta, snapshot).await
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        self.machine.get_current_snapshot().await
     }
 }

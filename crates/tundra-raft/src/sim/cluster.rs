@@ -137,6 +137,12 @@ impl Cluster {
         let hook = Some(hook);
         let host =
             Arc::new(Host::open(node.id, Arc::new(pages), node.log.clone(), LOG_FLUSH, transport, config, hook)?);
+        match node.log.fault() {
+            LogFault::ApplyUnflushed => host.log().set_ahead_bug(crate::log::AheadBug::ApplyUnflushed),
+            LogFault::CommitUnflushed => host.log().set_ahead_bug(crate::log::AheadBug::CommitUnflushed),
+            LogFault::ResumeTerm => host.log().set_ahead_bug(crate::log::AheadBug::ResumeTerm),
+            _ => {}
+        }
         for &chunk in &self.chunks {
             host.add_group(chunk).await?;
         }
@@ -146,9 +152,7 @@ impl Cluster {
         if node.log.fault() == LogFault::PurgeUnsynced {
             host.purge_unsynced();
         }
-        if node.log.fault() == LogFault::ReadsBeforeCatchUp {
-            host.reads_before_catch_up();
-        }
+
         host.start_scrub(SCRUB_PAGES_PER_SECOND);
         self.net.up(node.id, host.clone());
         node.host = Some(host);

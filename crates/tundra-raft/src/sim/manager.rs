@@ -228,7 +228,9 @@ mod tests {
             purged += usize::from(report.purged);
         }
         assert!(purged > 0, "no member's log was ever purged behind a snapshot");
-        assert!(acknowledged > 50 * seeds() as usize, "{acknowledged} commands acknowledged");
+        // A leader restarted never resumes its term (log/store.rs, `read_vote`): each crash of
+        // a leader costs an election, so fewer commands are acknowledged per run than when it did.
+        assert!(acknowledged > 10 * seeds() as usize, "{acknowledged} commands acknowledged");
         assert!(crashes > 0, "no leader crashed");
     }
 

@@ -77,6 +77,8 @@ pub struct Report {
     pub replica_comparisons: u64,
     pub log_records: u64,
     pub log_flushes: u64,
+    /// Flushes of a node's Raft log the run made slow.
+    pub log_flushes_stalled: u64,
     pub violations: Vec<String>,
     pub trace: Vec<String>,
 }
@@ -109,6 +111,7 @@ impl Report {
         self.replica_comparisons += other.replica_comparisons;
         self.log_records += other.log_records;
         self.log_flushes += other.log_flushes;
+        self.log_flushes_stalled += other.log_flushes_stalled;
         self.violations.extend(other.violations.iter().cloned());
     }
 }
@@ -135,6 +138,10 @@ struct Swarm {
     /// The client also asks for heavy compression of whole chunks. Drawn apart from the run's
     /// random numbers, so a seed without it runs as it did before heavy compression existed.
     heavy: bool,
+    /// Chance per flush that a node's Raft log syncs 5 to 60 ms slower (a busy device): a
+    /// leader's entries then reach the followers long before its own copy is durable. Drawn
+    /// apart from the run's random numbers too.
+    stalls: f64,
 }
 
 impl Swarm {
@@ -146,7 +153,8 @@ impl Swarm {
         };
         let (crash, partition) = (*rng.pick(&[0.0, 0.03, 0.08]), *rng.pick(&[0.0, 0.03, 0.08]));
         let heavy = Rng::new(seed ^ 0x4e61_7679).chance(0.5);
-        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]), heavy }
+        let stalls = *Rng::new(seed ^ 0x5374_616c).pick(&[0.0, 0.0, 0.1, 0.3]);
+        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]), heavy, stalls }
     }
 }
 
@@ -176,6 +184,9 @@ async fn simulate(seed: u64, options: Options) -> Report {
     let mut cluster =
         Cluster::build(&mut rng, net.clone(), NODES, CHUNKS, options.log_fault, applied.clone(), options.repair_off)
             .await;
+    for node in &cluster.nodes {
+        node.log.set_stalls(Rng::new(seed ^ 0x5374_616c ^ node.id), swarm.stalls);
+    }
     let mut report = Report { seeds: 1, ..Report::default() };
     let mut model = Model::default();
     let mut sequence = 0u64;
@@ -201,6 +212,7 @@ async fn simulate(seed: u64, options: Options) -> Report {
             add_repair(&mut report.repair, &host.repair_stats());
         }
     }
+    report.log_flushes_stalled = cluster.nodes.iter().map(|n| n.log.stalled()).sum();
     for before in &cluster.repair_before {
         add_repair(&mut report.repair, before);
     }

@@ -443,7 +443,9 @@ mod tests {
             purging += usize::from(report.purged > 0);
         }
         println!("{acknowledged} batches acknowledged, {crashes} crashes, {purging} runs purged a log");
-        assert!(acknowledged > 100 * seeds() as usize / 2, "{acknowledged} batches acknowledged");
+        // A leader restarted never resumes its term (log/store.rs, `read_vote`): each crash of
+        // a leader costs an election, so fewer batches are acknowledged per run than when it did.
+        assert!(acknowledged > 10 * seeds() as usize, "{acknowledged} batches acknowledged");
         assert!(crashes > 0, "no leader crashed");
         // The logs were purged behind what every voter held, through the crashes.
         assert!(purging > seeds() as usize / 2, "only {purging} runs purged a log");
@@ -497,6 +499,21 @@ mod tests {
         println!("{moved} moves, {copies} copies installed, {acknowledged} batches acknowledged");
         assert!(moved > seeds() as usize / 2, "only {moved} runs moved a replica");
         assert!(copies >= moved, "{copies} copies installed for {moved} moves: the moves did not take copies");
+    }
+
+    /// The twin of a restarted leader's new term (log/store.rs, `read_vote`): a leader that
+    /// resumes its term after a crash may have lost entries its followers hold (sent before
+    /// its own log's sync) and proposes other entries under their log ids; the followers keep
+    /// theirs, and some seed's checks find streams that differ or a batch lost.
+    #[test]
+    fn a_leader_that_resumes_its_term_after_a_restart_is_caught() {
+        let resume = Scenario { fault: LogFault::ResumeTerm, ..moving(false) };
+        let caught = (0..seeds()).find_map(|seed| {
+            let report = run_scenario(seed, 120, resume);
+            report.violations.first().map(|v| format!("seed {seed}: {v}"))
+        });
+        println!("caught: {caught:?}");
+        assert!(caught.is_some(), "a leader that resumed its term after a restart went unnoticed");
     }
 
     /// The twin: copies that leave out the stream's last batch leave the moved replica with a

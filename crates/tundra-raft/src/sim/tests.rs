@@ -104,22 +104,6 @@ fn a_log_purged_past_the_durable_mark_is_caught() {
     println!("seed {seed} caught the purge past the durable mark: {violation}");
 }
 
-/// The twin of the read's catch-up after a restart: a leader that resumes its term reads from
-/// a commit index older than writes it acknowledged; some seed must read a stale page.
-#[test]
-fn reads_before_catching_up_after_a_restart_are_caught() {
-    let mut caught = None;
-    for seed in 0..300 {
-        let options = Options { steps: 40, log_fault: LogFault::ReadsBeforeCatchUp, trace: false, repair_off: false };
-        if let Some(violation) = run_seed(seed, options).violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught reads before the catch-up");
-    println!("seed {seed} caught a read before the catch-up: {violation}");
-}
-
 /// The twin of the repair checks: with repair off, a page corrupted on one replica stays bad,
 /// and the end check (every replica holds the same stored bytes) or a final read must say so.
 #[test]
@@ -217,7 +201,7 @@ pub fn summary(r: &Report) -> String {
          unrepairable={} repairs_deferred={} pages_scrubbed={} writes_acked={} writes_unknown={} writes_refused_not_leader={} heavy_compressions={} \
          heavy_pages={} reads_checked={} \
          final_reads_checked={} apply_checks={} store_checks={} replica_comparisons={} log_records={} log_flushes={} \
-         violations={}",
+         log_flushes_stalled={} violations={}",
         r.seeds,
         r.steps,
         r.messages_sent,
@@ -250,6 +234,7 @@ pub fn summary(r: &Report) -> String {
         r.replica_comparisons,
         r.log_records,
         r.log_flushes,
+        r.log_flushes_stalled,
         r.violations.len()
     )
 }
@@ -410,4 +395,122 @@ fn a_heavy_compression_over_a_bad_page_on_its_leader_repairs_it_first() {
         }
         cluster.shutdown().await;
     });
+}
+
+/// What happened when a leader whose log stalled died with a write it had sent out.
+struct UnflushedLeaderDeath {
+    /// The write sent while the leader's log was held was acknowledged.
+    acked: bool,
+    violations: Vec<String>,
+}
+
+/// A leader reports its own appends flushed before they are (log/mod.rs): node L leads, its
+/// log's flushes are held, F2 is cut off from it, and a write reaches F1 only. The quorum
+/// L + F1 commits it in L's memory though L's copy is not durable. Then every node is cut off,
+/// L loses power with its log's whole unflushed tail, and L and F2, neither holding the write,
+/// elect a leader while F1 stays cut off; the new leader writes another page (a new entry at
+/// the lost write's index), and the page is read. At the end the links heal and the cluster
+/// settles. With both rules the write is never acknowledged and no replica applies it; without
+/// either, the checks must say so.
+fn unflushed_leader_death(fault: LogFault) -> UnflushedLeaderDeath {
+    paused_runtime(9).block_on(async {
+        let mut rng = Rng::new(9);
+        let net = SimNet::new(rng.fork(), NetFaults { loss: 0.0, duplicate: 0.0, delay_max_ms: 1 }, false);
+        let applied = Arc::new(Mutex::new(Applied::default()));
+        let mut cluster = Cluster::build(&mut rng, net, NODES, 1, fault, applied.clone(), false).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        let l = cluster.nodes.iter().position(|n| n.id == leader.id()).expect("the leader's node");
+        let others: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != l).collect();
+        let (f1, f2) = (others[0], others[1]);
+        let (l_id, f1_id, f2_id) = (cluster.nodes[l].id, cluster.nodes[f1].id, cluster.nodes[f2].id);
+        for node in &cluster.nodes {
+            node.log.lose_whole_tail();
+        }
+        let mut model = Model::default();
+        let mut violations = Vec::new();
+        model.sent(chunk, PageNo(1), Some(1));
+        leader.write_pages(chunk, &[(PageNo(1), content(1), Lsn(1))]).await.expect("the first write");
+        model.acked(chunk, PageNo(1));
+        assert!(settled(&cluster, chunk).await, "the first write did not reach every replica");
+
+        cluster.net.cut(l_id, f2_id);
+        cluster.nodes[l].log.hold_flushes(true);
+        model.sent(chunk, PageNo(1), Some(2));
+        let second = [(PageNo(1), content(2), Lsn(2))];
+        let write = leader.write_pages(chunk, &second);
+        let acked = matches!(tokio::time::timeout(Duration::from_millis(300), write).await, Ok(Ok(())));
+        if acked {
+            model.acked(chunk, PageNo(1));
+        }
+        // Heartbeats would tell F1 of the commit now, if anything let them.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cluster.net.cut(l_id, f1_id);
+        cluster.net.cut(f1_id, f2_id);
+        drop(leader);
+        cluster.crash(l, &mut rng).await;
+        cluster.nodes[l].log.hold_flushes(false);
+        cluster.net.heal();
+        cluster.net.cut(f1_id, l_id);
+        cluster.net.cut(f1_id, f2_id);
+        cluster.start(l).await.expect("L starts again");
+
+        let mut new_leader = None;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            new_leader = cluster.leader(chunk).filter(|h| h.id() != f1_id);
+            if new_leader.is_some() {
+                break;
+            }
+        }
+        let new_leader = new_leader.expect("L and F2 elect a leader");
+        model.sent(chunk, PageNo(2), Some(3));
+        match new_leader.write_pages(chunk, &[(PageNo(2), content(3), Lsn(3))]).await {
+            Ok(()) => model.acked(chunk, PageNo(2)),
+            Err(e) => violations.push(format!("the new leader's write failed: {e}")),
+        }
+        match new_leader.read_page(chunk, PageNo(1)).await {
+            Ok(read) => violations.extend(model.read(chunk, PageNo(1), read.as_deref().map(value_of)).err()),
+            Err(e) => violations.push(format!("the new leader's read failed: {e}")),
+        }
+        cluster.net.heal();
+        if !settled(&cluster, chunk).await {
+            violations.push("the cluster did not settle".into());
+        }
+        violations.extend(applied.lock().violations.iter().cloned());
+        cluster.shutdown().await;
+        UnflushedLeaderDeath { acked, violations }
+    })
+}
+
+/// The two rules that make a leader's early-reported appends safe: a write the leader's log
+/// has not made durable is not acknowledged, and no replica applies it, when the leader dies
+/// with it unflushed.
+#[test]
+fn a_leader_that_dies_before_its_log_flushes_acknowledged_nothing_and_no_replica_applied_it() {
+    let run = unflushed_leader_death(LogFault::None);
+    assert!(!run.acked, "the write was acknowledged before the leader's log made it durable");
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+}
+
+/// The twin of the apply rule: a leader that applies (and answers) its entries before its own
+/// log made them durable acknowledges a write that its death loses; the read must catch it.
+#[test]
+fn a_leader_that_applies_before_its_log_flushes_is_caught() {
+    let run = unflushed_leader_death(LogFault::ApplyUnflushed);
+    assert!(run.acked, "the write was not acknowledged: the bug did not show");
+    assert!(run.violations.iter().any(|v| v.contains("read Some(1)")), "not caught: {:?}", run.violations);
+    println!("caught: {:?}", run.violations);
+}
+
+/// The twin of the commit rule: a leader that tells its followers of commits past its own
+/// durable entries lets F1 apply a write that its death loses; F1's apply at that index must
+/// differ from the other replicas'.
+#[test]
+fn a_leader_that_tells_followers_of_unflushed_commits_is_caught() {
+    let run = unflushed_leader_death(LogFault::CommitUnflushed);
+    assert!(!run.acked, "the write was acknowledged though only the commit rule was off");
+    assert!(run.violations.iter().any(|v| v.contains("after index")), "not caught: {:?}", run.violations);
+    println!("caught: {:?}", run.violations);
 }
