@@ -460,6 +460,12 @@ impl Repairer {
                     .filter(|put| put.page == page)
                     .ok_or_else(|| Fetch::Unreachable("holds no such page".into()))
             }
+            // The peer holds the page in a heavy segment: another version of it than this
+            // replica's own image (a heavy compression this replica has not applied yet, which
+            // replaces the bad image when it does), so worth asking again, not a missing copy.
+            Ok(StoreCommand::PutHeavy { chunk: of, .. }) if of == chunk => {
+                Err(Fetch::Unreachable("holds the page in a heavy segment, another version".into()))
+            }
             Ok(_) => Err(Fetch::NoGoodCopy("a copy of another chunk, or of another kind".into())),
             Err(fetch) => Err(fetch),
         }
