@@ -436,9 +436,10 @@ impl ClusterNode {
     /// creation before anything is placed). The id is the largest next id any answering node
     /// would give: two majorities share a node, and every answering node enters the volume in
     /// its store, so a later creation's answering nodes always include one that has used the
-    /// id. A creation retried after a failure takes the same id and finds its chunks placed
-    /// already (the manager answers a placed chunk's replicas), so nothing is placed twice; a
-    /// creation half done when its coordinator died may leave an id on a node outside the next
+    /// id. A creation refused before any node entered it gives its placements back
+    /// (abandoned.rs), so that a retry, which takes the same id, places afresh; one whose
+    /// coordinator died there left them, and a retry finds them (the manager answers a placed
+    /// chunk's replicas) until the manager's leader forgets them. A creation half done when its coordinator died may leave an id on a node outside the next
     /// majority, which that node then refuses to adopt for another volume (adopt.rs). Each chunk's
     /// replicas are placed by tundra-cluster, the definition entered in every answering node's
     /// catalog (every node serves the volume's I/O; the others learn it from their peers'
@@ -493,19 +494,39 @@ impl ClusterNode {
                     format!(" (node {} does not answer and gets no replica)", ids.join(", "))
                 }
             };
-            let sets = self.manager_place(id, &expected, usize::from(replicas)).await.map_err(|why| match why {
-                Refusal::Invalid(why) => {
-                    Refusal::Invalid(format!("the cluster cannot hold volume {name:?}{down}: {why}"))
+            // No node's catalog names volume `id` yet: a refusal from here until the first
+            // `CreateVolume` gives the placements back (abandoned.rs).
+            let placed_at = std::time::Instant::now();
+            let placed = spans.len() as u32;
+            let sets = match self.manager_place(id, &expected, usize::from(replicas)).await {
+                Ok(sets) => sets,
+                Err(why) => {
+                    self.forget_placed(id, 0..placed).await;
+                    return Err(match why {
+                        Refusal::Invalid(why) => {
+                            Refusal::Invalid(format!("the cluster cannot hold volume {name:?}{down}: {why}"))
+                        }
+                        other => other,
+                    });
                 }
-                other => other,
-            })?;
+            };
             let mut all: Vec<u64> = sets.iter().flatten().copied().collect();
             all.sort_unstable();
             all.dedup();
             if let Some(absent) = all.iter().find(|node| !answering.contains(node)) {
+                self.forget_placed(id, 0..placed).await;
                 return Err(Refusal::Unavailable(format!(
                     "the cluster manager placed a replica of {name:?} on node {absent}, which did not answer; retry"
                 )));
+            }
+            if crate::abandoned::stops_after_place_for_test(name) {
+                return Err(Refusal::Unavailable(format!(
+                    "volume {name:?} placed; the coordinator stops here (test hook)"
+                )));
+            }
+            if let Some(refusal) = crate::abandoned::too_slow(placed_at, &format!("the creation of {name:?}")) {
+                self.forget_placed(id, 0..placed).await;
+                return Err(refusal);
             }
             let def = VolumeDef {
                 id,

@@ -33,6 +33,7 @@
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
 
+pub mod abandoned;
 pub mod adopt;
 pub mod background;
 pub mod catalog;

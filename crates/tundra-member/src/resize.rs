@@ -179,7 +179,24 @@ impl ClusterNode {
             return Ok(());
         }
         let first_new = chunk_spans(smallest).len() as u32;
-        let sets = self.place_grown(&def, size_bytes, first_new).await?;
+        // Chunks past those some node's catalog names already (a run that grew some nodes
+        // placed them, and this run must keep their replicas) are placed by this run: a
+        // refusal before the first `Grow` gives them back (abandoned.rs).
+        let named = chunk_spans(largest).len() as u32;
+        let placing = named..chunk_spans(size_bytes).len() as u32;
+        let placed_at = std::time::Instant::now();
+        let sets = match self.place_grown(&def, size_bytes, first_new).await {
+            Ok(sets) => sets,
+            Err(why) => {
+                self.forget_placed(volume, placing).await;
+                return Err(why);
+            }
+        };
+        let what = format!("the resize of volume {:?}", def.name);
+        if let Some(refusal) = crate::abandoned::too_slow(placed_at, &what) {
+            self.forget_placed(volume, placing).await;
+            return Err(refusal);
+        }
         // The coordinator first (a test hook that stops after one node grew stops there).
         let mut nodes = self.membership.ids();
         nodes.sort_by_key(|&node| node != self.me);
@@ -254,9 +271,9 @@ impl ClusterNode {
         Ok(sizes)
     }
 
-    /// The manager counts the old last chunk at its new span and places chunks `first_new..`
-    /// (a chunk placed before, by a resize that stopped, keeps its replicas): their replica
-    /// sets, in order.
+    /// The manager places chunks `first_new..` (a chunk placed before, by a resize that
+    /// stopped, keeps its replicas), then counts the old last chunk at its new span: the new
+    /// chunks' replica sets, in order.
     async fn place_grown(&self, def: &VolumeDef, size_bytes: u64, first_new: u32) -> Result<Vec<Vec<u64>>, Refusal> {
         let spans = chunk_spans(size_bytes);
         // As at a creation: every node just answered, and placement waits for their fresh reports.
@@ -266,11 +283,6 @@ impl ClusterNode {
         let added: Vec<u64> = spans[first_new.saturating_sub(1) as usize..].to_vec();
         let share = crate::placement::overcommitted_share(&usage, &added, replicas);
         let expected: Vec<u64> = spans.iter().map(|&bytes| ((bytes as f64 * share) as u64).max(1)).collect();
-        if let Some(last) = first_new.checked_sub(1) {
-            let chunk = ChunkId::new(VolumeId(def.id), last);
-            let grow = Command::GrowChunk { chunk, expected_logical_bytes: expected[last as usize] };
-            self.manager_command(&grow).await?;
-        }
         let mut sets = Vec::new();
         for index in first_new..spans.len() as u32 {
             let chunk = ChunkId::new(VolumeId(def.id), index);
@@ -289,6 +301,13 @@ impl ClusterNode {
             }
             // A chunk placed by a resize that stopped, to a smaller size, counts at its new span.
             self.manager_command(&Command::GrowChunk { chunk, expected_logical_bytes }).await?;
+        }
+        // Once every new chunk is placed, so that a resize the cluster cannot hold leaves the
+        // old last chunk counted as it was (its new chunks are given back, abandoned.rs).
+        if let Some(last) = first_new.checked_sub(1) {
+            let chunk = ChunkId::new(VolumeId(def.id), last);
+            let grow = Command::GrowChunk { chunk, expected_logical_bytes: expected[last as usize] };
+            self.manager_command(&grow).await?;
         }
         Ok(sets)
     }

@@ -1,0 +1,207 @@
+//! Placements that no volume came to use are forgotten (issue 15). A creation or a resize
+//! asks the cluster manager to place its new chunks (`PlaceChunkAt`, seed 000 §4.2.1), then
+//! enters them in the nodes' catalogs. Each placed chunk counts against its nodes' logical and
+//! physical space from the moment it is placed, so a placement that no catalog ever names
+//! would hold space on three nodes for good: the cluster would refuse volumes it has room for,
+//! and its plans would count chunks that do not exist. Two ways stop that:
+//!
+//! 1. **The coordinator forgets what it placed when it stops before any node heard.** A
+//!    creation or resize that is refused while placing (the cluster cannot hold the last
+//!    chunks, the manager lost its leader) or before it sent its catalog change deletes the
+//!    chunks it placed (`DeleteChunk`), so the same command run again places afresh, and a
+//!    smaller one fits. Chunks a node's catalog already names (a resize that grew some nodes
+//!    earlier) are kept: the next run must finish with the same replicas.
+//! 2. **The manager's leader forgets what a dead coordinator left.** A coordinator killed
+//!    between the placement and its first catalog change cannot clean up. The leader watches
+//!    the chunks its state holds that no leader has reported (every chunk with a group has a
+//!    leader reporting its size every few seconds) and are not moving; once one has been so
+//!    for [`abandoned_after`] (five minutes), it asks every node of the cluster for its
+//!    catalog, and forgets the chunk if every node answered and none names it. A node that
+//!    does not answer stops the pass: its catalog may name the chunk.
+//!
+//! A coordinator still at work cannot lose its placements to the leader's pass: it sends its
+//! first catalog change within half of [`abandoned_after`] of its first placement, or forgets
+//! its placements and refuses (rule 1). A chunk the leader first saw unreported has been placed
+//! for at least as long as the leader watched it, so the catalog change reaches a node well
+//! before the leader's pass could run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use tundra_cluster::Command;
+use tundra_store::ids::{ChunkId, VolumeId};
+
+use crate::cluster::{ClusterNode, chunk_spans};
+use crate::messages::{Answer, Forward, Refusal, VolumeDef};
+
+/// How long a placement no leader reports and no catalog names is kept.
+const ABANDONED_AFTER: Duration = Duration::from_secs(300);
+
+/// How long the leader waits for one node's catalog.
+const CATALOG_WAIT: Duration = Duration::from_secs(3);
+
+/// [`ABANDONED_AFTER`], or `TUNDRA_TEST_ABANDONED_AFTER_MS` in tests.
+pub(crate) fn abandoned_after() -> Duration {
+    let ms = std::env::var("TUNDRA_TEST_ABANDONED_AFTER_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    ms.map_or(ABANDONED_AFTER, Duration::from_millis)
+}
+
+/// A test-only hook: `TUNDRA_TEST_KEEP_PLACEMENTS=coordinator` turns rule 1 off,
+/// `=leader` rule 2 (the twins of this module). Unset in production.
+fn keeps_placements_for_test(rule: &str) -> bool {
+    std::env::var("TUNDRA_TEST_KEEP_PLACEMENTS").is_ok_and(|v| v == rule)
+}
+
+/// A test-only hook: `TUNDRA_TEST_CREATE_STOP_AFTER_PLACE=NAME` stops the creation of volume
+/// NAME once its chunks are placed, leaving them as a coordinator killed there would. Unset in
+/// production.
+pub(crate) fn stops_after_place_for_test(name: &str) -> bool {
+    std::env::var("TUNDRA_TEST_CREATE_STOP_AFTER_PLACE").is_ok_and(|v| v == name)
+}
+
+/// The refusal of a coordinator that took too long between its first placement and its first
+/// catalog change (rule 1).
+pub(crate) fn too_slow(placed_at: Instant, what: &str) -> Option<Refusal> {
+    let limit = abandoned_after() / 2;
+    (placed_at.elapsed() > limit).then(|| {
+        Refusal::Unavailable(format!(
+            "{what} took over {} s from its placement to the nodes' catalogs; its placements were given back \
+             and nothing was changed: run it again",
+            limit.as_secs()
+        ))
+    })
+}
+
+/// The chunks of `volume` each catalog names: those of its size as entered, which a resize
+/// that reached the node grew already.
+fn named(defs: &[VolumeDef], volume: u32) -> u32 {
+    defs.iter()
+        .filter(|def| def.id == volume)
+        .map(|def| (def.chunks.len() as u32).max(chunk_spans(def.size_bytes).len() as u32))
+        .max()
+        .unwrap_or(0)
+}
+
+/// What the manager's leader watches between its rounds (rule 2); kept in its memory, so a
+/// new leader watches from the start again.
+#[derive(Default)]
+pub(crate) struct Watch {
+    /// The chunks no leader reported, and since when this leader has seen them so.
+    unreported_since: BTreeMap<ChunkId, Instant>,
+}
+
+impl ClusterNode {
+    /// Rule 1: the manager forgets chunks `indexes` of `volume`, placed by a creation or resize
+    /// that stopped before any node's catalog named them. Best effort: a chunk unknown to the
+    /// manager is forgotten already, and one left by a failure here is rule 2's.
+    pub(crate) async fn forget_placed(&self, volume: u32, indexes: Range<u32>) {
+        if keeps_placements_for_test("coordinator") {
+            return;
+        }
+        for index in indexes {
+            let chunk = ChunkId::new(VolumeId(volume), index);
+            if let Err(Refusal::Unavailable(why)) = self.manager_command(&Command::DeleteChunk { chunk }).await {
+                eprintln!(
+                    "tundra: node {}: the placement of chunk {index} of volume id {volume} stays for now ({why}); \
+                     the manager's leader forgets it later",
+                    self.me
+                );
+                return;
+            }
+        }
+    }
+
+    /// Rule 2, one round on the manager's leader: the chunks that have been unreported and
+    /// named by no catalog for [`abandoned_after`] forgotten. Answers how many.
+    pub(crate) async fn forget_abandoned(&self, watch: &mut Watch) -> usize {
+        let Some(view) = self.host.manager_view() else { return 0 };
+        let unreported: BTreeSet<ChunkId> = {
+            let view = view.lock();
+            let chunks = view.state.chunks();
+            chunks.iter().filter(|(_, c)| c.reported.is_none() && c.moving.is_none()).map(|(&id, _)| id).collect()
+        };
+        watch.unreported_since.retain(|chunk, _| unreported.contains(chunk));
+        let now = Instant::now();
+        for &chunk in &unreported {
+            watch.unreported_since.entry(chunk).or_insert(now);
+        }
+        let after = abandoned_after();
+        let due: Vec<ChunkId> =
+            watch.unreported_since.iter().filter(|(_, since)| since.elapsed() >= after).map(|(&c, _)| c).collect();
+        if due.is_empty() || keeps_placements_for_test("leader") {
+            return 0;
+        }
+        let mut catalogs = Vec::new();
+        for node in self.membership.ids() {
+            match tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await {
+                Ok(Ok(Answer::Catalog(defs))) => catalogs.push(defs),
+                // A node that does not answer may name the chunks: try again next round.
+                _ => return 0,
+            }
+        }
+        let mut forgotten = 0;
+        for chunk in due {
+            let (volume, index) = (chunk.volume().0, chunk.index());
+            if catalogs.iter().any(|defs| index < named(defs, volume)) {
+                // A volume whose group has no leader yet (its nodes down): not abandoned.
+                watch.unreported_since.insert(chunk, now);
+                continue;
+            }
+            match self.manager_command(&Command::DeleteChunk { chunk }).await {
+                Ok(()) => {
+                    forgotten += 1;
+                    watch.unreported_since.remove(&chunk);
+                    eprintln!(
+                        "tundra: node {}: forgot the placement of chunk {index} of volume id {volume}: no node's \
+                         catalog names it {} s after it was placed (a creation or resize stopped half way)",
+                        self.me,
+                        after.as_secs()
+                    );
+                }
+                Err(_) => return forgotten,
+            }
+        }
+        forgotten
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(id: u32, size_bytes: u64, chunks: usize) -> VolumeDef {
+        VolumeDef {
+            id,
+            name: format!("v{id}"),
+            size_bytes,
+            page_size: 8192,
+            replicas: vec![1, 2, 3],
+            chunks: vec![vec![1, 2, 3]; chunks],
+            moves: Vec::new(),
+            redo: None,
+            redo_move: None,
+            deleting: false,
+            served_bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_catalog_names_the_chunks_of_its_volumes_size_and_no_other_volumes() {
+        let gib = 1u64 << 30;
+        let defs = vec![def(1, 3 * gib, 3), def(2, gib / 2, 1)];
+        assert_eq!(named(&defs, 1), 3);
+        assert_eq!(named(&defs, 2), 1);
+        assert_eq!(named(&defs, 7), 0, "a volume the catalog lacks names nothing");
+        // A resize grew the size on this node: its new chunks are named.
+        assert_eq!(named(&[def(1, 5 * gib, 5)], 1), 5);
+    }
+
+    #[test]
+    fn a_coordinator_past_half_the_wait_gives_its_placements_back() {
+        assert!(too_slow(Instant::now(), "the creation").is_none());
+        let long_ago = Instant::now().checked_sub(abandoned_after()).expect("a monotonic clock past five minutes");
+        let refusal = too_slow(long_ago, "the creation").expect("refused");
+        assert!(refusal.to_string().contains("run it again"), "{refusal}");
+    }
+}
