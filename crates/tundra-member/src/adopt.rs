@@ -32,7 +32,7 @@ use std::time::Duration;
 use tundra_store::ids::VolumeId;
 
 use crate::cluster::ClusterNode;
-use crate::messages::{Answer, Forward, VolumeDef};
+use crate::messages::{Answer, Forward, Refusal, VolumeDef};
 
 /// How long a node waits for one peer's catalog.
 const CATALOG_WAIT: Duration = Duration::from_secs(3);
@@ -140,6 +140,36 @@ impl ClusterNode {
                 eprintln!("tundra: catalog catch-up: adopting volume {:?} (id {}): {why}", def.name, def.id);
                 false
             }
+        }
+    }
+
+    /// A move's target lacking volume `def` adopts it now rather than at its next catalog
+    /// catch-up ([`Forward::Adopt`]): a node just added to the cluster may be a rebalance's or
+    /// a drain's first choice before that. A volume it knows (or deleted) is left as it is;
+    /// one that clashes with its own is refused for good, as at a catch-up.
+    pub(crate) async fn adopt_for_move(&self, def: VolumeDef) -> Result<Answer, Refusal> {
+        let known = |node: &ClusterNode| {
+            let catalog = node.catalog.lock();
+            catalog.get(def.id).is_some() || catalog.is_deleted(def.id)
+        };
+        if known(self) {
+            return Ok(Answer::Done);
+        }
+        if let Some(why) = self.clash(&def).filter(|_| !unchecked_for_test()) {
+            self.refused_volumes.lock().insert(def.id, why.clone());
+            return Err(Refusal::Invalid(format!("node {} refuses to adopt the replicated volume {why}", self.me)));
+        }
+        match self.enter_volume(&def).await {
+            Ok(()) => {
+                eprintln!(
+                    "tundra: node {}: adopted volume {:?} (id {}) to take a replica of it in a move",
+                    self.me, def.name, def.id
+                );
+                Ok(Answer::Done)
+            }
+            // The catalog catch-up entered it meanwhile.
+            Err(_) if known(self) => Ok(Answer::Done),
+            Err(why) => Err(Refusal::Unavailable(format!("adopting volume {:?} (id {}): {why}", def.name, def.id))),
         }
     }
 

@@ -256,6 +256,7 @@ impl ClusterNode {
             }
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
+            Forward::Adopt(def) => self.adopt_for_move(def).await,
             Forward::Heavy { volume, chunk, first, count } => {
                 self.lead_heavy(volume, ChunkId(chunk), first, count).await
             }

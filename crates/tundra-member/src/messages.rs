@@ -193,6 +193,9 @@ pub enum Forward {
     DeletedVolumes,
     /// Heavy compression of `count` pages of one chunk from `first`, by its leader (io.rs).
     Heavy { volume: u32, chunk: u64, first: u32, count: u32 },
+    /// A move's target adopts the volume before it is told of the move, if its catalog lacks
+    /// it (a node added to the cluster since the volume's creation, adopt.rs).
+    Adopt(VolumeDef),
 }
 
 /// A change of a chunk group's membership, done by its leader.

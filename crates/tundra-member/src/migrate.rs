@@ -208,6 +208,10 @@ impl ClusterNode {
         let chunk = ChunkId::new(VolumeId(def.id), index);
         let old: Vec<u64> = def.replicas_of(index).to_vec();
         let moving = ChunkMove { chunk: index, from, to };
+        // A target added to the cluster since the volume's creation may not know it yet.
+        if let Some(why) = refused(self.ask(to, Forward::Adopt(def.clone())).await) {
+            return Err(why);
+        }
         let begun = self.tell_all(def.id, index, old.clone(), Some(moving)).await;
         // The cluster manager's state takes the move once the catalogs hold it (manager.rs).
         let begun = match begun {
@@ -676,6 +680,9 @@ impl ClusterNode {
         let group = tundra_raft::redo_machine::redo_group(def.id);
         let old: Vec<u64> = def.redo_replicas().to_vec();
         let moving = crate::messages::RedoMove { from, to };
+        if let Some(why) = refused(self.ask(to, Forward::Adopt(def.clone())).await) {
+            return Err(why);
+        }
         let begun = self.tell_all_redo(def.id, old.clone(), Some(moving)).await;
         let caught_up = match begun {
             Ok(()) => self.begin_redo_on_target(def.id, to).await,

@@ -1,0 +1,162 @@
+//! A node added to a running cluster receives chunks (issue 15), with real `tundra serve`
+//! processes on 127.0.0.1. Three nodes run with `peers` naming only themselves; two replicated
+//! volumes are created and written. The operator adds node 4 as docs/cli.md says: node 4's
+//! entry is added to every node's `peers`, nodes 1 to 3 are restarted one at a time (each
+//! waits for every chunk group to have a leader again), then node 4 starts on an empty data
+//! directory. It reports to the cluster manager, adopts the volumes' definitions from its
+//! peers' catalogs, and `tundra cluster rebalance --policy logical` moves chunk replicas onto it
+//! (the logical rule: a node far below the average logical usage receives chunks) while a
+//! writer keeps writing through node 2. Afterwards node 4 holds replicas, and every page reads
+//! back as the writer's log says through every node, node 4 included.
+
+mod common;
+#[path = "common/cluster.rs"]
+mod common_cluster;
+#[path = "common/links.rs"]
+mod common_links;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::succeeds;
+use common_cluster::{Cluster, WriterLog, page_content, verify_log};
+use serde_json::Value;
+use tundra_proto::WriteMode;
+
+/// Room for five 1 GiB chunks on each node.
+const DRIVE: &str = "physical = \"8GiB\"\nlogical = \"16GiB\"";
+const PAGES_PER_CHUNK: u64 = (1 << 30) / 8192;
+/// How long the cluster may take to settle after a restart or a start.
+const SETTLE: Duration = Duration::from_secs(40);
+
+/// The configuration text of node `id` without node 4 in its `peers`.
+fn without_node_4(text: &str) -> String {
+    let start = text.find(", \"4@").expect("node 4 in peers");
+    // `, "4@HOST:PORT"`: the closing quote is the first after the opening one.
+    let closing = start + 3 + text[start + 3..].find('"').expect("closing quote");
+    format!("{}{}", &text[..start], &text[closing + 1..])
+}
+
+/// Waits until node `asked` sees every chunk group of the cluster with a leader and the
+/// manager counting `nodes` nodes, none unknown.
+fn settled(cluster: &Cluster, asked: u64, nodes: usize) {
+    let started = Instant::now();
+    loop {
+        let status = cluster.status(asked);
+        let chunks = status["chunks"].as_array().cloned().unwrap_or_default();
+        let led = !chunks.is_empty() && chunks.iter().all(|c| c["leader"].as_u64().is_some());
+        let manager = &status["manager"];
+        let counted = manager["nodes"].as_array().map_or(0, Vec::len) == nodes
+            && manager["unknown_nodes"] == serde_json::json!([])
+            && manager["leader"].as_u64().is_some();
+        if led && counted {
+            return;
+        }
+        assert!(started.elapsed() < SETTLE, "the cluster never settled: {status:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Writes pages of both chunks of `volume` through `addr` until `stop`; returns its log.
+fn writer(addr: std::net::SocketAddr, volume: u32, first: u64, stop: Arc<AtomicBool>) -> WriterLog {
+    let mut client = tundra_client::Client::connect(addr).expect("connect");
+    let pages: Vec<u64> = (0..16).chain((0..16).map(|i| PAGES_PER_CHUNK + i)).collect();
+    let mut log = WriterLog::new();
+    let mut write = first;
+    while !stop.load(Ordering::Relaxed) {
+        write += 1;
+        let page = pages[(write * 7) as usize % pages.len()];
+        client.write_page(volume, page, WriteMode::Auto, &page_content(page, write)).expect("a write");
+        log.insert(page, write);
+    }
+    log
+}
+
+/// The nodes holding replicas of any chunk, from `cluster status --json`.
+fn replicas_on(status: &Value, node: u64) -> usize {
+    let chunks = status["chunks"].as_array().cloned().unwrap_or_default();
+    chunks
+        .iter()
+        .filter(|c| c["replicas"].as_array().is_some_and(|r| r.iter().any(|n| n.as_u64() == Some(node))))
+        .count()
+}
+
+#[test]
+fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
+    let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
+    let full: Vec<String> =
+        (1..=3).map(|id| std::fs::read_to_string(&cluster.member(id).config).expect("config")).collect();
+    for id in 1..=3u64 {
+        let text = without_node_4(&full[id as usize - 1]);
+        assert!(!text.contains("\"4@"), "{text}");
+        std::fs::write(&cluster.member(id).config, text).expect("write config");
+    }
+    for id in 1..=3 {
+        cluster.start(id);
+    }
+    let addr = cluster.member(1).addr();
+    let mut volumes = Vec::new();
+    for name in ["a", "b"] {
+        succeeds(&["volume", "create", name, "--size", "2GiB", "--replicas", "3", "--addr", &addr]);
+        let mut client = tundra_client::Client::connect(cluster.member(1).native).expect("connect");
+        volumes.push(client.volume_lookup(name).expect("lookup").id);
+    }
+    settled(&cluster, 1, 3);
+    // Volume b's pages, written once before node 4 exists.
+    let stop = Arc::new(AtomicBool::new(false));
+    let early = {
+        let stop = stop.clone();
+        let (addr, volume) = (cluster.member(3).native, volumes[1]);
+        std::thread::spawn(move || writer(addr, volume, 0, stop))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let log_b = early.join().expect("the first writer");
+    assert!(!log_b.is_empty());
+
+    // Node 4 enters every node's peers; nodes 1 to 3 restart one at a time.
+    for id in 1..=3u64 {
+        std::fs::write(&cluster.member(id).config, &full[id as usize - 1]).expect("write config");
+        cluster.stop(id);
+        cluster.start(id);
+        settled(&cluster, id, 3);
+    }
+    cluster.start(4);
+    settled(&cluster, 1, 4);
+    let before = cluster.status(1);
+    assert_eq!(replicas_on(&before, 4), 0, "node 4 starts empty: {before:#}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = {
+        let stop = stop.clone();
+        let (addr, volume) = (cluster.member(2).native, volumes[0]);
+        std::thread::spawn(move || writer(addr, volume, 0, stop))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let out = succeeds(&["cluster", "rebalance", "--policy", "logical", "--json", "--addr", &addr]);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let log_a = writing.join().expect("the writer");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("rebalance JSON");
+    let moves = report["moves"].as_array().cloned().unwrap_or_default();
+    assert!(!moves.is_empty(), "the new node received nothing: {report:#}");
+    assert!(moves.iter().all(|m| m["to"].as_u64() == Some(4)), "every move goes to the new node: {report:#}");
+
+    let after = cluster.status(1);
+    let on_4 = replicas_on(&after, 4);
+    assert_eq!(on_4, moves.len(), "node 4 holds a replica per move: {after:#}");
+    let managed = after["manager"]["nodes"].as_array().expect("manager nodes").clone();
+    let node_4 = managed.iter().find(|n| n["id"].as_u64() == Some(4)).expect("node 4 managed");
+    assert_eq!(node_4["chunks"].as_u64(), Some(on_4 as u64), "the manager counts them: {node_4:#}");
+    println!("node 4 received {on_4} chunk replicas; the writer wrote {} pages during the moves", log_a.len());
+
+    for id in 1..=4 {
+        verify_log(&cluster, id, volumes[0], &log_a).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+        verify_log(&cluster, id, volumes[1], &log_b).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+    }
+    // Node 4 serves what it holds: a page read through it is the writer's last.
+    let (&page, &write) = log_a.iter().next().expect("a page");
+    let mut client = tundra_client::Client::connect(cluster.member(4).native).expect("connect");
+    assert_eq!(client.read_page(volumes[0], page).expect("read"), page_content(page, write));
+}
