@@ -17,7 +17,8 @@
 //!    leader reporting its size every few seconds) and are not moving; once one has been so
 //!    for [`abandoned_after`] (five minutes), it asks every node of the cluster for its
 //!    catalog, and forgets the chunk if every node answered and none names it. A node that
-//!    does not answer stops the pass: its catalog may name the chunk.
+//!    does not answer stops the pass (its catalog may name the chunk) until a tenth of that
+//!    time later. The pass runs in a task of its own, beside the node's reports.
 //!
 //! A coordinator still at work cannot lose its placements to the leader's pass: it sends its
 //! first catalog change within half of [`abandoned_after`] of its first placement, or forgets
@@ -89,6 +90,9 @@ fn named(defs: &[VolumeDef], volume: u32) -> u32 {
 pub(crate) struct Watch {
     /// The chunks no leader reported, and since when this leader has seen them so.
     unreported_since: BTreeMap<ChunkId, Instant>,
+    /// When the catalogs may be asked again: a tenth of [`abandoned_after`] after the last
+    /// time (at least a second), so that a node down does not make every round wait for it.
+    next_ask: Option<Instant>,
 }
 
 impl ClusterNode {
@@ -129,14 +133,15 @@ impl ClusterNode {
         let after = abandoned_after();
         let due: Vec<ChunkId> =
             watch.unreported_since.iter().filter(|(_, since)| since.elapsed() >= after).map(|(&c, _)| c).collect();
-        if due.is_empty() || keeps_placements_for_test("leader") {
+        if due.is_empty() || keeps_placements_for_test("leader") || watch.next_ask.is_some_and(|at| now < at) {
             return 0;
         }
+        watch.next_ask = Some(now + (after / 10).max(Duration::from_secs(1)));
         let mut catalogs = Vec::new();
         for node in self.membership.ids() {
             match tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await {
                 Ok(Ok(Answer::Catalog(defs))) => catalogs.push(defs),
-                // A node that does not answer may name the chunks: try again next round.
+                // A node that does not answer may name the chunks: try again later.
                 _ => return 0,
             }
         }

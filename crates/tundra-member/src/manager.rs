@@ -332,6 +332,21 @@ impl ClusterNode {
                 node.report_once(&mut reporter).await;
             }
         });
+        // On the manager's leader, the placements no volume came to use (abandoned.rs), apart
+        // from the reports: asking every node's catalog must not hold this node's report back.
+        let weak = Arc::downgrade(self);
+        self.spawn(async move {
+            let mut watch = crate::abandoned::Watch::default();
+            loop {
+                tokio::time::sleep(REPORT_EVERY).await;
+                let Some(node) = weak.upgrade() else { return };
+                if node.local_leader(manager_group()) == Some(node.me) {
+                    node.forget_abandoned(&mut watch).await;
+                } else {
+                    watch = crate::abandoned::Watch::default();
+                }
+            }
+        });
         crate::background::start(self);
         Ok(())
     }
@@ -339,8 +354,7 @@ impl ClusterNode {
     /// One round of the reporter: the sizes of the chunks this node leads that changed (every
     /// [`SIZES_EVERY_REPORTS`] rounds), then this node's usage (every round: the leader writes
     /// it when it changed or to keep its time fresh), and on the leader
-    /// the moves its state holds in flight that the catalogs ended already and the placements
-    /// no volume came to use (abandoned.rs). Sizes go first,
+    /// the moves its state holds in flight that the catalogs ended already. Sizes go first,
     /// so that the usage's part beyond the chunks (the overhead) is counted against them.
     async fn report_once(&self, reporter: &mut Reporter) {
         reporter.round += 1;
@@ -365,7 +379,6 @@ impl ClusterNode {
         }
         if self.local_leader(manager_group()) == Some(self.me) {
             let _ = self.end_settled_moves().await;
-            self.forget_abandoned(&mut reporter.abandoned).await;
             self.replace_silent_member().await;
         } else if self.host.manager_view().is_some() {
             self.retire_if_replaced(reporter.round).await;
@@ -937,8 +950,6 @@ struct Reporter {
     usage: Option<NodeUsage>,
     /// The chunk sizes it acknowledged, by chunk id: (logical, physical bytes).
     sizes: std::collections::BTreeMap<u64, (u64, u64)>,
-    /// On the manager's leader: the placements it watches (abandoned.rs).
-    abandoned: crate::abandoned::Watch,
 }
 
 impl Reporter {
