@@ -82,6 +82,42 @@ fn a_tight_band_separates_the_policies() {
     assert!(aware.moves > logical.moves);
 }
 
+/// Arrivals in eras, each of one dataset: the nodes that join during an era fill with its
+/// chunks and stop at the logical margin outside the band, where sending chunks would take them
+/// under the margin; taking chunks from the other side of the average brings them in.
+/// At ±5% and seed 1 (of seeds 1 to 6 at 100 and 200 nodes, the one where nodes stop short of
+/// the band without taking).
+fn eras(seed: u64) -> (SimReport, SimReport) {
+    let chunks = sim::builtin_chunks_in_eras(4_800, 10 * GIB, Layers::Dual, 4, &mut Rng::new(seed));
+    let run = |policy| {
+        let mut c = config(policy, 100, &chunks);
+        c.manager.band = tundra_cluster::Band::Relative { below: 0.05, above: 0.05 };
+        sim::run(&c, &chunks).unwrap()
+    };
+    (run(Policy::Logical), run(Policy::CompressionAware))
+}
+
+const ERAS_SEED: u64 = 1;
+
+#[test]
+fn nodes_filled_in_one_era_are_brought_into_the_band() {
+    let (logical, aware) = eras(ERAS_SEED);
+    show("logical, eras", &logical);
+    show("compression-aware, eras", &aware);
+    assert!(logical.summary.nodes_in_band_fraction < 0.9, "the eras push nodes out of the band");
+    assert!(aware.summary.nodes_in_band_fraction >= 0.9);
+    assert_eq!(aware.final_plan_moves, 0);
+}
+
+#[test]
+fn twin_without_taking_nodes_filled_in_one_era_stay_outside_the_band() {
+    tundra_cluster::plan::set_zone_takes_for_test(false);
+    let (_, aware) = eras(ERAS_SEED);
+    tundra_cluster::plan::set_zone_takes_for_test(true);
+    show("compression-aware without taking, eras", &aware);
+    assert!(aware.summary.nodes_in_band_fraction < 0.9, "the twin must miss the band");
+}
+
 #[test]
 fn the_same_seed_gives_the_same_report() {
     let a = run(Policy::CompressionAware, 30, 1_000, 11);

@@ -30,6 +30,10 @@ pub struct ScheduleArgs {
     /// `drive` (the drive alone, as C1).
     #[arg(long, default_value = "dual")]
     ratios: String,
+    /// The built-in arrivals in N equal eras, each era's volumes all of one dataset (0: every
+    /// volume's dataset drawn at random).
+    #[arg(long, default_value_t = 0, value_name = "N", conflicts_with = "chunks")]
+    eras: usize,
     /// Nodes at the end of the run (70% from the start, the rest joining in two waves).
     #[arg(long, default_value_t = 1_000)]
     nodes: usize,
@@ -166,8 +170,12 @@ fn input(args: &ScheduleArgs) -> Result<(Vec<ChunkSpec>, String)> {
     if size == 0 || args.chunk_count == 0 {
         bail!("--chunk-size and --chunk-count must be above zero");
     }
-    let chunks = sim::builtin_chunks(args.chunk_count, size, layers, &mut Rng::new(args.seed));
-    Ok((chunks, format!("built-in ({} ratios, {} chunks)", layers.name(), format_size(size))))
+    let chunks = sim::builtin_chunks_in_eras(args.chunk_count, size, layers, args.eras, &mut Rng::new(args.seed));
+    let eras = match args.eras {
+        0 => String::new(),
+        n => format!(", {n} eras of one dataset each"),
+    };
+    Ok((chunks, format!("built-in ({} ratios, {} chunks{eras})", layers.name(), format_size(size))))
 }
 
 fn capacity(args: &ScheduleArgs, total: Space) -> Result<Space> {

@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tundra_store::ids::ChunkId;
 
 pub use potential::{Measure, Measures, Thresholds};
+#[doc(hidden)]
+pub use rules::set_zone_takes_for_test;
 
 use crate::state::{ClusterState, NodeStatus};
 use crate::usage::{NodeId, Space};
@@ -33,9 +35,12 @@ pub enum MoveReason {
     LogicalOver,
     /// The target's logical usage is more than the margin below the average (a new node).
     LogicalUnder,
-    /// The source is in zone A: one of its lowest-ratio chunks leaves (§4.2.2).
+    /// For a node in zone A: one of its lowest-ratio chunks leaves (§4.2.2), or, when it cannot
+    /// send without falling under the logical margin, a high-ratio chunk comes to it
+    /// (rules.rs's `zone_moves`).
     ZoneA,
-    /// The source is in zone D: one of its highest-ratio chunks leaves (§4.2.2).
+    /// For a node in zone D: one of its highest-ratio chunks leaves (§4.2.2), or a low-ratio
+    /// chunk comes to it.
     ZoneD,
 }
 

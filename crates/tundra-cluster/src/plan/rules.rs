@@ -11,6 +11,19 @@ use crate::config::Policy;
 use crate::state::NodeStatus;
 use crate::usage::{NodeId, Space, Zone};
 
+thread_local! {
+    /// A test-only switch ([`set_zone_takes_for_test`]): off, a node that cannot send never
+    /// takes.
+    static TAKES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Turns the taking half of the zone moves off (or on again) for plans made on this thread: the
+/// twin of the test that nodes filled in one era are brought into the band. Not for production.
+#[doc(hidden)]
+pub fn set_zone_takes_for_test(on: bool) {
+    TAKES.with(|t| t.set(on));
+}
+
 /// How many of the best-placed nodes a rule tries as targets (or sources) for one move; the
 /// first that passes the checks takes it, so a larger number only costs time on a cluster
 /// where most nodes are refused.
@@ -77,6 +90,14 @@ impl Planner<'_> {
     /// B, in that order of preference; a node in zone D sends its highest-ratio chunks to zones
     /// A, B or C. Within a zone, the node furthest from the source's side of the band comes
     /// first.
+    ///
+    /// A node that cannot send (every such move would take it more than the logical margin
+    /// under the average, as for a node that joined and filled with one kind of data) takes a
+    /// chunk instead: a node in zone A one of the highest-ratio chunks of a node in zone D or
+    /// C, a node in zone D one of the lowest-ratio chunks of a node in zone A or B. Sending and
+    /// taking in turn, the node exchanges chunks with the other side of the average and its
+    /// logical usage stays within the margin. The paper names only the sending half; without
+    /// the other, such nodes stay outside the band (docs/measurements.md, "eras").
     pub(super) fn zone_moves(&mut self) {
         for source_zone in [Zone::A, Zone::D] {
             let mut sources: Vec<(f64, NodeId)> = self
@@ -94,7 +115,10 @@ impl Planner<'_> {
                 {
                     let targets = self.zone_targets(source_zone, from);
                     let reason = if source_zone == Zone::A { MoveReason::ZoneA } else { MoveReason::ZoneD };
-                    if !self.try_zone_move(from, source_zone, &targets, reason) {
+                    let sent = self.try_zone_move(from, source_zone, &targets, reason);
+                    let took =
+                        !sent && TAKES.with(std::cell::Cell::get) && self.try_zone_take(from, source_zone, reason);
+                    if !sent && !took {
                         break;
                     }
                 }
@@ -138,6 +162,47 @@ impl Planner<'_> {
         chunks.truncate(self.state.config.candidates_per_source);
         for (_, chunk, size) in chunks {
             for &to in targets {
+                if self.may_receive(to, chunk, size) && self.improves(from, to, size, Measure::Outside) {
+                    self.add(chunk, from, to, reason);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// The taking half of [`Planner::zone_moves`]: `to`, in `zone`, takes one of the chunks
+    /// furthest on the other side of its ratio from the nodes furthest on that side (zone D,
+    /// then C, for a node in zone A; zone A, then B, for one in zone D).
+    fn try_zone_take(&mut self, to: NodeId, zone: Zone, reason: MoveReason) -> bool {
+        let own = self.ratio(to).expect("a node in a zone stores something");
+        let high = zone == Zone::A;
+        let preference: [Zone; 2] = if high { [Zone::D, Zone::C] } else { [Zone::A, Zone::B] };
+        let mut sources: Vec<(usize, f64, NodeId)> = self
+            .active()
+            .filter(|&n| n != to && self.node_free(n))
+            .filter_map(|n| {
+                let rank = preference.iter().position(|&z| Some(z) == self.thresholds.zone(self.used(n)))?;
+                Some((rank, self.ratio(n).expect("a node with a zone stores something"), n))
+            })
+            .collect();
+        sources.sort_by(|a, b| {
+            let ratio = if high { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) };
+            a.0.cmp(&b.0).then(ratio).then(a.2.cmp(&b.2))
+        });
+        sources.truncate(NODES_TRIED);
+        for (_, _, from) in sources {
+            let mut chunks: Vec<(f64, ChunkId, Space)> = self
+                .movable(from)
+                .filter_map(|(c, size)| size.ratio().map(|r| (r, c, size)))
+                .filter(|&(r, _, _)| if high { r > own } else { r < own })
+                .collect();
+            chunks.sort_by(|a, b| {
+                let order = if high { b.0.total_cmp(&a.0) } else { a.0.total_cmp(&b.0) };
+                order.then(a.1.cmp(&b.1))
+            });
+            chunks.truncate(self.state.config.candidates_per_source);
+            for (_, chunk, size) in chunks {
                 if self.may_receive(to, chunk, size) && self.improves(from, to, size, Measure::Outside) {
                     self.add(chunk, from, to, reason);
                     return true;

@@ -127,12 +127,38 @@ pub const MAX_VOLUME_CHUNKS: u64 = 400;
 /// `count` chunks of `chunk_logical_bytes` each, in volumes as the module describes, numbered
 /// from 0 in arrival order.
 pub fn builtin_chunks(count: usize, chunk_logical_bytes: u64, layers: Layers, rng: &mut Rng) -> Vec<ChunkSpec> {
+    builtin_chunks_in_eras(count, chunk_logical_bytes, layers, 0, rng)
+}
+
+/// [`builtin_chunks`], with the arrivals cut into `eras` equal eras (0: none) whose volumes
+/// all take one dataset: the datasets in a random order, that order repeated if there are
+/// more eras than datasets. It models a cluster whose tenants come in kinds over time (a
+/// cluster first loaded with one kind of database, later with another), a correlation between
+/// a chunk's ratio and its arrival that the default input lacks: nodes that join during an era
+/// receive mostly that era's chunks.
+pub fn builtin_chunks_in_eras(
+    count: usize,
+    chunk_logical_bytes: u64,
+    layers: Layers,
+    eras: usize,
+    rng: &mut Rng,
+) -> Vec<ChunkSpec> {
     assert!(chunk_logical_bytes > 0);
     let slices = builtin_slices(layers);
     let datasets: Vec<String> = slices.iter().map(|s| s.dataset.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+    // Shuffled only with eras, so that the default input of a seed stays what it was.
+    let mut order: Vec<String> = datasets.clone();
+    if eras > 0 {
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+    }
     let mut chunks = Vec::with_capacity(count);
     while chunks.len() < count {
-        let dataset = rng.pick(&datasets);
+        let dataset = match eras {
+            0 => rng.pick(&datasets),
+            _ => &order[(chunks.len() * eras / count) % order.len()],
+        };
         let own: Vec<&Slice> = slices.iter().filter(|s| &s.dataset == dataset).collect();
         let total: u64 = own.iter().map(|s| s.logical_bytes).sum();
         let volume_chunks = (MAX_VOLUME_CHUNKS as f64).powf(uniform(rng)).floor().max(1.0) as u64;

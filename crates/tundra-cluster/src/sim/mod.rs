@@ -16,7 +16,10 @@ mod input;
 
 use std::collections::BTreeMap;
 
-pub use input::{ChunkSpec, Layers, MAX_VOLUME_CHUNKS, Slice, builtin_chunks, builtin_slices, parse_chunks_csv};
+pub use input::{
+    ChunkSpec, Layers, MAX_VOLUME_CHUNKS, Slice, builtin_chunks, builtin_chunks_in_eras, builtin_slices,
+    parse_chunks_csv,
+};
 use tundra_store::ids::ChunkId;
 
 use crate::config::ManagerConfig;
