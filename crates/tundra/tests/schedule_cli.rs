@@ -1,5 +1,5 @@
 //! `tundra sim schedule` at a small size: the JSON contract of docs/cli.md, both policies on
-//! the same input, a CSV input, and refusals of bad input naming what is wrong.
+//! the same input, arrivals in eras, a CSV input, and refusals of bad input naming what is wrong.
 
 mod common;
 
@@ -49,6 +49,19 @@ fn both_policies_report_the_documented_keys() {
     let again = report(&["--points"]);
     assert_eq!(r["runs"][1]["migrated_bytes"], again["runs"][1]["migrated_bytes"]);
     assert_eq!(r["runs"][1]["points"], again["runs"][1]["points"]);
+}
+
+#[test]
+fn eras_change_the_input_and_name_themselves() {
+    let mixed = report(&[]);
+    let eras = report(&["--eras", "4"]);
+    assert!(eras["input"]["source"].as_str().unwrap().contains("4 eras of one dataset each"), "{}", eras["input"]);
+    assert!(!mixed["input"]["source"].as_str().unwrap().contains("eras"));
+    assert_ne!(mixed["input"]["physical_bytes"], eras["input"]["physical_bytes"], "other chunks");
+    assert_eq!(eras["runs"][1]["placed_chunks"], 1000);
+    let out = common::tundra(&["sim", "schedule", "--chunks", "x.csv", "--eras", "2"]);
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
 
 #[test]
