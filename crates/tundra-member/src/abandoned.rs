@@ -22,9 +22,10 @@
 //!
 //! A coordinator still at work cannot lose its placements to the leader's pass: it sends its
 //! first catalog change within half of [`abandoned_after`] of its first placement, or forgets
-//! its placements and refuses (rule 1). A chunk the leader first saw unreported has been placed
-//! for at least as long as the leader watched it, so the catalog change reaches a node well
-//! before the leader's pass could run.
+//! its placements and refuses (rule 1), and the leader starts a chunk's grace again whenever a
+//! coordinator places it or is answered that it is placed already (a creation retried under the
+//! same id reuses the placements of one that died), so the catalog change reaches a node well
+//! before the leader's pass could forget the chunk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -85,7 +86,8 @@ fn named(defs: &[VolumeDef], volume: u32) -> u32 {
 }
 
 /// What the manager's leader watches between its rounds (rule 2); kept in its memory, so a
-/// new leader watches from the start again.
+/// new leader watches from the start again. A coordinator's placement of a chunk, new or found
+/// placed already (a retried creation takes the same id), starts the chunk's watch again.
 #[derive(Default)]
 pub(crate) struct Watch {
     /// The chunks no leader reported, and since when this leader has seen them so.
@@ -93,6 +95,13 @@ pub(crate) struct Watch {
     /// When the catalogs may be asked again: a tenth of [`abandoned_after`] after the last
     /// time (at least a second), so that a node down does not make every round wait for it.
     next_ask: Option<Instant>,
+}
+
+impl Watch {
+    /// A coordinator placed `chunk`, or was answered that it is placed: its grace starts now.
+    pub(crate) fn placed(&mut self, chunk: ChunkId) {
+        self.unreported_since.insert(chunk, Instant::now());
+    }
 }
 
 impl ClusterNode {
@@ -118,25 +127,29 @@ impl ClusterNode {
 
     /// Rule 2, one round on the manager's leader: the chunks that have been unreported and
     /// named by no catalog for [`abandoned_after`] forgotten. Answers how many.
-    pub(crate) async fn forget_abandoned(&self, watch: &mut Watch) -> usize {
+    pub(crate) async fn forget_abandoned(&self) -> usize {
         let Some(view) = self.host.manager_view() else { return 0 };
         let unreported: BTreeSet<ChunkId> = {
             let view = view.lock();
             let chunks = view.state.chunks();
             chunks.iter().filter(|(_, c)| c.reported.is_none() && c.moving.is_none()).map(|(&id, _)| id).collect()
         };
-        watch.unreported_since.retain(|chunk, _| unreported.contains(chunk));
         let now = Instant::now();
-        for &chunk in &unreported {
-            watch.unreported_since.entry(chunk).or_insert(now);
-        }
         let after = abandoned_after();
-        let due: Vec<ChunkId> =
-            watch.unreported_since.iter().filter(|(_, since)| since.elapsed() >= after).map(|(&c, _)| c).collect();
-        if due.is_empty() || keeps_placements_for_test("leader") || watch.next_ask.is_some_and(|at| now < at) {
-            return 0;
-        }
-        watch.next_ask = Some(now + (after / 10).max(Duration::from_secs(1)));
+        let due: Vec<ChunkId> = {
+            let mut watch = self.placements.lock();
+            watch.unreported_since.retain(|chunk, _| unreported.contains(chunk));
+            for &chunk in &unreported {
+                watch.unreported_since.entry(chunk).or_insert(now);
+            }
+            let due: Vec<ChunkId> =
+                watch.unreported_since.iter().filter(|(_, since)| since.elapsed() >= after).map(|(&c, _)| c).collect();
+            if due.is_empty() || keeps_placements_for_test("leader") || watch.next_ask.is_some_and(|at| now < at) {
+                return 0;
+            }
+            watch.next_ask = Some(now + (after / 10).max(Duration::from_secs(1)));
+            due
+        };
         let mut catalogs = Vec::new();
         for node in self.membership.ids() {
             match tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await {
@@ -150,13 +163,17 @@ impl ClusterNode {
             let (volume, index) = (chunk.volume().0, chunk.index());
             if catalogs.iter().any(|defs| index < named(defs, volume)) {
                 // A volume whose group has no leader yet (its nodes down): not abandoned.
-                watch.unreported_since.insert(chunk, now);
+                self.placements.lock().placed(chunk);
+                continue;
+            }
+            // Placed again by a coordinator while the catalogs were asked: its grace restarted.
+            if self.placements.lock().unreported_since.get(&chunk).is_none_or(|since| since.elapsed() < after) {
                 continue;
             }
             match self.manager_command(&Command::DeleteChunk { chunk }).await {
                 Ok(()) => {
                     forgotten += 1;
-                    watch.unreported_since.remove(&chunk);
+                    self.placements.lock().unreported_since.remove(&chunk);
                     eprintln!(
                         "tundra: node {}: forgot the placement of chunk {index} of volume id {volume}: no node's \
                          catalog names it {} s after it was placed (a creation or resize stopped half way)",
@@ -200,6 +217,16 @@ mod tests {
         assert_eq!(named(&defs, 7), 0, "a volume the catalog lacks names nothing");
         // A resize grew the size on this node: its new chunks are named.
         assert_eq!(named(&[def(1, 5 * gib, 5)], 1), 5);
+    }
+
+    #[test]
+    fn a_chunk_placed_again_starts_its_grace_again() {
+        let mut watch = Watch::default();
+        let chunk = ChunkId::new(VolumeId(3), 0);
+        let long_ago = Instant::now().checked_sub(abandoned_after() * 2).expect("a monotonic clock past ten minutes");
+        watch.unreported_since.insert(chunk, long_ago);
+        watch.placed(chunk);
+        assert!(watch.unreported_since[&chunk].elapsed() < abandoned_after());
     }
 
     #[test]

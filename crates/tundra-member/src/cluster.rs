@@ -86,6 +86,8 @@ pub struct ClusterNode {
     /// The volumes this node refused to adopt from its peers' catalogs, by id, and why
     /// (adopt.rs).
     pub(crate) refused_volumes: Mutex<BTreeMap<u32, String>>,
+    /// As the manager's leader: the placements it watches for use (abandoned.rs).
+    pub(crate) placements: Mutex<crate::abandoned::Watch>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -176,6 +178,7 @@ impl ClusterNode {
             repair_after,
             repair: Default::default(),
             refused_volumes: Mutex::new(BTreeMap::new()),
+            placements: Mutex::new(Default::default()),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();

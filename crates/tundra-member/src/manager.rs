@@ -336,14 +336,13 @@ impl ClusterNode {
         // from the reports: asking every node's catalog must not hold this node's report back.
         let weak = Arc::downgrade(self);
         self.spawn(async move {
-            let mut watch = crate::abandoned::Watch::default();
             loop {
                 tokio::time::sleep(REPORT_EVERY).await;
                 let Some(node) = weak.upgrade() else { return };
                 if node.local_leader(manager_group()) == Some(node.me) {
-                    node.forget_abandoned(&mut watch).await;
+                    node.forget_abandoned().await;
                 } else {
-                    watch = crate::abandoned::Watch::default();
+                    *node.placements.lock() = crate::abandoned::Watch::default();
                 }
             }
         });
@@ -542,6 +541,8 @@ impl ClusterNode {
                     )));
                 }
                 let chunk = ChunkId(chunk);
+                // The chunk's grace as a placement no volume uses starts now (abandoned.rs).
+                self.placements.lock().placed(chunk);
                 if view.lock().state.chunk(chunk).is_none() {
                     let at_unix_ms = now_unix_ms();
                     self.propose(Command::PlaceChunkAt { chunk, expected_logical_bytes, at_unix_ms }).await?;
