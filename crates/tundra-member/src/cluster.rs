@@ -528,7 +528,8 @@ impl ClusterNode {
                     "volume {name:?} placed; the coordinator stops here (test hook)"
                 )));
             }
-            if let Some(refusal) = crate::abandoned::too_slow(placed_at, &format!("the creation of {name:?}")) {
+            if let Some(refusal) = crate::abandoned::too_slow(placed_at.elapsed(), &format!("the creation of {name:?}"))
+            {
                 self.forget_placed(id, 0..placed).await;
                 return Err(refusal);
             }

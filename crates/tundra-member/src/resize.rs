@@ -193,7 +193,7 @@ impl ClusterNode {
             }
         };
         let what = format!("the resize of volume {:?}", def.name);
-        if let Some(refusal) = crate::abandoned::too_slow(placed_at, &what) {
+        if let Some(refusal) = crate::abandoned::too_slow(placed_at.elapsed(), &what) {
             self.forget_placed(volume, placing).await;
             return Err(refusal);
         }
