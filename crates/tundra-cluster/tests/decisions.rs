@@ -430,3 +430,34 @@ fn a_zone_a_node_sends_its_lowest_ratio_chunk_to_zone_d() {
     assert_eq!(first_zone_move.chunk, ChunkId(0), "the lowest-ratio chunk leaves first");
     assert_eq!(first_zone_move.to, NodeId(3), "zone D is preferred");
 }
+
+/// Moves tried and refused (a target that held the chunk before) are excluded from later plans,
+/// which go around them: a node that joined still receives chunks, others than the excluded.
+#[test]
+fn excluded_moves_are_never_planned_and_plans_go_around_them() {
+    let s =
+        Scenario { node_sizes: vec![600; 7], late_nodes: 1, chunks: (0..60).map(|i| (4, [180, 300][i % 2])).collect() };
+    let state = build(&s, Policy::Logical);
+    let newcomer = NodeId(6);
+    let first = state.plan().moves;
+    let into_newcomer: Vec<&Move> = first.iter().filter(|m| m.to == newcomer).collect();
+    assert!(!into_newcomer.is_empty(), "the node that joined receives chunks: {first:?}");
+    let excluded: BTreeSet<(ChunkId, NodeId)> = into_newcomer.iter().map(|m| (m.chunk, m.to)).collect();
+    let second = state.plan_excluding(&excluded).moves;
+    assert!(second.iter().all(|m| !excluded.contains(&(m.chunk, m.to))), "{second:?} plans an excluded move");
+    assert!(second.iter().any(|m| m.to == newcomer), "the plan goes around the exclusions: {second:?}");
+    // Repeated plans with the exclusions still converge, and never carry an excluded move out.
+    let mut state = state;
+    for _ in 0..200 {
+        let moves = state.plan_excluding(&excluded).moves;
+        if moves.is_empty() {
+            return;
+        }
+        for m in &moves {
+            assert!(!excluded.contains(&(m.chunk, m.to)));
+            state.apply(&Command::BeginMove(*m)).unwrap();
+            state.apply(&Command::FinishMove { chunk: m.chunk }).unwrap();
+        }
+    }
+    panic!("plans with exclusions did not converge");
+}

@@ -43,6 +43,8 @@ pub const MOVES_PER_ROUND: usize = 4;
 const STOP_CHECK: Duration = Duration::from_millis(100);
 /// How long shutdown waits for a round's move under way (a catch-up's limit and its pacing).
 const STOP_WAIT: Duration = Duration::from_secs(45);
+/// How many moves refused for good the background rounds remember (the oldest forgotten first).
+const LASTING_SKIPS_MAX: usize = 4096;
 /// How often an idle cluster's round is written to the manager's log.
 const IDLE_RECORD_EVERY: Duration = Duration::from_secs(60);
 
@@ -189,7 +191,9 @@ impl ClusterNode {
     /// The round's moves, holding the claim; gives it back after.
     fn round_moves(&self, record: &mut RoundRecord) {
         let owner = MoveOwner::Background { node: self.me };
-        let mut skip: Vec<SkippedMove> = Vec::new();
+        // Moves refused for good in earlier rounds stay out of the plans (the plans go around
+        // them rather than stall on them round after round).
+        let mut skip: Vec<SkippedMove> = self.lasting_skips.lock().clone();
         for step in 0..MOVES_PER_ROUND {
             if self.stopping.load(Ordering::Relaxed) {
                 break;
@@ -213,7 +217,15 @@ impl ClusterNode {
                     "chunk {} of {} from node {} to node {}: {why}",
                     planned.chunk, planned.volume, planned.from, planned.to
                 ));
-                skip.push(SkippedMove { volume_id: planned.volume_id, chunk: planned.chunk, to: planned.to });
+                let skipped = SkippedMove { volume_id: planned.volume_id, chunk: planned.chunk, to: planned.to };
+                skip.push(skipped);
+                if progress.failed_for_good {
+                    let mut lasting = self.lasting_skips.lock();
+                    if lasting.len() >= LASTING_SKIPS_MAX {
+                        lasting.remove(0);
+                    }
+                    lasting.push(skipped);
+                }
             }
             if progress.moved.is_none() && progress.failed.is_none() {
                 break;

@@ -88,6 +88,8 @@ pub struct ClusterNode {
     pub(crate) refused_volumes: Mutex<BTreeMap<u32, String>>,
     /// As the manager's leader: the placements it watches for use (abandoned.rs).
     pub(crate) placements: Mutex<crate::abandoned::Watch>,
+    /// The background rounds' moves refused for good (background.rs), kept across rounds.
+    pub(crate) lasting_skips: Mutex<Vec<crate::rebalance::SkippedMove>>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -179,6 +181,7 @@ impl ClusterNode {
             repair: Default::default(),
             refused_volumes: Mutex::new(BTreeMap::new()),
             placements: Mutex::new(Default::default()),
+            lasting_skips: Mutex::new(Vec::new()),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();

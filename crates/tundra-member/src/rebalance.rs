@@ -16,8 +16,9 @@
 //! prediction a real run is compared against.
 
 use serde::{Deserialize, Serialize};
-use tundra_cluster::{Band, ClusterState, Command, ManagerConfig, Move, Policy, Space, Zone};
+use tundra_cluster::{Band, ChunkId, ClusterState, Command, ManagerConfig, Move, NodeId, Policy, Space, Zone};
 use tundra_node::ClusterConfig;
+use tundra_store::ids::VolumeId;
 
 use crate::cluster::ClusterNode;
 use crate::manager::MoveOwner;
@@ -145,12 +146,18 @@ pub struct PlannedMove {
     pub physical_bytes: u64,
 }
 
-/// A move that failed and was rolled back, not to be planned again in this run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A move that failed and was rolled back, not to be planned again in this run: the plans go
+/// around it (tundra-cluster's `plan_excluding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SkippedMove {
     pub volume_id: u32,
     pub chunk: u32,
     pub to: u64,
+}
+
+/// The planner's exclusions for `skip`.
+fn excluded(skip: &[SkippedMove]) -> std::collections::BTreeSet<(ChunkId, NodeId)> {
+    skip.iter().map(|s| (ChunkId::new(VolumeId(s.volume_id), s.chunk), NodeId(s.to))).collect()
 }
 
 /// One node as the decisions see it.
@@ -186,6 +193,10 @@ pub struct RebalanceProgress {
     pub moved: Option<PlannedMove>,
     /// The move tried that failed and was rolled back, with why.
     pub failed: Option<(PlannedMove, String)>,
+    /// The failed move was refused as invalid (its target held the chunk before, or clashes),
+    /// so trying it again would fail again.
+    #[serde(default)]
+    pub failed_for_good: bool,
     /// The zones before the step and after it (projected: as the decisions count them).
     pub before: Zones,
     pub after: Zones,
@@ -301,10 +312,7 @@ impl ClusterNode {
         self.block_on(self.settle_all());
         let (mut state, sizes) = self.decision_state(self.rebalance.manager_config(policy))?;
         let before = zones(&state);
-        let skipped = |m: &Move| {
-            skip.iter().any(|s| s.volume_id == m.chunk.volume().0 && s.chunk == m.chunk.index() && s.to == m.to.0)
-        };
-        let moves: Vec<Move> = state.plan().moves.into_iter().filter(|m| !skipped(m)).collect();
+        let moves: Vec<Move> = state.plan_excluding(&excluded(skip)).moves;
         let plan: Vec<PlannedMove> = moves.iter().map(|m| self.planned(&state, m)).collect();
         if dry_run || moves.is_empty() {
             let simulated = dry_run.then(|| self.simulate(state.clone(), skip));
@@ -312,6 +320,7 @@ impl ClusterNode {
                 plan,
                 moved: None,
                 failed: None,
+                failed_for_good: false,
                 after: before.clone(),
                 before,
                 simulated,
@@ -329,6 +338,7 @@ impl ClusterNode {
             .ok_or_else(|| Refusal::Invalid(format!("volume id {} is gone", first.chunk.volume().0)))?;
         let started = std::time::Instant::now();
         let done = self.block_on(self.execute(&def, first.chunk.index(), first.from.0, first.to.0));
+        let failed_for_good = matches!(done, Err(Refusal::Invalid(_)));
         let (moved, failed) = match done {
             Ok(()) => {
                 state.apply(&Command::FinishMove { chunk: first.chunk }).map_err(invalid)?;
@@ -340,7 +350,8 @@ impl ClusterNode {
                 (None, Some((planned, format!("{why:?}"))))
             }
         };
-        Ok(RebalanceProgress { plan, moved, failed, before, after: zones(&state), simulated: None, sizes })
+        let after = zones(&state);
+        Ok(RebalanceProgress { plan, moved, failed, failed_for_good, before, after, simulated: None, sizes })
     }
 
     /// Pacing in the executor (pace.rs): a move that took less than its chunk's physical bytes
@@ -366,11 +377,9 @@ impl ClusterNode {
     /// begun and finished, until the plan is empty.
     fn simulate(&self, mut state: ClusterState, skip: &[SkippedMove]) -> Simulation {
         let mut moves = Vec::new();
+        let excluded = excluded(skip);
         while moves.len() < SIMULATED_MOVES_MAX {
-            let next = state.plan().moves.into_iter().find(|m| {
-                !skip.iter().any(|s| s.volume_id == m.chunk.volume().0 && s.chunk == m.chunk.index() && s.to == m.to.0)
-            });
-            let Some(next) = next else { break };
+            let Some(next) = state.plan_excluding(&excluded).moves.into_iter().next() else { break };
             moves.push(self.planned(&state, &next));
             let begun = state.apply(&Command::BeginMove(next)).is_ok();
             assert!(begun, "a planned move is accepted by the state that planned it");

@@ -76,7 +76,16 @@ pub struct Plan {
 impl ClusterState {
     /// The moves to start now, within the throttle.
     pub fn plan(&self) -> Plan {
+        self.plan_excluding(&BTreeSet::new())
+    }
+
+    /// [`ClusterState::plan`] with no move of a chunk to a node in `excluded` (chunk, target):
+    /// moves that were tried and refused (a target that held the chunk before), so that the
+    /// plan goes around them rather than stalling on them. Excluding only removes candidate
+    /// moves, so the convergence argument (potential.rs) holds as it is.
+    pub fn plan_excluding(&self, excluded: &BTreeSet<(ChunkId, NodeId)>) -> Plan {
         let mut planner = Planner::new(self);
+        planner.excluded = excluded;
         planner.evacuate(NodeStatus::Dead, MoveReason::Repair);
         planner.evacuate(NodeStatus::Draining, MoveReason::Drain);
         planner.logical_over();
@@ -101,6 +110,8 @@ impl ClusterState {
 /// A plan being built: the state as the moves planned so far would leave it.
 pub(crate) struct Planner<'a> {
     state: &'a ClusterState,
+    /// Moves (chunk, target) not to plan ([`ClusterState::plan_excluding`]).
+    excluded: &'a BTreeSet<(ChunkId, NodeId)>,
     thresholds: Thresholds,
     /// Projected usage of the nodes the plan changed.
     used: BTreeMap<NodeId, Space>,
@@ -117,6 +128,7 @@ pub(crate) struct Planner<'a> {
 
 impl<'a> Planner<'a> {
     fn new(state: &'a ClusterState) -> Planner<'a> {
+        static NONE: BTreeSet<(ChunkId, NodeId)> = BTreeSet::new();
         let mut node_moves = BTreeMap::new();
         let mut total_moves = 0;
         for m in state.moves_in_flight() {
@@ -126,6 +138,7 @@ impl<'a> Planner<'a> {
         }
         Planner {
             state,
+            excluded: &NONE,
             thresholds: state.thresholds(),
             used: BTreeMap::new(),
             busy: state.moving.clone(),
@@ -179,7 +192,7 @@ impl<'a> Planner<'a> {
     /// has no replica of it, and a move left in its throttle.
     fn may_receive(&self, to: NodeId, chunk: ChunkId, size: Space) -> bool {
         let node = &self.state.nodes[&to];
-        if !node.takes_part() || !self.node_free(to) || self.hosts(to, chunk) {
+        if !node.takes_part() || !self.node_free(to) || self.hosts(to, chunk) || self.excluded.contains(&(chunk, to)) {
             return false;
         }
         let (logical, physical) = self.used(to).plus(size).fractions_of(node.capacity);
