@@ -35,13 +35,10 @@ use tundra_cluster::Command;
 use tundra_store::ids::{ChunkId, VolumeId};
 
 use crate::cluster::{ClusterNode, chunk_spans};
-use crate::messages::{Answer, Forward, Refusal, VolumeDef};
+use crate::messages::{Refusal, VolumeDef};
 
 /// How long a placement no leader reports and no catalog names is kept.
 const ABANDONED_AFTER: Duration = Duration::from_secs(300);
-
-/// How long the leader waits for one node's catalog.
-const CATALOG_WAIT: Duration = Duration::from_secs(3);
 
 /// [`ABANDONED_AFTER`], or `TUNDRA_TEST_ABANDONED_AFTER_MS` in tests.
 pub(crate) fn abandoned_after() -> Duration {
@@ -126,9 +123,9 @@ impl ClusterNode {
     }
 
     /// Rule 2, one round on the manager's leader: the chunks that have been unreported and
-    /// named by no catalog for [`abandoned_after`] forgotten. Answers how many.
-    pub(crate) async fn forget_abandoned(&self) -> usize {
-        let Some(view) = self.host.manager_view() else { return 0 };
+    /// named by no catalog for [`abandoned_after`] forgotten.
+    pub(crate) async fn forget_abandoned(&self) {
+        let Some(view) = self.host.manager_view() else { return };
         let unreported: BTreeSet<ChunkId> = {
             let view = view.lock();
             let chunks = view.state.chunks();
@@ -145,20 +142,17 @@ impl ClusterNode {
             let due: Vec<ChunkId> =
                 watch.unreported_since.iter().filter(|(_, since)| since.elapsed() >= after).map(|(&c, _)| c).collect();
             if due.is_empty() || keeps_placements_for_test("leader") || watch.next_ask.is_some_and(|at| now < at) {
-                return 0;
+                return;
             }
             watch.next_ask = Some(now + (after / 10).max(Duration::from_secs(1)));
             due
         };
         let mut catalogs = Vec::new();
         for node in self.membership.ids() {
-            match tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await {
-                Ok(Ok(Answer::Catalog(defs))) => catalogs.push(defs),
-                // A node that does not answer may name the chunks: try again later.
-                _ => return 0,
-            }
+            // A node that does not answer may name the chunks: try again later.
+            let Some(defs) = self.catalog_of(node).await else { return };
+            catalogs.push(defs);
         }
-        let mut forgotten = 0;
         for chunk in due {
             let (volume, index) = (chunk.volume().0, chunk.index());
             if catalogs.iter().any(|defs| index < named(defs, volume)) {
@@ -172,7 +166,6 @@ impl ClusterNode {
             }
             match self.manager_command(&Command::DeleteChunk { chunk }).await {
                 Ok(()) => {
-                    forgotten += 1;
                     self.placements.lock().unreported_since.remove(&chunk);
                     eprintln!(
                         "tundra: node {}: forgot the placement of chunk {index} of volume id {volume}: no node's \
@@ -181,10 +174,9 @@ impl ClusterNode {
                         after.as_secs()
                     );
                 }
-                Err(_) => return forgotten,
+                Err(_) => return,
             }
         }
-        forgotten
     }
 }
 
@@ -193,19 +185,7 @@ mod tests {
     use super::*;
 
     fn def(id: u32, size_bytes: u64, chunks: usize) -> VolumeDef {
-        VolumeDef {
-            id,
-            name: format!("v{id}"),
-            size_bytes,
-            page_size: 8192,
-            replicas: vec![1, 2, 3],
-            chunks: vec![vec![1, 2, 3]; chunks],
-            moves: Vec::new(),
-            redo: None,
-            redo_move: None,
-            deleting: false,
-            served_bytes: None,
-        }
+        VolumeDef::for_test(id, &format!("v{id}"), size_bytes, chunks)
     }
 
     #[test]

@@ -61,9 +61,7 @@ impl ClusterNode {
         let mut found: BTreeMap<u32, VolumeDef> = BTreeMap::new();
         let mut deleted: BTreeSet<u32> = BTreeSet::new();
         for &node in nodes.iter().filter(|&&node| node != self.me) {
-            if let Ok(Ok(Answer::Catalog(defs))) =
-                tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await
-            {
+            if let Some(defs) = self.catalog_of(node).await {
                 answered += 1;
                 for def in defs {
                     if def.deleting {
@@ -94,6 +92,14 @@ impl ClusterNode {
             complete &= self.adopt(def).await;
         }
         complete
+    }
+
+    /// Node `node`'s catalog, if it answers within [`CATALOG_WAIT`].
+    pub(crate) async fn catalog_of(&self, node: u64) -> Option<Vec<VolumeDef>> {
+        match tokio::time::timeout(CATALOG_WAIT, self.ask(node, Forward::Catalog)).await {
+            Ok(Ok(Answer::Catalog(defs))) => Some(defs),
+            _ => None,
+        }
     }
 
     /// Marks deleting this node's volumes whose ids are in `deleted` (a peer deleted them or

@@ -276,19 +276,7 @@ mod tests {
     use super::*;
 
     fn def(id: u32, name: &str) -> VolumeDef {
-        VolumeDef {
-            id,
-            name: name.to_string(),
-            size_bytes: 16 << 20,
-            page_size: 8192,
-            replicas: vec![1, 2, 3],
-            chunks: Vec::new(),
-            moves: Vec::new(),
-            redo: None,
-            redo_move: None,
-            deleting: false,
-            served_bytes: None,
-        }
+        VolumeDef::for_test(id, name, 16 << 20, 0)
     }
 
     #[test]

@@ -79,6 +79,24 @@ pub struct ChunkMove {
 }
 
 impl VolumeDef {
+    /// A volume on nodes 1 to 3 with `chunks` chunks, no move, no redo group (for tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(id: u32, name: &str, size_bytes: u64, chunks: usize) -> VolumeDef {
+        VolumeDef {
+            id,
+            name: name.to_string(),
+            size_bytes,
+            page_size: 8192,
+            replicas: vec![1, 2, 3],
+            chunks: vec![vec![1, 2, 3]; chunks],
+            moves: Vec::new(),
+            redo: None,
+            redo_move: None,
+            deleting: false,
+            served_bytes: None,
+        }
+    }
+
     /// The nodes holding a replica of the volume's chunk `index`, lowest id first.
     pub fn replicas_of(&self, index: u32) -> &[u64] {
         self.chunks.get(index as usize).map_or(self.replicas.as_slice(), Vec::as_slice)

@@ -58,19 +58,37 @@ fn settled(cluster: &Cluster, asked: u64, nodes: usize) {
     }
 }
 
-/// Writes pages of both chunks of `volume` through `addr` until `stop`; returns its log.
-fn writer(addr: std::net::SocketAddr, volume: u32, first: u64, stop: Arc<AtomicBool>) -> WriterLog {
-    let mut client = tundra_client::Client::connect(addr).expect("connect");
-    let pages: Vec<u64> = (0..16).chain((0..16).map(|i| PAGES_PER_CHUNK + i)).collect();
-    let mut log = WriterLog::new();
-    let mut write = first;
-    while !stop.load(Ordering::Relaxed) {
-        write += 1;
-        let page = pages[(write * 7) as usize % pages.len()];
-        client.write_page(volume, page, WriteMode::Auto, &page_content(page, write)).expect("a write");
-        log.insert(page, write);
+/// A writer of pages of both chunks of a volume, one at a time, on a thread of its own.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<WriterLog>,
+}
+
+impl Writer {
+    fn start(addr: std::net::SocketAddr, volume: u32) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut client = tundra_client::Client::connect(addr).expect("connect");
+            let pages: Vec<u64> = (0..16).chain((0..16).map(|i| PAGES_PER_CHUNK + i)).collect();
+            let mut log = WriterLog::new();
+            let mut write = 0u64;
+            while !stopped.load(Ordering::Relaxed) {
+                write += 1;
+                let page = pages[(write * 7) as usize % pages.len()];
+                client.write_page(volume, page, WriteMode::Auto, &page_content(page, write)).expect("a write");
+                log.insert(page, write);
+            }
+            log
+        });
+        Writer { stop, thread }
     }
-    log
+
+    /// Stops it and returns its log: each page's last acknowledged write.
+    fn finish(self) -> WriterLog {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the writer")
+    }
 }
 
 /// The nodes holding replicas of any chunk, from `cluster status --json`.
@@ -104,15 +122,9 @@ fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
     }
     settled(&cluster, 1, 3);
     // Volume b's pages, written once before node 4 exists.
-    let stop = Arc::new(AtomicBool::new(false));
-    let early = {
-        let stop = stop.clone();
-        let (addr, volume) = (cluster.member(3).native, volumes[1]);
-        std::thread::spawn(move || writer(addr, volume, 0, stop))
-    };
+    let early = Writer::start(cluster.member(3).native, volumes[1]);
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    let log_b = early.join().expect("the first writer");
+    let log_b = early.finish();
     assert!(!log_b.is_empty());
 
     // Node 4 enters every node's peers; nodes 1 to 3 restart one at a time.
@@ -127,17 +139,11 @@ fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
     let before = cluster.status(1);
     assert_eq!(replicas_on(&before, 4), 0, "node 4 starts empty: {before:#}");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = {
-        let stop = stop.clone();
-        let (addr, volume) = (cluster.member(2).native, volumes[0]);
-        std::thread::spawn(move || writer(addr, volume, 0, stop))
-    };
+    let writing = Writer::start(cluster.member(2).native, volumes[0]);
     std::thread::sleep(Duration::from_secs(1));
     let out = succeeds(&["cluster", "rebalance", "--policy", "logical", "--json", "--addr", &addr]);
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let log_a = writing.join().expect("the writer");
+    let log_a = writing.finish();
     let report: Value = serde_json::from_slice(&out.stdout).expect("rebalance JSON");
     let moves = report["moves"].as_array().cloned().unwrap_or_default();
     assert!(!moves.is_empty(), "the new node received nothing: {report:#}");

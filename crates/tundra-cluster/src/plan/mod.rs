@@ -84,8 +84,7 @@ impl ClusterState {
     /// plan goes around them rather than stalling on them. Excluding only removes candidate
     /// moves, so the convergence argument (potential.rs) holds as it is.
     pub fn plan_excluding(&self, excluded: &BTreeSet<(ChunkId, NodeId)>) -> Plan {
-        let mut planner = Planner::new(self);
-        planner.excluded = excluded;
+        let mut planner = Planner::new(self, excluded);
         planner.evacuate(NodeStatus::Dead, MoveReason::Repair);
         planner.evacuate(NodeStatus::Draining, MoveReason::Drain);
         planner.logical_over();
@@ -127,8 +126,7 @@ pub(crate) struct Planner<'a> {
 }
 
 impl<'a> Planner<'a> {
-    fn new(state: &'a ClusterState) -> Planner<'a> {
-        static NONE: BTreeSet<(ChunkId, NodeId)> = BTreeSet::new();
+    fn new(state: &'a ClusterState, excluded: &'a BTreeSet<(ChunkId, NodeId)>) -> Planner<'a> {
         let mut node_moves = BTreeMap::new();
         let mut total_moves = 0;
         for m in state.moves_in_flight() {
@@ -138,7 +136,7 @@ impl<'a> Planner<'a> {
         }
         Planner {
             state,
-            excluded: &NONE,
+            excluded,
             thresholds: state.thresholds(),
             used: BTreeMap::new(),
             busy: state.moving.clone(),

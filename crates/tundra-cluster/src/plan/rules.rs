@@ -150,17 +150,8 @@ impl Planner<'_> {
 
     fn try_zone_move(&mut self, from: NodeId, source_zone: Zone, targets: &[NodeId], reason: MoveReason) -> bool {
         let source_ratio = self.ratio(from).expect("a node in a zone stores something");
-        let mut chunks: Vec<(f64, ChunkId, Space)> = self
-            .movable(from)
-            .filter_map(|(c, size)| size.ratio().map(|r| (r, c, size)))
-            .filter(|&(r, _, _)| if source_zone == Zone::A { r < source_ratio } else { r > source_ratio })
-            .collect();
-        chunks.sort_by(|a, b| {
-            let order = if source_zone == Zone::A { a.0.total_cmp(&b.0) } else { b.0.total_cmp(&a.0) };
-            order.then(a.1.cmp(&b.1))
-        });
-        chunks.truncate(self.state.config.candidates_per_source);
-        for (_, chunk, size) in chunks {
+        // Zone A sends its lowest-ratio chunks, zone D its highest.
+        for (chunk, size) in self.zone_candidates(from, source_ratio, source_zone == Zone::D) {
             for &to in targets {
                 if self.may_receive(to, chunk, size) && self.improves(from, to, size, Measure::Outside) {
                     self.add(chunk, from, to, reason);
@@ -172,37 +163,21 @@ impl Planner<'_> {
     }
 
     /// The taking half of [`Planner::zone_moves`]: `to`, in `zone`, takes one of the chunks
-    /// furthest on the other side of its ratio from the nodes furthest on that side (zone D,
+    /// furthest on the other side of its ratio from the nodes furthest on that side: the
+    /// targets a send from `to` would have, but for the last zone of their preference (zone D,
     /// then C, for a node in zone A; zone A, then B, for one in zone D).
     fn try_zone_take(&mut self, to: NodeId, zone: Zone, reason: MoveReason) -> bool {
         let own = self.ratio(to).expect("a node in a zone stores something");
-        let high = zone == Zone::A;
-        let preference: [Zone; 2] = if high { [Zone::D, Zone::C] } else { [Zone::A, Zone::B] };
-        let mut sources: Vec<(usize, f64, NodeId)> = self
-            .active()
-            .filter(|&n| n != to && self.node_free(n))
-            .filter_map(|n| {
-                let rank = preference.iter().position(|&z| Some(z) == self.thresholds.zone(self.used(n)))?;
-                Some((rank, self.ratio(n).expect("a node with a zone stores something"), n))
-            })
+        let last = if zone == Zone::A { Zone::B } else { Zone::C };
+        let sources: Vec<NodeId> = self
+            .zone_targets(zone, to)
+            .into_iter()
+            .filter(|&n| self.thresholds.zone(self.used(n)) != Some(last))
+            .take(NODES_TRIED)
             .collect();
-        sources.sort_by(|a, b| {
-            let ratio = if high { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) };
-            a.0.cmp(&b.0).then(ratio).then(a.2.cmp(&b.2))
-        });
-        sources.truncate(NODES_TRIED);
-        for (_, _, from) in sources {
-            let mut chunks: Vec<(f64, ChunkId, Space)> = self
-                .movable(from)
-                .filter_map(|(c, size)| size.ratio().map(|r| (r, c, size)))
-                .filter(|&(r, _, _)| if high { r > own } else { r < own })
-                .collect();
-            chunks.sort_by(|a, b| {
-                let order = if high { b.0.total_cmp(&a.0) } else { a.0.total_cmp(&b.0) };
-                order.then(a.1.cmp(&b.1))
-            });
-            chunks.truncate(self.state.config.candidates_per_source);
-            for (_, chunk, size) in chunks {
+        for from in sources {
+            // A node in zone A takes the highest-ratio chunks above its own, zone D the lowest.
+            for (chunk, size) in self.zone_candidates(from, own, zone == Zone::A) {
                 if self.may_receive(to, chunk, size) && self.improves(from, to, size, Measure::Outside) {
                     self.add(chunk, from, to, reason);
                     return true;
@@ -210,6 +185,22 @@ impl Planner<'_> {
             }
         }
         false
+    }
+
+    /// The chunks of `node` that may move with a ratio above `ratio` (`above`) or below it,
+    /// furthest from it first, the first few.
+    fn zone_candidates(&self, node: NodeId, ratio: f64, above: bool) -> Vec<(ChunkId, Space)> {
+        let mut chunks: Vec<(f64, ChunkId, Space)> = self
+            .movable(node)
+            .filter_map(|(c, size)| size.ratio().map(|r| (r, c, size)))
+            .filter(|&(r, _, _)| if above { r > ratio } else { r < ratio })
+            .collect();
+        chunks.sort_by(|a, b| {
+            let order = if above { b.0.total_cmp(&a.0) } else { a.0.total_cmp(&b.0) };
+            order.then(a.1.cmp(&b.1))
+        });
+        chunks.truncate(self.state.config.candidates_per_source);
+        chunks.into_iter().map(|(_, c, size)| (c, size)).collect()
     }
 
     /// Tries the source's candidate chunks against `targets` in order and plans the first move
