@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use tundra_cluster::Command;
 use tundra_store::ids::{ChunkId, VolumeId};
 
-use crate::cluster::{ClusterNode, chunk_spans};
+use crate::cluster::{ClusterNode, chunk_count};
 use crate::messages::{Refusal, VolumeDef};
 
 /// How long a placement no leader reports and no catalog names is kept.
@@ -73,11 +73,11 @@ pub(crate) fn too_slow(elapsed: Duration, what: &str) -> Option<Refusal> {
 }
 
 /// The chunks of `volume` each catalog names: those of its size as entered, which a resize
-/// that reached the node grew already.
-fn named(defs: &[VolumeDef], volume: u32) -> u32 {
+/// that reached the node grew already. The catalogs are peers' answers: counted, not listed.
+fn named(defs: &[VolumeDef], volume: u32) -> u64 {
     defs.iter()
         .filter(|def| def.id == volume)
-        .map(|def| (def.chunks.len() as u32).max(chunk_spans(def.size_bytes).len() as u32))
+        .map(|def| (def.chunks.len() as u64).max(chunk_count(def.size_bytes)))
         .max()
         .unwrap_or(0)
 }
@@ -155,7 +155,7 @@ impl ClusterNode {
         }
         for chunk in due {
             let (volume, index) = (chunk.volume().0, chunk.index());
-            if catalogs.iter().any(|defs| index < named(defs, volume)) {
+            if catalogs.iter().any(|defs| u64::from(index) < named(defs, volume)) {
                 // A volume whose group has no leader yet (its nodes down): not abandoned.
                 self.placements.lock().placed(chunk);
                 continue;

@@ -636,11 +636,16 @@ pub(crate) fn chunks(volume: &tundra_store::volume::Volume) -> impl Iterator<Ite
     (0..count as u32).map(move |index| ChunkId::new(id, index))
 }
 
+/// How many chunks a volume of `size_bytes` has (as many as [`chunk_spans`] gives), counted
+/// without a list: the size may come from a peer.
+pub(crate) fn chunk_count(size_bytes: u64) -> u64 {
+    size_bytes.div_ceil(tundra_store::volume::DEFAULT_CHUNK_BYTES).max(1)
+}
+
 /// The logical bytes of each chunk of a volume of `size_bytes`: whole chunks, and the rest.
 pub(crate) fn chunk_spans(size_bytes: u64) -> Vec<u64> {
     let chunk = tundra_store::volume::DEFAULT_CHUNK_BYTES;
-    let count = size_bytes.div_ceil(chunk).max(1);
-    (0..count).map(|index| (size_bytes - index * chunk).min(chunk)).collect()
+    (0..chunk_count(size_bytes)).map(|index| (size_bytes - index * chunk).min(chunk)).collect()
 }
 
 fn handler(cluster: Weak<ClusterNode>) -> Handler {

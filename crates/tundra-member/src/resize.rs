@@ -182,8 +182,8 @@ impl ClusterNode {
         // Chunks past those some node's catalog names already (a run that grew some nodes
         // placed them, and this run must keep their replicas) are placed by this run: a
         // refusal before the first `Grow` gives them back (abandoned.rs).
-        let named = chunk_spans(largest).len() as u32;
-        let placing = named..chunk_spans(size_bytes).len() as u32;
+        let named = crate::cluster::chunk_count(largest) as u32;
+        let placing = named..crate::cluster::chunk_count(size_bytes) as u32;
         let placed_at = std::time::Instant::now();
         let sets = match self.place_grown(&def, size_bytes, first_new).await {
             Ok(sets) => sets,
