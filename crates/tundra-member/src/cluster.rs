@@ -154,6 +154,11 @@ impl ClusterNode {
         if std::env::var("TUNDRA_TEST_LEADER_SYNC_FIRST").is_ok_and(|v| v == "1") {
             host.log().set_ahead(false);
         }
+        // A twin's hook: `TUNDRA_TEST_FORGET_KEEPS_LOG=1` keeps a dropped replica's Raft log,
+        // the bug the move-back test must catch (tundra-raft's `Host::forget_group_on`).
+        if std::env::var("TUNDRA_TEST_FORGET_KEEPS_LOG").is_ok_and(|v| v == "1") {
+            host.set_forget_keeps_log(true);
+        }
         // Snapshots' extents, captured to send and staged as received, on the node's disk.
         host.set_snapshot_dir(node.data_dir().join(SNAPSHOT_DIR))?;
         let start_lsn = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros());

@@ -252,8 +252,17 @@ impl ClusterNode {
         done
     }
 
-    /// Steps 3 and 4: an empty replica on `to`, added as a learner and caught up.
+    /// Steps 3 and 4: an empty replica on `to`, added as a learner and caught up. The target
+    /// must not be one of the group's voters: it starts its replica afresh, forgetting any it
+    /// held before.
     async fn begin_on_target(&self, volume: u32, chunk: ChunkId, to: u64) -> Result<(), Refusal> {
+        let (voters, _) = self.members(volume, chunk).await?;
+        if voters.contains(&to) {
+            return Err(Refusal::Invalid(format!(
+                "node {to} is one of chunk {}'s voters {voters:?} already",
+                chunk.index()
+            )));
+        }
         if let Some(why) = refused(self.ask(to, Forward::StartReplica { volume, chunk: chunk.index() }).await) {
             return Err(why);
         }
@@ -408,22 +417,20 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// A move's target: starts the chunk's group here, empty. A node whose log holds the group
-    /// already (it held a replica once) refuses: its old log and apply mark would not match
-    /// the group's new history.
+    /// A move's target: starts the chunk's group here, empty. A node that held a replica of
+    /// it before (a move took it away, or a move here was rolled back, perhaps cut short by a
+    /// crash) forgets what is left of it first (tundra-raft's `Host::forget_group_on`): the
+    /// coordinator asked only after the group's leader said this node is not one of its voters
+    /// ([`ClusterNode::begin_on_target`]), so nothing the group decided depends on that log.
     pub(crate) async fn start_replica(&self, volume: u32, chunk: u32) -> Result<Answer, Refusal> {
         let id = ChunkId::new(VolumeId(volume), chunk);
         if self.host.raft(id).is_ok() {
             return Ok(Answer::Done);
         }
-        if self.host.has_log_of(id) {
-            return Err(Refusal::Invalid(format!(
-                "node {} held a replica of chunk {chunk} of volume id {volume} before; moving a chunk back to a node \
-                 that held it is not supported yet",
-                self.me
-            )));
-        }
         let v = self.node.volume(VolumeId(volume)).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if self.host.has_log_of(id) {
+            self.host.forget_group_on(id, v.pages().clone()).await.map_err(Refusal::Unavailable)?;
+        }
         self.host.add_group_on(id, v.pages().clone()).await.map_err(Refusal::Unavailable)?;
         Ok(Answer::Done)
     }
@@ -716,8 +723,15 @@ impl ClusterNode {
         }
     }
 
-    /// The target's replica started, added as a learner and caught up.
+    /// The target's replica started, added as a learner and caught up. The target must not be
+    /// one of the group's voters, as for a chunk ([`ClusterNode::begin_on_target`]).
     async fn begin_redo_on_target(&self, volume: u32, to: u64) -> Result<(), Refusal> {
+        let (voters, _) = self.redo_members(volume).await?;
+        if voters.contains(&to) {
+            return Err(Refusal::Invalid(format!(
+                "node {to} is one of volume id {volume}'s redo voters {voters:?} already"
+            )));
+        }
         if let Some(why) = refused(self.ask(to, Forward::StartRedo { volume }).await) {
             return Err(why);
         }
@@ -797,33 +811,39 @@ impl ClusterNode {
     }
 
     /// A move's target: starts the volume's redo replica here (its stream comes from the log
-    /// or a copy). A node that held one before refuses, as for a chunk.
+    /// or a copy). A node that held one before forgets what is left of it first, as for a
+    /// chunk ([`ClusterNode::start_replica`]).
     pub(crate) async fn start_redo(&self, volume: u32) -> Result<Answer, Refusal> {
         let group = tundra_raft::redo_machine::redo_group(volume);
         if self.host.raft(group).is_ok() {
             return Ok(Answer::Done);
         }
-        if self.host.has_log_of(group) {
-            return Err(Refusal::Invalid(format!(
-                "node {} held a replica of volume id {volume}'s redo stream before; moving it back to a node that \
-                 held it is not supported yet",
-                self.me
-            )));
-        }
         let def = self.def_of(volume)?;
+        if self.host.has_log_of(group) {
+            self.forget_redo(&def).await.map_err(Refusal::Unavailable)?;
+        }
         self.open_redo_group(&def).await.map_err(Refusal::Unavailable)?;
         Ok(Answer::Done)
     }
 
-    /// Stops this node's redo replica of the volume, drops its stream and mark, and frees the
-    /// volume's images of the chunks it runs no group of (its folds wrote them).
+    /// Stops this node's redo replica of the volume and forgets it ([`ClusterNode::forget_redo`]).
     pub(crate) async fn drop_redo(&self, volume: u32) -> Result<Answer, Refusal> {
         let group = tundra_raft::redo_machine::redo_group(volume);
         if self.host.raft(group).is_err() {
             return Ok(Answer::Done);
         }
-        self.host.drop_redo_group(group).await.map_err(Refusal::Unavailable)?;
         let def = self.def_of(volume)?;
+        self.forget_redo(&def).await.map_err(Refusal::Unavailable)?;
+        Ok(Answer::Done)
+    }
+
+    /// Stops this node's redo replica of the volume if it runs, forgets its log (the vote
+    /// stays), then drops its stream and mark and frees the volume's images of the chunks this
+    /// node runs no group of (its folds wrote them). The log goes first (tundra-raft's
+    /// `Host::drop_redo_group` says why).
+    async fn forget_redo(&self, def: &VolumeDef) -> Result<(), String> {
+        let volume = def.id;
+        self.host.drop_redo_group(tundra_raft::redo_machine::redo_group(volume)).await?;
         let me = self.me;
         let node = self.node.clone();
         tokio::task::block_in_place(|| -> Result<(), String> {
@@ -836,8 +856,6 @@ impl ClusterNode {
             }
             Ok(())
         })
-        .map_err(Refusal::Unavailable)?;
-        Ok(Answer::Done)
     }
 
     /// A membership change of a volume's redo group, here as its leader.

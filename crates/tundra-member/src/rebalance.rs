@@ -193,7 +193,7 @@ pub struct RebalanceProgress {
     pub moved: Option<PlannedMove>,
     /// The move tried that failed and was rolled back, with why.
     pub failed: Option<(PlannedMove, String)>,
-    /// The failed move was refused as invalid (its target held the chunk before, or clashes),
+    /// The failed move was refused as invalid (its target clashes, or is a voter already),
     /// so trying it again would fail again.
     #[serde(default)]
     pub failed_for_good: bool,

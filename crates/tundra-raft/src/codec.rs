@@ -101,6 +101,7 @@ mod tests {
             LogRecord::Truncate { group: ChunkId(7), since: 9 },
             LogRecord::Purge { group: ChunkId(7), upto: log_id },
             LogRecord::Committed { group: ChunkId(7), committed: Some(log_id) },
+            LogRecord::Reset { group: ChunkId(7) },
         ]
     }
 

@@ -102,6 +102,9 @@ pub struct Host {
     /// The injected bug of a simulation twin: a redo leader's entries say every voter holds
     /// the whole committed log, whatever the voters' logs match.
     redo_held_committed: std::sync::atomic::AtomicBool,
+    /// The injected bug of a twin: a replica forgotten here keeps its log (the store is still
+    /// emptied), as before a chunk could move back to a node that held it.
+    forget_keeps_log: std::sync::atomic::AtomicBool,
 }
 
 impl Host {
@@ -135,6 +138,7 @@ impl Host {
             purge_unsynced: Arc::default(),
             redo: Mutex::default(),
             redo_held_committed: std::sync::atomic::AtomicBool::new(false),
+            forget_keeps_log: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -780,9 +784,9 @@ impl Host {
         self.log.with_group(group, |log| log.vote.is_some() || log.purged.is_some() || !log.entries.is_empty())
     }
 
-    /// Stops this node's replica of `group` and frees the chunk's pages in the store (one
-    /// journal commit), its apply mark reset. The group's records stay in the node's log, so
-    /// [`Host::has_log_of`] still says it ran here.
+    /// Stops this node's replica of `group` and forgets it ([`Host::forget_group_on`]).
+    /// Called only once the group's committed membership no longer names this node (a move
+    /// finished or was rolled back).
     pub async fn drop_group(&self, group: GroupId) -> Result<(), String> {
         let raft = self.groups.lock().remove(&group);
         if let Some(raft) = raft {
@@ -790,13 +794,34 @@ impl Host {
         }
         let pages = self.pages_of(group);
         self.paths.lock().remove(&group);
+        self.forget_group_on(group, pages).await
+    }
+
+    /// Forgets a replica of `group` this node no longer runs: its log (entries, purge point
+    /// and committed position; the vote stays, [`LogRecord::Reset`]), then the chunk's pages
+    /// in `pages`' store and its apply mark (one journal commit). A replica started here again
+    /// later starts empty and catches up as a new node's would, so a chunk can move back to a
+    /// node that held it. The log goes first: a crash between the two leaves a store that holds
+    /// the group up to its apply mark and no log after it, which is what a replica that
+    /// installed a snapshot holds, never a log that claims entries the store lost.
+    ///
+    /// [`LogRecord::Reset`]: crate::log::LogRecord::Reset
+    pub async fn forget_group_on(&self, group: GroupId, pages: Arc<Pages>) -> Result<(), String> {
+        if self.groups.lock().contains_key(&group) {
+            return Err(format!("group {:#x} still runs here; it is stopped before it is forgotten", group.0));
+        }
+        if !self.forget_keeps_log.load(std::sync::atomic::Ordering::Relaxed) {
+            self.log.reset(group).await?;
+        }
         let empty = crate::mark::ApplyMark::default().encode();
         let store = pages.store();
         tokio::task::block_in_place(|| store.replace_chunk(group, &[], &empty)).map_err(|e| e.to_string())
     }
 
-    /// Stops this node's replica of redo group `group` (a move took it elsewhere). Its records
-    /// stay in the node's log, as a dropped chunk group's do.
+    /// Stops this node's replica of redo group `group` (a move took it elsewhere, or back) and
+    /// forgets its log as [`Host::forget_group_on`] does; the caller drops the stream and mark
+    /// the group applied to. A crash in between leaves the mark and stream with no log after
+    /// them, which is what a replica that installed a snapshot holds.
     pub async fn drop_redo_group(&self, group: GroupId) -> Result<(), String> {
         assert!(crate::redo_machine::redo_volume(group).is_some(), "group {:#x} is not a redo group", group.0);
         self.redo.lock().remove(&group);
@@ -804,7 +829,16 @@ impl Host {
         if let Some(raft) = raft {
             raft.shutdown().await.map_err(|e| e.to_string())?;
         }
-        Ok(())
+        if self.forget_keeps_log.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.log.reset(group).await
+    }
+
+    /// Injects a twin's bug: replicas forgotten here keep their logs ([`Host::forget_group_on`]
+    /// without its first step). For the tests that show their checks catch it.
+    pub fn set_forget_keeps_log(&self, on: bool) {
+        self.forget_keeps_log.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn membership_error<E: std::fmt::Display>(&self, group: GroupId, error: RaftError<NodeId, E>) -> Error {

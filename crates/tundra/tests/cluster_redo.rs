@@ -591,12 +591,33 @@ fn redo_settled(cluster: &Cluster, nodes: u64, volume: &str) -> Result<Vec<u64>,
 /// move in every catalog. Answers the cluster, the writer's state, the old replicas, the
 /// source and the target.
 fn abandoned_redo_move(stop_at: &str, settle: bool) -> (Cluster, Writer, Model, u64, Vec<u64>, u64, u64) {
+    let mut env = vec![("TUNDRA_TEST_REDO_MOVE_STOP".to_string(), stop_at.to_string())];
+    if !settle {
+        env.push(("TUNDRA_TEST_REDO_SETTLE".into(), "off".into()));
+    }
+    let (cluster, writer, model, lsn, replicas) = redo_on_three_of_four(env);
+    let addr = cluster.member(1).addr();
+    let leader = redo_leader(&cluster, 1, "log");
+    let source = *replicas.iter().find(|&&id| id != leader).expect("a follower");
+    let target = (1..=4).find(|id| !replicas.contains(id)).expect("a fourth node");
+    let (from, to) = (source.to_string(), target.to_string());
+    let args = ["cluster", "move", "--volume", "log", "--redo", "--from", &from, "--to", &to, "--addr", &addr];
+    fails(&args, &format!("stopped {stop_at}"));
+    for id in 1..=4 {
+        let status = cluster.status(id);
+        let group = status["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "log").cloned());
+        let moving = group.map(|g| g["moving"].clone()).unwrap_or_default();
+        assert_eq!(moving, serde_json::json!({ "from": source, "to": target }), "node {id}: {status:#}");
+    }
+    (cluster, writer, model, lsn, replicas, source, target)
+}
+
+/// Four nodes started with `env`, volume `log`'s redo group on three of them with 30 batches
+/// appended. Answers the cluster, the writer's state, the last LSN and the redo replicas.
+fn redo_on_three_of_four(env: Vec<(String, String)>) -> (Cluster, Writer, Model, u64, Vec<u64>) {
     let mut rng = Rng::new(seed_from_env(17));
     let mut cluster = Cluster::of_size(4, |_| None, "physical = \"256MiB\"");
-    cluster.env.push(("TUNDRA_TEST_REDO_MOVE_STOP".into(), stop_at.into()));
-    if !settle {
-        cluster.env.push(("TUNDRA_TEST_REDO_SETTLE".into(), "off".into()));
-    }
+    cluster.env = env;
     cluster.start_all();
     let addr = cluster.member(1).addr();
     succeeds(&["volume", "create", "log", "--size", "16MiB", "--replicas", "3", "--addr", &addr]);
@@ -614,19 +635,7 @@ fn abandoned_redo_move(stop_at: &str, settle: bool) -> (Cluster, Writer, Model, 
         records.iter().for_each(|r| model.apply(r));
         lsn = records.last().expect("records").lsn.0;
     }
-    let leader = redo_leader(&cluster, 1, "log");
-    let source = *replicas.iter().find(|&&id| id != leader).expect("a follower");
-    let target = (1..=4).find(|id| !replicas.contains(id)).expect("a fourth node");
-    let (from, to) = (source.to_string(), target.to_string());
-    let args = ["cluster", "move", "--volume", "log", "--redo", "--from", &from, "--to", &to, "--addr", &addr];
-    fails(&args, &format!("stopped {stop_at}"));
-    for id in 1..=4 {
-        let status = cluster.status(id);
-        let group = status["redo"].as_array().and_then(|r| r.iter().find(|g| g["volume"] == "log").cloned());
-        let moving = group.map(|g| g["moving"].clone()).unwrap_or_default();
-        assert_eq!(moving, serde_json::json!({ "from": source, "to": target }), "node {id}: {status:#}");
-    }
-    (cluster, writer, model, lsn, replicas, source, target)
+    (cluster, writer, model, lsn, replicas)
 }
 
 /// Appends 20 more batches through `order`, then checks that every replica's own stream ends
@@ -728,4 +737,67 @@ fn a_killed_coordinator_that_does_not_settle_is_caught() {
     cluster.start(1);
     let unsettled = redo_settled(&cluster, 4, "log");
     assert!(unsettled.is_err(), "a redo move left in the catalogs passed as settled: {unsettled:?}");
+}
+
+/// A redo replica moves back and forth between two nodes, each time to a node that held one
+/// before (its log of the group forgotten when it was dropped, its vote kept): from a
+/// follower to the fourth node, back, and to the fourth node again, with batches appended
+/// and every page checked through every node after each move; then the node that now holds
+/// the replica a second time is killed with kill -9 and restarted, and the appends and checks
+/// go on. Enough batches first that every replica's log of the group is purged behind a mark
+/// (one every 256 entries, 64 kept behind). With `keep_log` (the twin's bug,
+/// `TUNDRA_TEST_FORGET_KEEPS_LOG`) dropped replicas keep their Raft logs. Answers a move that
+/// failed; a wrong page or stream panics.
+fn redo_move_back(keep_log: bool) -> Result<(), String> {
+    let env = if keep_log { vec![("TUNDRA_TEST_FORGET_KEEPS_LOG".into(), "1".into())] } else { Vec::new() };
+    let (mut cluster, mut writer, mut model, mut lsn, replicas) = redo_on_three_of_four(env);
+    let mut rng = Rng::new(seed_from_env(19));
+    for _ in 0..360 {
+        let records = batch(&mut rng, lsn + 1);
+        writer.append(&cluster, &replicas, lsn, &records);
+        records.iter().for_each(|r| model.apply(r));
+        lsn = records.last().expect("records").lsn.0;
+    }
+    // The nodes purge their redo logs behind every voter once a second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (purged, _) = redo_purged(&cluster, 1, "log");
+    assert!(purged.iter().all(|&p| p > 0), "every replica's log was purged: {purged:?}");
+    let addr = cluster.member(1).addr();
+    let leader = redo_leader(&cluster, 1, "log");
+    let source = *replicas.iter().find(|&&id| id != leader).expect("a follower");
+    let target = (1..=4).find(|id| !replicas.contains(id)).expect("a fourth node");
+    let mut set = replicas.clone();
+    for (from, to) in [(source, target), (target, source), (source, target)] {
+        let (f, t) = (from.to_string(), to.to_string());
+        let out = common::tundra(&[
+            "cluster", "move", "--volume", "log", "--redo", "--from", &f, "--to", &t, "--addr", &addr,
+        ]);
+        if !out.status.success() {
+            return Err(format!("the move from {from} to {to} failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        set = set.iter().copied().filter(|&id| id != from).chain([to]).collect();
+        set.sort_unstable();
+        let settled = redo_settled(&cluster, 4, "log")?;
+        assert_eq!(settled, set, "after the move from node {from} to node {to}");
+        append_and_check(&cluster, &mut writer, &mut model, &mut lsn, &set);
+    }
+    cluster.kill9(target);
+    cluster.start(target);
+    append_and_check(&cluster, &mut writer, &mut model, &mut lsn, &set);
+    Ok(())
+}
+
+#[test]
+fn a_redo_replica_moves_back_to_nodes_that_held_it() {
+    redo_move_back(false).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Twin: dropped redo replicas that keep their Raft logs (as before a replica could move
+/// back) make the same run fail: the node taking the replica back starts it from a log purged
+/// past what its dropped stream held.
+#[test]
+fn a_dropped_redo_replica_that_keeps_its_log_is_caught() {
+    let outcome = redo_move_back(true);
+    println!("with the logs kept: {outcome:?}");
+    assert!(outcome.is_err(), "moving back with stale logs passed the checks");
 }

@@ -80,7 +80,7 @@ impl ClusterState {
     }
 
     /// [`ClusterState::plan`] with no move of a chunk to a node in `excluded` (chunk, target):
-    /// moves that were tried and refused (a target that held the chunk before), so that the
+    /// moves that were tried and refused (a target whose volume clashes), so that the
     /// plan goes around them rather than stalling on them. Excluding only removes candidate
     /// moves, so the convergence argument (potential.rs) holds as it is.
     pub fn plan_excluding(&self, excluded: &BTreeSet<(ChunkId, NodeId)>) -> Plan {

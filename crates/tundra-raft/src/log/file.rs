@@ -36,7 +36,11 @@ use super::{LogMedia, LogRecord};
 use crate::codec;
 
 const FILE_MAGIC: &[u8; 16] = b"TUNDRA RAFT LOG\n";
-const FILE_FORMAT: u32 = 1;
+/// Version 2 added the `Reset` record; a version 1 file (no such record) is read and
+/// rewritten as version 2 when opened, so that a build that reads only version 1 refuses the
+/// file rather than meeting a record it does not know.
+const FILE_FORMAT: u32 = 2;
+const OLDEST_FILE_FORMAT: u32 = 1;
 const FILE_HEADER_BYTES: usize = 24;
 const FRAME_MAGIC: u32 = 0x544c_4f47;
 const FRAME_HEADER_BYTES: usize = 24;
@@ -115,8 +119,12 @@ fn encode_frame(seq: u64, records: &[LogRecord]) -> Vec<u8> {
 }
 
 fn file_header() -> Vec<u8> {
+    header_of_version(FILE_FORMAT)
+}
+
+fn header_of_version(version: u32) -> Vec<u8> {
     let mut out = FILE_MAGIC.to_vec();
-    out.extend_from_slice(&FILE_FORMAT.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -128,15 +136,33 @@ struct Scan {
     next_seq: u64,
     /// Where the verified frames end: a torn tail after it is cut off.
     end: usize,
+    /// The file's format version.
+    version: u32,
+}
+
+/// The format version a file's header names, or why it names none this build reads.
+fn header_version(bytes: &[u8]) -> Result<u32, String> {
+    let head = bytes.get(..FILE_HEADER_BYTES).filter(|h| &h[..16] == FILE_MAGIC);
+    let Some(head) = head else {
+        return Err("the Raft log's header is damaged or of another format".into());
+    };
+    let version = u32::from_le_bytes([head[16], head[17], head[18], head[19]]);
+    if head[..] != header_of_version(version)[..] {
+        return Err("the Raft log's header is damaged".into());
+    }
+    if !(OLDEST_FILE_FORMAT..=FILE_FORMAT).contains(&version) {
+        return Err(format!(
+            "the Raft log is of format version {version}; this build reads versions {OLDEST_FILE_FORMAT} to {FILE_FORMAT}"
+        ));
+    }
+    Ok(version)
 }
 
 fn scan(bytes: &[u8], bug: FileLogBug) -> Result<Scan, String> {
     if bytes.is_empty() {
-        return Ok(Scan { records: Vec::new(), next_seq: 0, end: 0 });
+        return Ok(Scan { records: Vec::new(), next_seq: 0, end: 0, version: FILE_FORMAT });
     }
-    if bytes.len() < FILE_HEADER_BYTES || bytes[..FILE_HEADER_BYTES] != file_header()[..] {
-        return Err("the Raft log's header is damaged or of another format".into());
-    }
+    let version = header_version(bytes)?;
     let mut records = Vec::new();
     let mut at = FILE_HEADER_BYTES;
     let mut expected: Option<u64> = None;
@@ -161,7 +187,7 @@ fn scan(bytes: &[u8], bug: FileLogBug) -> Result<Scan, String> {
         at += FRAME_HEADER_BYTES + header.body_len;
     }
     let end = if at > bytes.len() { bytes.len() } else { at };
-    Ok(Scan { records, next_seq: expected.unwrap_or(0), end })
+    Ok(Scan { records, next_seq: expected.unwrap_or(0), end, version })
 }
 
 /// The first byte from `from` on where a frame header verifies with a sequence number of at
@@ -182,6 +208,12 @@ impl<F: LogFile> FileLog<F> {
         let scan = scan(&bytes, bug)?;
         if bytes.is_empty() {
             file.replace(&file_header()).map_err(|e| format!("creating the Raft log: {e}"))?;
+        } else if scan.version != FILE_FORMAT {
+            // The frames as they are under the current header; a torn tail is left behind.
+            let mut upgraded = file_header();
+            upgraded.extend_from_slice(&bytes[FILE_HEADER_BYTES..scan.end]);
+            file.replace(&upgraded)
+                .map_err(|e| format!("rewriting the Raft log as format version {FILE_FORMAT}: {e}"))?;
         } else if scan.end < bytes.len() {
             file.truncate(scan.end as u64).map_err(|e| format!("cutting the Raft log's torn tail: {e}"))?;
         }

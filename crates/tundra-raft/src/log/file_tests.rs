@@ -10,13 +10,15 @@ use tundra_env::Rng;
 use tundra_store::ids::ChunkId;
 
 use super::*;
+use crate::log::NodeLog;
 use crate::types::Proposal;
 
 fn random_batch(rng: &mut Rng, index: &mut u64) -> Vec<LogRecord> {
     let group = ChunkId(rng.below(3));
     (0..1 + rng.below(3))
-        .map(|_| match rng.below(4) {
+        .map(|_| match rng.below(5) {
             0 => LogRecord::Vote { group, vote: Vote::new(rng.below(5), rng.below(3)) },
+            1 => LogRecord::Reset { group },
             _ => {
                 *index += 1;
                 let command: Vec<u8> = (0..40 + rng.below(160)).map(|_| rng.below(256) as u8).collect();
@@ -224,4 +226,98 @@ fn the_file_on_disk_grows_ahead_and_a_frame_torn_in_its_zeros_is_cut() {
     assert_eq!(log.replay().expect("replay"), expected);
     drop(log);
     std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// A file of format version 1 (written before the `Reset` record existed) opens with every
+/// record, is rewritten under the current header at once, and reopens the same; a header of
+/// an unknown version is refused by name, and the file is left as it was.
+#[test]
+fn a_version_1_file_is_read_and_rewritten_and_an_unknown_version_refused() {
+    let mut rng = Rng::new(7);
+    let mut index = 0;
+    let batches: Vec<Vec<LogRecord>> = (0..6)
+        .map(|_| {
+            random_batch(&mut rng, &mut index).into_iter().filter(|r| !matches!(r, LogRecord::Reset { .. })).collect()
+        })
+        .collect();
+    let mut old = header_of_version(1);
+    for (seq, batch) in batches.iter().enumerate() {
+        old.extend_from_slice(&encode_frame(seq as u64, batch));
+    }
+    let file = Arc::new(MemLogFile::default());
+    file.replace(&old).expect("write");
+    let log = FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("a version 1 log opens");
+    let expected: Vec<LogRecord> = batches.concat();
+    assert_eq!(log.replay().expect("replay"), expected);
+    let now = file.read_all().expect("read");
+    assert_eq!(now[..FILE_HEADER_BYTES], file_header()[..], "rewritten under the current header");
+    assert_eq!(now[FILE_HEADER_BYTES..], old[FILE_HEADER_BYTES..], "the frames as they were");
+    log.append(&[LogRecord::Reset { group: ChunkId(1) }]).expect("append");
+    log.flush().expect("flush");
+    let reopened = FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopens");
+    assert_eq!(reopened.replay().expect("replay").last(), Some(&LogRecord::Reset { group: ChunkId(1) }));
+
+    let mut future = header_of_version(FILE_FORMAT + 1);
+    future.extend_from_slice(&old[FILE_HEADER_BYTES..]);
+    let file = Arc::new(MemLogFile::default());
+    file.replace(&future).expect("write");
+    let refused = FileLog::open(file.clone(), 1 << 20, FileLogBug::None).err().expect("refused");
+    assert!(refused.contains(&format!("format version {}", FILE_FORMAT + 1)), "{refused}");
+    assert_eq!(file.read_all().expect("read"), future, "a refused file is left as it was");
+}
+
+/// A group's reset, through the node's log: its entries, purge point and committed position
+/// are gone at once, stay gone when the node reopens the file, and stay gone after a
+/// compaction; its vote stays throughout, and another group's records are untouched.
+#[test]
+fn a_reset_forgets_a_group_but_its_vote_across_a_reopen_and_a_compaction() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    runtime.block_on(async {
+        let file = Arc::new(MemLogFile::default());
+        let (gone, kept) = (ChunkId(1), ChunkId(2));
+        let log_id = LogId::new(CommittedLeaderId::new(3, 1), 7);
+        let entry = |index: u64| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), index),
+            payload: EntryPayload::Normal(Proposal { command: vec![index as u8; 16], request: 0 }),
+        };
+        let vote = Vote::new(3, 1);
+        let media = FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("a new log");
+        media
+            .append(&[
+                LogRecord::Vote { group: gone, vote },
+                LogRecord::Entries { group: gone, entries: (5..=9).map(entry).collect() },
+                LogRecord::Purge { group: gone, upto: log_id },
+                LogRecord::Committed { group: gone, committed: Some(log_id) },
+                LogRecord::Entries { group: kept, entries: (0..=2).map(entry).collect() },
+            ])
+            .expect("append");
+        media.flush().expect("flush");
+        drop(media);
+        let state = |log: &NodeLog, group| {
+            log.with_group(group, |g| (g.vote, g.entries.len(), g.purged, g.committed, g.durable))
+        };
+        let forgotten = |vote| (Some(vote), 0, None, None, None);
+
+        let media = Arc::new(FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopen"));
+        let log = NodeLog::open(media.clone(), std::time::Duration::ZERO).expect("open");
+        assert_eq!(state(&log, gone), (Some(vote), 2, Some(log_id), Some(log_id), Some(9)));
+        log.reset(gone).await.expect("reset");
+        assert_eq!(state(&log, gone), forgotten(vote));
+        assert_eq!(state(&log, kept).1, 3, "another group's entries are untouched");
+        log.stop();
+        drop(log);
+
+        let media = Arc::new(FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopen"));
+        let log = NodeLog::open(media.clone(), std::time::Duration::ZERO).expect("open");
+        assert_eq!(state(&log, gone), forgotten(vote), "after a reopen");
+        media.compact(&log.live_records()).expect("compact");
+        log.stop();
+        drop(log);
+
+        let media = Arc::new(FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopen"));
+        let log = NodeLog::open(media, std::time::Duration::ZERO).expect("open");
+        assert_eq!(state(&log, gone), forgotten(vote), "after a compaction");
+        assert_eq!(state(&log, kept).1, 3);
+        log.stop();
+    });
 }

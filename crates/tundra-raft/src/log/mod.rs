@@ -82,6 +82,16 @@ pub enum LogRecord {
         group: GroupId,
         committed: Option<LogId<NodeId>>,
     },
+    /// The group's entries, purge point and committed position are forgotten; its vote is
+    /// kept. Written when this node's replica of the group is dropped (a move took it
+    /// elsewhere) and only once the group's committed membership no longer names the node, so
+    /// nothing a quorum decided depends on this log any more; the vote stays so that the node
+    /// never votes twice in one term. A replica started here again later starts empty, as a
+    /// new node's would (log format version 2).
+    Reset {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+    },
 }
 
 /// Where a node's shared log lives. An implementation keeps records in the order appended and
@@ -146,6 +156,11 @@ impl GroupLog {
                 }
             }
             LogRecord::Committed { committed, .. } => self.committed = *committed,
+            LogRecord::Reset { .. } => {
+                self.entries.clear();
+                self.purged = None;
+                self.committed = None;
+            }
         }
     }
 }
@@ -169,6 +184,7 @@ fn advance_durable(durable: &mut Option<u64>, record: &LogRecord) {
                 *durable = Some(upto.index);
             }
         }
+        LogRecord::Reset { .. } => *durable = None,
         LogRecord::Vote { .. } | LogRecord::Committed { .. } => {}
     }
 }
@@ -179,7 +195,8 @@ fn group_of(record: &LogRecord) -> GroupId {
         | LogRecord::Vote { group, .. }
         | LogRecord::Truncate { group, .. }
         | LogRecord::Purge { group, .. }
-        | LogRecord::Committed { group, .. } => *group,
+        | LogRecord::Committed { group, .. }
+        | LogRecord::Reset { group } => *group,
     }
 }
 
@@ -375,6 +392,16 @@ impl NodeLog {
             records.push(LogRecord::Committed { group, committed: log.committed });
         }
         records
+    }
+
+    /// Forgets `group`'s entries, purge point and committed position, keeping its vote
+    /// ([`LogRecord::Reset`]), and waits until that is durable. The caller has stopped the
+    /// group's replica here.
+    pub async fn reset(&self, group: GroupId) -> Result<(), String> {
+        self.guards.lock().remove(&group);
+        let (sender, receiver) = oneshot::channel();
+        self.submit(LogRecord::Reset { group }, Done::Wait(sender))?;
+        receiver.await.map_err(|_| "the node's log writer stopped".to_string())?
     }
 
     /// Sets what a purge of `group`'s entries must ensure first.
