@@ -12,16 +12,10 @@
 //! the next timer when every task waits), every random choice comes from the seed, and
 //! openraft's election timeouts come from the seeded runtime generator: the same seed gives
 //! the same run, which `same_seed_same_trace` checks byte for byte.
-//!
-//! [`moves`] runs the same faults, client and checks on four nodes, each chunk on three of
-//! them, while a mover moves chunks' replicas back and forth.
 
 mod check;
 mod cluster;
 mod manager;
-#[cfg(test)]
-mod move_tests;
-mod moves;
 mod net;
 mod redo;
 #[cfg(test)]
@@ -87,8 +81,6 @@ pub struct Report {
     pub log_flushes_stalled: u64,
     pub violations: Vec<String>,
     pub trace: Vec<String>,
-    /// What the mover did, in a run with moves (moves.rs); zero otherwise.
-    pub moves: moves::MoveStats,
 }
 
 impl Report {
@@ -121,7 +113,6 @@ impl Report {
         self.log_flushes += other.log_flushes;
         self.log_flushes_stalled += other.log_flushes_stalled;
         self.violations.extend(other.violations.iter().cloned());
-        self.moves.add(&other.moves);
     }
 }
 
