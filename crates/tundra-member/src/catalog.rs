@@ -256,19 +256,24 @@ impl Catalog {
     fn write(&self, volumes: &[VolumeDef], deleted: &[u32]) -> Result<(), String> {
         let stored = Stored { format: CATALOG_FORMAT, volumes: volumes.to_vec(), deleted: deleted.to_vec() };
         let bytes = serde_json::to_vec_pretty(&stored).map_err(|e| e.to_string())?;
-        let temporary = self.path.with_extension("json.new");
-        let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&temporary)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&temporary, &self.path)?;
-            if let Some(dir) = self.path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| format!("writing {}: {e}", self.path.display()))
+        write_durably(&self.path, &bytes).map_err(|e| format!("writing {}: {e}", self.path.display()))
     }
+}
+
+/// Replaces the file at `path` with `bytes` atomically and durably: written beside it, synced,
+/// renamed over it, the directory synced.
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".new");
+    let temporary = std::path::PathBuf::from(temporary);
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

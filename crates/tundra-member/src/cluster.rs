@@ -90,6 +90,8 @@ pub struct ClusterNode {
     pub(crate) placements: Mutex<crate::abandoned::Watch>,
     /// The background rounds' moves refused for good (background.rs), kept across rounds.
     pub(crate) lasting_skips: Mutex<Vec<crate::rebalance::SkippedMove>>,
+    /// `[cluster] peers` as configured: the nodes added while running are the others (join.rs).
+    pub(crate) configured_peers: Vec<String>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -99,7 +101,7 @@ impl ClusterNode {
     /// the catalog names (creating a volume the store lacks, which a crash between the two
     /// writes leaves), and dials the peers.
     pub fn start(config: &ClusterConfig, node: Arc<Node>) -> Result<Arc<ClusterNode>, String> {
-        let membership = Membership::from_config(config)?;
+        let membership = Membership::load(config, node.data_dir())?;
         let rebalance = crate::rebalance::RebalanceSettings::from_config(config)?;
         let leader_balance = crate::leaders::LeaderBalanceSettings::from_config(config)?;
         let manager_replace_after = crate::manager_members::replace_after_from_config(config)?;
@@ -187,6 +189,7 @@ impl ClusterNode {
             refused_volumes: Mutex::new(BTreeMap::new()),
             placements: Mutex::new(Default::default()),
             lasting_skips: Mutex::new(Vec::new()),
+            configured_peers: config.peers.clone(),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -268,6 +271,7 @@ impl ClusterNode {
             Forward::Read { volume, chunk, pages } => self.lead_read(volume, ChunkId(chunk), pages).await,
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
             Forward::Adopt(def) => self.adopt_for_move(def).await,
+            Forward::AddPeer { id, addr } => self.link_peer(id, &addr).map(|_| Answer::Done).map_err(Refusal::Invalid),
             Forward::Heavy { volume, chunk, first, count } => {
                 self.lead_heavy(volume, ChunkId(chunk), first, count).await
             }

@@ -41,6 +41,7 @@ pub mod cluster;
 pub mod dead_nodes;
 pub mod delete;
 mod io;
+pub mod join;
 pub mod leaders;
 pub mod manager;
 pub mod manager_members;

@@ -214,6 +214,9 @@ pub enum Forward {
     /// A move's target adopts the volume before it is told of the move, if its catalog lacks
     /// it (a node added to the cluster since the volume's creation, adopt.rs).
     Adopt(VolumeDef),
+    /// Node `id`, at peer address `addr`, joins the cluster (join.rs): this node links it and
+    /// keeps it in its data directory.
+    AddPeer { id: u64, addr: String },
 }
 
 /// A change of a chunk group's membership, done by its leader.

@@ -57,6 +57,11 @@ pub enum AdminRequest {
         from: u64,
         to: u64,
     },
+    /// Adds node `peer` (`"ID@HOST:PORT"`) to the running cluster (join.rs); answers a
+    /// `JoinReport`.
+    AddNode {
+        peer: String,
+    },
     /// Plan under `policy` (`logical` or `compression-aware`) and, unless `dry_run`, make the
     /// plan's first move not in `skip` (rebalance.rs); answers a `RebalanceProgress`.
     RebalanceStep {
@@ -101,6 +106,7 @@ impl ClusterNode {
                 self.move_redo_replica(&volume, from, to)?;
                 Ok(serde_json::json!({ "moved": true }))
             }
+            AdminRequest::AddNode { peer } => serde_json::to_value(self.block_on(self.add_node(&peer))?),
             AdminRequest::RebalanceStep { policy, dry_run, skip, run } => {
                 let owner = crate::manager::MoveOwner::Rebalance { node: self.me, run };
                 serde_json::to_value(self.rebalance_step(&policy, dry_run, &skip, owner)?)

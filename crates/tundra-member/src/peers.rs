@@ -2,17 +2,27 @@
 //! address (`"ID@HOST:PORT"`), and the shared key. A node refuses to listen for peers on an
 //! address other than loopback without a key: anyone who could reach the port could then
 //! vote in its groups and write its volumes.
+//!
+//! Nodes added while the node runs (`tundra cluster add-node`, join.rs) are kept in
+//! `cluster-peers.json` in its data directory and added to the configured ones at every start,
+//! so a node restarted with its old `peers` still knows them.
 
+use std::path::Path;
+
+use parking_lot::RwLock;
 use tundra_node::ClusterConfig;
 
 use crate::wire::ClusterKey;
 
+/// The file of the nodes added to a running cluster (join.rs), in the data directory.
+pub const JOINED_FILE: &str = "cluster-peers.json";
+
 /// The nodes of a cluster, as this node knows them.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Membership {
     pub me: u64,
-    /// Every node (this one included), by id.
-    pub nodes: Vec<(u64, String)>,
+    /// Every node (this one included), by id; nodes added while running join it.
+    nodes: RwLock<Vec<(u64, String)>>,
     pub key: Option<ClusterKey>,
     /// The members of the cluster manager's group, lowest first.
     pub managers: Vec<u64>,
@@ -89,19 +99,93 @@ impl Membership {
                 ids
             }
         };
-        Ok(Membership { me: config.node_id, nodes, key, managers })
+        Ok(Membership { me: config.node_id, nodes: RwLock::new(nodes), key, managers })
+    }
+
+    /// [`Membership::from_config`] and the nodes added while running that `data_dir`'s
+    /// [`JOINED_FILE`] lists. A listed node whose address differs from the configured one is
+    /// refused: which is right cannot be told.
+    pub fn load(config: &ClusterConfig, data_dir: &Path) -> Result<Membership, String> {
+        let membership = Membership::from_config(config)?;
+        let path = data_dir.join(JOINED_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(membership),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let joined: Vec<String> = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a list of \"ID@HOST:PORT\": {e}", path.display()))?;
+        for text in &joined {
+            let (id, addr) = parse_peer(text).map_err(|e| format!("{}: {e}", path.display()))?;
+            membership.add(id, &addr).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        Ok(membership)
+    }
+
+    /// Adds node `id` at peer address `addr`: false if it is known at that address already;
+    /// refused if it is known at another, or if `addr` is not on loopback and the cluster has
+    /// no key (the rule `from_config` keeps).
+    pub fn add(&self, id: u64, addr: &str) -> Result<bool, String> {
+        if id == 0 {
+            return Err("node ids start at 1".into());
+        }
+        let mut nodes = self.nodes.write();
+        if let Some((_, known)) = nodes.iter().find(|(other, _)| *other == id) {
+            if known == addr {
+                return Ok(false);
+            }
+            return Err(format!("node {id} is at {known} already, not {addr}"));
+        }
+        if let Some((other, _)) = nodes.iter().find(|(_, known)| known == addr) {
+            return Err(format!("node {other} is at {addr} already"));
+        }
+        if self.key.is_none() && !is_loopback(addr) {
+            return Err(format!(
+                "node {id} is at {addr}, not on loopback, and this cluster has no key_file: peers must prove they \
+                 hold the cluster's key there"
+            ));
+        }
+        nodes.push((id, addr.to_string()));
+        nodes.sort();
+        Ok(true)
+    }
+
+    /// Writes the nodes that `configured` (the config's `peers`) does not list to
+    /// `data_dir`'s [`JOINED_FILE`], durably (beside, synced, renamed, the directory synced).
+    pub fn save_joined(&self, configured: &[String], data_dir: &Path) -> Result<(), String> {
+        let configured: Vec<(u64, String)> = configured.iter().filter_map(|p| parse_peer(p).ok()).collect();
+        let joined: Vec<String> = self
+            .nodes
+            .read()
+            .iter()
+            .filter(|node| !configured.contains(node))
+            .map(|(id, addr)| format!("{id}@{addr}"))
+            .collect();
+        let path = data_dir.join(JOINED_FILE);
+        let text = serde_json::to_string_pretty(&joined).map_err(|e| e.to_string())?;
+        crate::catalog::write_durably(&path, text.as_bytes()).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// Every node and its peer address, by id.
+    pub fn nodes(&self) -> Vec<(u64, String)> {
+        self.nodes.read().clone()
     }
 
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|(id, _)| *id).collect()
+        self.nodes.read().iter().map(|(id, _)| *id).collect()
     }
 
-    pub fn my_addr(&self) -> &str {
-        self.nodes.iter().find(|(id, _)| *id == self.me).map(|(_, addr)| addr.as_str()).unwrap_or("")
+    /// Node `id`'s peer address, if it is a member.
+    pub fn addr_of(&self, id: u64) -> Option<String> {
+        self.nodes.read().iter().find(|(other, _)| *other == id).map(|(_, addr)| addr.clone())
+    }
+
+    pub fn my_addr(&self) -> String {
+        self.addr_of(self.me).unwrap_or_default()
     }
 
     pub fn others(&self) -> Vec<(u64, String)> {
-        self.nodes.iter().filter(|(id, _)| *id != self.me).cloned().collect()
+        self.nodes.read().iter().filter(|(id, _)| *id != self.me).cloned().collect()
     }
 }
 
@@ -158,5 +242,30 @@ mod tests {
         assert!(Membership::from_config(&config(&["1@10.0.0.1:7811"], Some(good))).unwrap().key.is_some());
         assert!(is_loopback("127.0.0.1:1") && is_loopback("[::1]:1") && is_loopback("localhost:1"));
         assert!(!is_loopback("0.0.0.0:1") && !is_loopback("10.0.0.1:1"));
+    }
+
+    #[test]
+    fn nodes_added_while_running_are_checked_kept_and_loaded_again() {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = config(&["1@127.0.0.1:1", "2@127.0.0.1:2"], None);
+        let membership = Membership::load(&config, dir.path()).expect("no file yet");
+        assert_eq!(membership.add(3, "127.0.0.1:3"), Ok(true));
+        assert_eq!(membership.add(3, "127.0.0.1:3"), Ok(false), "known at that address");
+        assert!(membership.add(3, "127.0.0.1:9").unwrap_err().contains("node 3 is at 127.0.0.1:3"));
+        assert!(membership.add(4, "127.0.0.1:2").unwrap_err().contains("node 2 is at"));
+        assert!(membership.add(4, "10.0.0.4:7").unwrap_err().contains("no key_file"));
+        assert!(membership.add(0, "127.0.0.1:7").is_err());
+        assert_eq!(membership.ids(), vec![1, 2, 3], "refusals add nothing");
+        membership.save_joined(&config.peers, dir.path()).expect("save");
+        let text = std::fs::read_to_string(dir.path().join(JOINED_FILE)).expect("file");
+        assert_eq!(serde_json::from_str::<Vec<String>>(&text).expect("json"), vec!["3@127.0.0.1:3".to_string()]);
+        let again = Membership::load(&config, dir.path()).expect("load");
+        assert_eq!(again.ids(), vec![1, 2, 3]);
+        assert_eq!(again.addr_of(3).as_deref(), Some("127.0.0.1:3"));
+        // A kept node the config now lists at another address stops the node.
+        let moved = super::tests::config(&["1@127.0.0.1:1", "2@127.0.0.1:2", "3@127.0.0.1:33"], None);
+        assert!(Membership::load(&moved, dir.path()).unwrap_err().contains(JOINED_FILE));
+        std::fs::write(dir.path().join(JOINED_FILE), "[\"3@\"]").expect("write");
+        assert!(Membership::load(&config, dir.path()).unwrap_err().contains(JOINED_FILE));
     }
 }

@@ -162,7 +162,7 @@ impl ClusterNode {
         };
         let nodes = self
             .membership
-            .nodes
+            .nodes()
             .iter()
             .map(|(id, addr)| {
                 let view = views.get(id).and_then(Option::as_ref);

@@ -56,7 +56,8 @@ pub struct TrafficStats {
 struct Inner {
     me: u64,
     key: Option<ClusterKey>,
-    links: BTreeMap<u64, Arc<Link>>,
+    /// Every peer's link; a node added while running (join.rs) gets one then.
+    links: parking_lot::RwLock<BTreeMap<u64, Arc<Link>>>,
     handler: OnceLock<Handler>,
     raft_bytes: AtomicU64,
     other_bytes: AtomicU64,
@@ -81,7 +82,7 @@ impl PeerTransport {
         let inner = Inner {
             me,
             key,
-            links,
+            links: parking_lot::RwLock::new(links),
             handler: OnceLock::new(),
             raft_bytes: AtomicU64::new(0),
             other_bytes: AtomicU64::new(0),
@@ -95,16 +96,38 @@ impl PeerTransport {
     pub fn start(&self, listener: TcpListener, handler: Handler) {
         assert!(self.inner.handler.set(handler).is_ok(), "a transport is started once");
         tokio::spawn(accept_loop(self.inner.clone(), listener));
-        for (&peer, link) in &self.inner.links {
+        let links: Vec<(u64, Arc<Link>)> = self.inner.links.read().iter().map(|(&p, l)| (p, l.clone())).collect();
+        for (peer, link) in links {
             if peer > self.inner.me {
-                tokio::spawn(dial_loop(self.inner.clone(), peer, link.clone()));
+                tokio::spawn(dial_loop(self.inner.clone(), peer, link));
             }
+        }
+    }
+
+    /// Links node `peer` at `addr`, a node added while this one runs (join.rs): dialed from
+    /// now on if its id is higher, admitted when it dials otherwise. A peer linked already is
+    /// left as it is. Called on the node's runtime, after [`PeerTransport::start`].
+    pub fn add_peer(&self, peer: u64, addr: &str) {
+        if peer == self.inner.me {
+            return;
+        }
+        let link = {
+            let mut links = self.inner.links.write();
+            if links.contains_key(&peer) {
+                return;
+            }
+            let link = Arc::new(Link { addr: addr.to_string(), conn: Mutex::new(None) });
+            links.insert(peer, link.clone());
+            link
+        };
+        if peer > self.inner.me {
+            tokio::spawn(dial_loop(self.inner.clone(), peer, link));
         }
     }
 
     /// Whether a connection to `peer` is established now.
     pub fn is_connected(&self, peer: u64) -> bool {
-        self.inner.links.get(&peer).is_some_and(|link| link.conn.lock().is_some())
+        self.inner.links.read().get(&peer).is_some_and(|link| link.conn.lock().is_some())
     }
 
     /// The budget of moves' catch-up traffic.
@@ -126,7 +149,8 @@ impl PeerTransport {
 }
 
 async fn call(inner: &Inner, peer: u64, request: &PeerRequest, timeout: Duration) -> Result<PeerResponse, String> {
-    let link = inner.links.get(&peer).ok_or_else(|| format!("node {peer} is not a peer of this node"))?;
+    let link =
+        inner.links.read().get(&peer).cloned().ok_or_else(|| format!("node {peer} is not a peer of this node"))?;
     let conn = link.conn.lock().clone().ok_or_else(|| format!("no connection to node {peer} ({})", link.addr))?;
     let body = tundra_raft::codec::encode(request);
     let counter = if matches!(request, PeerRequest::Raft(_)) { &inner.raft_bytes } else { &inner.other_bytes };
@@ -160,7 +184,7 @@ impl Transport for PeerTransport {
                 let bytes = tundra_raft::codec::encode(&envelope).len() as u64;
                 tokio::time::sleep(inner.pace.reserve(bytes)).await;
             }
-            let unlinked = |inner: &Inner| inner.links.get(&to).is_some_and(|link| link.conn.lock().is_none());
+            let unlinked = |inner: &Inner| inner.links.read().get(&to).is_some_and(|link| link.conn.lock().is_none());
             if unlinked(&inner) && !fails_at_once() {
                 tokio::time::sleep(REDIAL).await;
             }
@@ -189,7 +213,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             let me = inner.me;
-            let admit = |peer: u64| peer < me && inner.links.contains_key(&peer);
+            let admit = |peer: u64| peer < me && inner.links.read().contains_key(&peer);
             let handshake = wire::accept_handshake(&mut stream, me, inner.key.as_ref(), admit);
             match tokio::time::timeout(Duration::from_secs(5), handshake).await {
                 Ok(Ok(session)) => serve(inner, stream, session).await,
@@ -229,7 +253,7 @@ async fn dial_loop(inner: Arc<Inner>, peer: u64, link: Arc<Link>) {
 /// Runs one connection until it fails: a writer task seals what is queued, this task reads.
 async fn serve(inner: Arc<Inner>, stream: TcpStream, session: Session) {
     let Session { peer, mut send, mut receive } = session;
-    let Some(link) = inner.links.get(&peer).cloned() else { return };
+    let Some(link) = inner.links.read().get(&peer).cloned() else { return };
     let (mut reader, writer) = stream.into_split();
     let (out, mut queue) = mpsc::unbounded_channel::<(Kind, u64, Vec<u8>)>();
     let conn = Arc::new(Conn { out, pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });

@@ -1,5 +1,6 @@
 //! `tundra cluster status`: a cluster's nodes and chunk groups as the node asked sees them
-//! (its stats' `cluster` object, which it gathers from every peer). `tundra cluster drain` and
+//! (its stats' `cluster` object, which it gathers from every peer). `tundra cluster add-node`:
+//! a node added to the running cluster (tundra-member's `join`). `tundra cluster drain` and
 //! `tundra cluster move`: chunk replicas (and with `--redo`, replicas of a volume's redo stream)
 //! moved by the node asked (tundra-member's `migrate`),
 //! one CLUSTER_ADMIN request per move so that progress shows.
@@ -47,6 +48,14 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connect: Connect,
     },
+    /// Adds a node to the running cluster: PEER is `ID@HOST:PORT`, the node's id and the address
+    /// it listens on for peers. Start it first, on an empty data directory, with every node in
+    /// its `peers`; every running node links it and keeps it, without a restart.
+    AddNode {
+        peer: String,
+        #[command(flatten)]
+        connect: Connect,
+    },
     /// Moves chunk CHUNK of volume VOLUME from node FROM to node TO; with --redo instead of
     /// --chunk, the volume's redo replica (its redo stream's group) on FROM.
     Move {
@@ -72,6 +81,18 @@ pub fn run(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Drain { node, connect } => drain(node, &connect),
         ClusterCommand::Rebalance { policy, dry_run, max_moves, json, connect } => {
             crate::rebalance::run(&policy, dry_run, max_moves, json, &connect)
+        }
+        ClusterCommand::AddNode { peer, connect } => {
+            let request = serde_json::json!({ "add_node": { "peer": peer } });
+            let answer = connect.client()?.cluster_admin(&request.to_string())?;
+            let report: serde_json::Value = serde_json::from_str(&answer).context("the node's answer is not JSON")?;
+            let linked = report["linked"].as_array().map_or(0, Vec::len);
+            if report["added"] == true {
+                println!("node {} at {} joined: {linked} nodes linked it", report["node"], report["addr"]);
+            } else {
+                println!("node {} at {} was a member already; {linked} nodes link it", report["node"], report["addr"]);
+            }
+            Ok(())
         }
         ClusterCommand::Move { volume, chunk: Some(chunk), redo: false, from, to, connect } => {
             let request = serde_json::json!({ "move": { "volume": volume, "chunk": chunk, "from": from, "to": to } });

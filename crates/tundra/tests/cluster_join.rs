@@ -1,9 +1,10 @@
 //! A node added to a running cluster receives chunks (issue 15), with real `tundra serve`
 //! processes on 127.0.0.1. Three nodes run with `peers` naming only themselves; two replicated
-//! volumes are created and written. The operator adds node 4 as docs/cli.md says: node 4's
-//! entry is added to every node's `peers`, nodes 1 to 3 are restarted one at a time (each
-//! waits for every chunk group to have a leader again), then node 4 starts on an empty data
-//! directory. It reports to the cluster manager, adopts the volumes' definitions from its
+//! volumes are created and written. The operator adds node 4 in one of the two ways docs/cli.md
+//! gives: node 4's entry added to every node's `peers` and nodes 1 to 3 restarted one at a
+//! time (each waits for every chunk group to have a leader again), then node 4 started on an
+//! empty data directory; or node 4 started first and `tundra cluster add-node` run, with no
+//! restart. It reports to the cluster manager, adopts the volumes' definitions from its
 //! peers' catalogs, and `tundra cluster rebalance --policy logical` moves chunk replicas onto it
 //! (the logical rule: a node far below the average logical usage receives chunks) while a
 //! writer keeps writing through node 2. Afterwards node 4 holds replicas, and every page reads
@@ -100,8 +101,43 @@ fn replicas_on(status: &Value, node: u64) -> usize {
         .count()
 }
 
+/// How node 4 joins three running nodes.
+#[derive(Clone, Copy, PartialEq)]
+enum Join {
+    /// Its entry added to every node's `peers`, nodes 1 to 3 restarted one at a time.
+    RollingRestart,
+    /// `tundra cluster add-node`, no restart.
+    AddNode,
+}
+
 #[test]
-fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
+fn a_node_added_by_a_rolling_restart_receives_chunks_under_a_writer() {
+    join_and_rebalance(Join::RollingRestart);
+}
+
+/// The same with `tundra cluster add-node` and no restart; then node 1 restarts with its old
+/// `peers` (without node 4) and still links node 4, kept in its data directory; and the
+/// command refuses what it must.
+#[test]
+fn a_node_added_with_add_node_receives_chunks_without_a_restart() {
+    let cluster = join_and_rebalance(Join::AddNode);
+    let addr = cluster.member(2).addr();
+    let node_4 = cluster.status(1)["nodes"].as_array().expect("nodes")[3]["addr"].as_str().expect("addr").to_string();
+    // Again: nothing changes.
+    let again = succeeds(&["cluster", "add-node", &format!("4@{node_4}"), "--addr", &addr]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("a member already"));
+    common::fails(&["cluster", "add-node", "4@127.0.0.1:1", "--addr", &addr], "node 4 is at");
+    common::fails(&["cluster", "add-node", &format!("5@{node_4}"), "--addr", &addr], "is at");
+    common::fails(&["cluster", "add-node", "5", "--addr", &addr], "ID@HOST:PORT");
+    common::fails(&["cluster", "add-node", "5@10.1.2.3:7000", "--addr", &addr], "no key_file");
+    let nodes = |status: &Value| status["nodes"].as_array().map_or(0, Vec::len);
+    assert_eq!(nodes(&cluster.status(2)), 4, "a refused addition adds nothing");
+}
+
+/// Three nodes with node 4 in no one's `peers`, two volumes written; node 4 joins as `how`
+/// says and `tundra cluster rebalance --policy logical` moves chunk replicas onto it under a
+/// writer; every page then reads back through every node. Answers the cluster.
+fn join_and_rebalance(how: Join) -> Cluster {
     let mut cluster = Cluster::of_size(4, |_| None, DRIVE);
     let full: Vec<String> =
         (1..=3).map(|id| std::fs::read_to_string(&cluster.member(id).config).expect("config")).collect();
@@ -127,14 +163,26 @@ fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
     let log_b = early.finish();
     assert!(!log_b.is_empty());
 
-    // Node 4 enters every node's peers; nodes 1 to 3 restart one at a time.
-    for id in 1..=3u64 {
-        std::fs::write(&cluster.member(id).config, &full[id as usize - 1]).expect("write config");
-        cluster.stop(id);
-        cluster.start(id);
-        settled(&cluster, id, 3);
+    match how {
+        Join::RollingRestart => {
+            // Node 4 enters every node's peers; nodes 1 to 3 restart one at a time.
+            for id in 1..=3u64 {
+                std::fs::write(&cluster.member(id).config, &full[id as usize - 1]).expect("write config");
+                cluster.stop(id);
+                cluster.start(id);
+                settled(&cluster, id, 3);
+            }
+            cluster.start(4);
+        }
+        Join::AddNode => {
+            cluster.start(4);
+            let peer =
+                full[0][full[0].find("\"4@").expect("node 4") + 1..].split('"').next().expect("peer").to_string();
+            let out = succeeds(&["cluster", "add-node", &peer, "--addr", &cluster.member(2).addr()]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(text.contains("node 4 at") && text.contains("3 nodes linked it"), "{text}");
+        }
     }
-    cluster.start(4);
     settled(&cluster, 1, 4);
     let before = cluster.status(1);
     assert_eq!(replicas_on(&before, 4), 0, "node 4 starts empty: {before:#}");
@@ -165,4 +213,21 @@ fn a_node_added_to_a_running_cluster_receives_chunks_under_a_writer() {
     let (&page, &write) = log_a.iter().next().expect("a page");
     let mut client = tundra_client::Client::connect(cluster.member(4).native).expect("connect");
     assert_eq!(client.read_page(volumes[0], page).expect("read"), page_content(page, write));
+    drop(client);
+    if how == Join::AddNode {
+        // Node 1 restarts with its config as it was, without node 4: the node added is kept in
+        // its data directory, so it links node 4 again and reads through it still work.
+        let config = std::fs::read_to_string(&cluster.member(1).config).expect("config");
+        assert!(!config.contains("\"4@"), "node 1's config never named node 4");
+        cluster.stop(1);
+        cluster.start(1);
+        settled(&cluster, 1, 4);
+        let status = cluster.status(1);
+        let up_4 = status["nodes"].as_array().expect("nodes").iter().any(|n| n["id"] == 4 && n["up"] == true);
+        assert!(up_4, "node 1 does not link node 4 after its restart: {status:#}");
+        for id in 1..=4 {
+            verify_log(&cluster, id, volumes[0], &log_a).unwrap_or_else(|why| panic!("{why}\n{}", cluster.logs()));
+        }
+    }
+    cluster
 }
