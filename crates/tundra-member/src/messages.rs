@@ -222,15 +222,16 @@ pub enum Forward {
 /// A change of a chunk group's membership, done by its leader.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MembershipChange {
-    /// Only report the voters and learners.
+    /// Only report the voters and learners, once a quorum confirmed this node still leads.
     Query,
     /// Add a learner and answer once it caught up.
     AddLearner(u64),
     /// Make these the voters (learners not among them are removed).
     Voters(Vec<u64>),
     RemoveLearner(u64),
-    /// Report the voters and learners once a quorum confirmed this node still leads: what a
-    /// node's catalog catch-up trusts before it drops a replica (dead_nodes.rs).
+    /// [`MembershipChange::Query`], refused while the membership is not settled (joint, or
+    /// not applied yet): what a node's catalog catch-up trusts before it drops a replica
+    /// (dead_nodes.rs).
     ConfirmedQuery,
 }
 

@@ -488,16 +488,25 @@ impl ClusterNode {
         if leader != Some(self.me) {
             return Err(Refusal::NotLeader { leader });
         }
+        // What settles a move (a query, a learner's removal) is answered only by a leader a
+        // quorum just confirmed: a deposed one that still believes it leads would answer from
+        // a stale membership (and "no such learner" without committing anything), and the
+        // coordinator would then forget a replica the group still counts.
+        if matches!(
+            change,
+            MembershipChange::Query | MembershipChange::ConfirmedQuery | MembershipChange::RemoveLearner(_)
+        ) {
+            let raft = self.host.raft(id).map_err(crate::io::refusal)?;
+            raft.ensure_linearizable().await.map_err(|e| match e {
+                openraft::error::RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
+                    Refusal::NotLeader { leader: f.leader_id }
+                }
+                other => Refusal::Unavailable(other.to_string()),
+            })?;
+        }
         let done = match change {
             MembershipChange::Query => Ok(()),
             MembershipChange::ConfirmedQuery => {
-                let raft = self.host.raft(id).map_err(crate::io::refusal)?;
-                raft.ensure_linearizable().await.map_err(|e| match e {
-                    openraft::error::RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)) => {
-                        Refusal::NotLeader { leader: f.leader_id }
-                    }
-                    other => Refusal::Unavailable(other.to_string()),
-                })?;
                 // A membership change under way (joint, or not applied yet) is not an answer
                 // a catalog may take: asked again later.
                 if let Some(why) = self.host.membership_unsettled(id).map_err(crate::io::refusal)? {

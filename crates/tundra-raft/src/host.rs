@@ -105,6 +105,8 @@ pub struct Host {
     /// The injected bug of a twin: a replica forgotten here keeps its log (the store is still
     /// emptied), as before a chunk could move back to a node that held it.
     forget_keeps_log: std::sync::atomic::AtomicBool,
+    /// The injected bug of a twin: forgotten replicas vote from an empty log.
+    votes_unguarded: std::sync::atomic::AtomicBool,
 }
 
 impl Host {
@@ -139,6 +141,7 @@ impl Host {
             redo: Mutex::default(),
             redo_held_committed: std::sync::atomic::AtomicBool::new(false),
             forget_keeps_log: std::sync::atomic::AtomicBool::new(false),
+            votes_unguarded: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -305,6 +308,38 @@ impl Host {
         self.groups.lock().keys().copied().collect()
     }
 
+    /// The answer to a vote request when this replica must not vote: it was forgotten here
+    /// once ([`Host::forget_group_on`]) and its log does not name this node a voter yet (it
+    /// is empty, or holds the group as a learner's). A forgotten replica lost entries a quorum
+    /// may have counted, and a voter that was down when this node left the group still holds a
+    /// membership that counts it: granting that stale candidate a vote from an empty log could
+    /// elect it and overwrite committed entries. Once a membership change names this node a
+    /// voter again, its log holds every entry committed before that change (the leader sent
+    /// them), and it votes as any voter does. A replica never forgotten votes from an empty log
+    /// (a group's first election needs that). Refusing a vote is always safe; the answer carries
+    /// this replica's own vote, so a candidate of a higher term just counts no vote.
+    fn refused_vote(&self, group: GroupId, raft: &Raft) -> Option<openraft::raft::VoteResponse<NodeId>> {
+        if self.votes_unguarded.load(std::sync::atomic::Ordering::Relaxed) || !self.log.was_reset(group) {
+            return None;
+        }
+        let metrics = raft.metrics().borrow().clone();
+        let configs = metrics.membership_config.membership().get_joint_config().clone();
+        if configs.iter().any(|voters| voters.contains(&self.id)) {
+            return None;
+        }
+        Some(openraft::raft::VoteResponse {
+            vote: metrics.vote,
+            vote_granted: false,
+            last_log_id: self.log.last_log_id(group),
+        })
+    }
+
+    /// Injects a twin's bug: replicas forgotten here vote from an empty log
+    /// ([`Host::refused_vote`] off). For the tests that show their checks catch it.
+    pub fn set_votes_unguarded(&self, on: bool) {
+        self.votes_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A message from a peer, handed to its group's Raft.
     pub async fn handle(&self, envelope: Envelope) -> Result<Reply, String> {
         let raft = self.raft(envelope.group).map_err(|e| e.to_string())?;
@@ -318,7 +353,10 @@ impl Host {
                 }
                 r
             }
-            Rpc::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
+            Rpc::Vote(rpc) => match self.refused_vote(envelope.group, &raft) {
+                Some(refusal) => Reply::Vote(Ok(refusal)),
+                None => Reply::Vote(raft.vote(rpc).await),
+            },
             Rpc::Snapshot { vote, meta, data } => {
                 let id = meta.snapshot_id.clone();
                 // A stage that is not whole and verified gets no answer: the sender tries again
@@ -815,7 +853,8 @@ impl Host {
         }
         let empty = crate::mark::ApplyMark::default().encode();
         let store = pages.store();
-        tokio::task::block_in_place(|| store.replace_chunk(group, &[], &empty)).map_err(|e| e.to_string())
+        crate::redo_machine::block_in_place_if_multi(|| store.replace_chunk(group, &[], &empty))
+            .map_err(|e| e.to_string())
     }
 
     /// Stops this node's replica of redo group `group` (a move took it elsewhere, or back) and

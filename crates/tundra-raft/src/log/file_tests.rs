@@ -317,6 +317,7 @@ fn a_reset_forgets_a_group_but_its_vote_across_a_reopen_and_a_compaction() {
         let media = Arc::new(FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopen"));
         let log = NodeLog::open(media, std::time::Duration::ZERO).expect("open");
         assert_eq!(state(&log, gone), forgotten(vote), "after a compaction");
+        assert!(log.was_reset(gone) && !log.was_reset(kept), "the reset is remembered (the vote guard needs it)");
         assert_eq!(state(&log, kept).1, 3);
         log.stop();
     });

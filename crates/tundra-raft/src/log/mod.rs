@@ -135,6 +135,9 @@ pub(crate) struct GroupLog {
     pub committed: Option<LogId<NodeId>>,
     /// The index of the last entry the medium holds durably (all before it are durable too).
     pub durable: Option<u64>,
+    /// Whether the group was ever reset here ([`LogRecord::Reset`]): a replica started again
+    /// from such a log votes only once its log names it a voter (`Host::handle`).
+    pub reset: bool,
 }
 
 impl GroupLog {
@@ -160,6 +163,7 @@ impl GroupLog {
                 self.entries.clear();
                 self.purged = None;
                 self.committed = None;
+                self.reset = true;
             }
         }
     }
@@ -383,6 +387,9 @@ impl NodeLog {
             if let Some(vote) = log.vote {
                 records.push(LogRecord::Vote { group, vote });
             }
+            if log.reset {
+                records.push(LogRecord::Reset { group });
+            }
             if let Some(upto) = log.purged {
                 records.push(LogRecord::Purge { group, upto });
             }
@@ -402,6 +409,16 @@ impl NodeLog {
         let (sender, receiver) = oneshot::channel();
         self.submit(LogRecord::Reset { group }, Done::Wait(sender))?;
         receiver.await.map_err(|_| "the node's log writer stopped".to_string())?
+    }
+
+    /// Whether `group` was ever reset here.
+    pub fn was_reset(&self, group: GroupId) -> bool {
+        self.with_group(group, |log| log.reset)
+    }
+
+    /// The log id of `group`'s last entry here (its purge point when it holds none).
+    pub fn last_log_id(&self, group: GroupId) -> Option<LogId<NodeId>> {
+        self.with_group(group, |log| log.entries.values().next_back().map(|e| e.log_id).or(log.purged))
     }
 
     /// Sets what a purge of `group`'s entries must ensure first.

@@ -2,8 +2,13 @@
 //! keeps flushed blocks and a random choice of unflushed ones), an in-memory shared Raft log
 //! with the same crash behaviour, and the simulated network, all on one current-thread tokio
 //! runtime with a paused clock.
+//!
+//! Every node runs a replica of every chunk ([`Cluster::build`]), or, with a catalog
+//! ([`Cluster::build_placed`]), only the chunks the catalog places on it, as a real node's
+//! catalog decides which groups it starts; a node's start then also forgets what is left of a
+//! chunk it no longer holds (moves.rs).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +70,50 @@ pub struct Cluster {
     pub repair_off: bool,
     /// What repair did on hosts that have since crashed.
     pub repair_before: Vec<RepairStats>,
+    /// Where each chunk's replicas are, when the cluster places them ([`Cluster::build_placed`]);
+    /// `None`: every node holds every chunk.
+    pub catalog: Option<BTreeMap<ChunkId, Placement>>,
+    /// The injected bug of a move twin every host started carries, if any.
+    pub host_bug: HostBug,
+    /// Replicas a node's start forgot (it no longer held them).
+    pub forgotten_at_start: u64,
+}
+
+/// A bug injected into every host of a run with moves (a twin's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostBug {
+    #[default]
+    None,
+    /// Replicas forgotten keep their logs (`Host::set_forget_keeps_log`).
+    ForgetKeepsLog,
+    /// Replicas forgotten vote from an empty log (`Host::set_votes_unguarded`).
+    VotesUnguarded,
+}
+
+/// A chunk's place in the simulation's catalog: its replicas (the group's voters, as far as
+/// anything committed says), and the move under way, if any. The real system's catalog plays
+/// this part (tundra-member's `VolumeDef`).
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub replicas: BTreeSet<NodeId>,
+    pub moving: Option<Moving>,
+}
+
+/// A move of one replica of a chunk from node `from` to node `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moving {
+    pub chunk: ChunkId,
+    pub from: NodeId,
+    pub to: NodeId,
+}
+
+impl Placement {
+    /// Whether `node` runs a replica: one of the replicas, or the target of the move under way
+    /// (tundra-member's `VolumeDef::runs`). A committed voter is always one of them: the
+    /// catalog drops a node only once the group's committed membership no longer names it.
+    pub fn runs(&self, node: NodeId) -> bool {
+        self.replicas.contains(&node) || self.moving.is_some_and(|m| m.to == node)
+    }
 }
 
 /// Pages a node's background scrub verifies per simulated second.
@@ -74,6 +123,61 @@ impl Cluster {
     /// Formats `nodes` nodes' devices, creates the volume on each, starts every host with a
     /// replica of every chunk, and initializes each group on node 1.
     pub async fn build(
+        rng: &mut Rng,
+        net: SimNet,
+        nodes: u64,
+        chunks: u32,
+        fault: LogFault,
+        applied: Arc<Mutex<Applied>>,
+        repair_off: bool,
+    ) -> Cluster {
+        let mut cluster = Cluster::format(rng, net, nodes, chunks, fault, applied, repair_off);
+        for i in 0..cluster.nodes.len() {
+            cluster.start(i).await.expect("start a new node");
+        }
+        let voters: BTreeSet<NodeId> = (1..=nodes).collect();
+        let first = cluster.nodes[0].host.clone().expect("node 1 is up");
+        for &chunk in &cluster.chunks {
+            first.initialize(chunk, voters.clone()).await.expect("initialize a group");
+        }
+        cluster
+    }
+
+    /// Formats `nodes` nodes as [`Cluster::build`] does, with chunk `i` placed on the nodes of
+    /// `placements[i]` only: the catalog starts each node's groups, and each group is
+    /// initialized on its lowest replica.
+    pub async fn build_placed(
+        rng: &mut Rng,
+        net: SimNet,
+        nodes: u64,
+        placements: &[BTreeSet<NodeId>],
+        applied: Arc<Mutex<Applied>>,
+        host_bug: HostBug,
+    ) -> Cluster {
+        let chunks = placements.len() as u32;
+        let mut cluster = Cluster::format(rng, net, nodes, chunks, LogFault::None, applied, false);
+        let catalog = cluster
+            .chunks
+            .iter()
+            .zip(placements)
+            .map(|(&chunk, replicas)| (chunk, Placement { replicas: replicas.clone(), moving: None }))
+            .collect();
+        cluster.catalog = Some(catalog);
+        cluster.host_bug = host_bug;
+        for i in 0..cluster.nodes.len() {
+            cluster.start(i).await.expect("start a new node");
+        }
+        for (&chunk, replicas) in cluster.chunks.clone().iter().zip(placements) {
+            let first = *replicas.first().expect("a chunk has replicas");
+            let host = cluster.nodes[(first - 1) as usize].host.clone().expect("every node is up");
+            host.initialize(chunk, replicas.clone()).await.expect("initialize a group");
+        }
+        cluster
+    }
+
+    /// The nodes' devices formatted, the volume created on each and their logs made; no node
+    /// started. The random draws are those `build` always made, in the same order.
+    fn format(
         rng: &mut Rng,
         net: SimNet,
         nodes: u64,
@@ -94,16 +198,17 @@ impl Cluster {
             sim_nodes.push(SimNode { id, data, fast, log, host: None, nonce_seed: rng.next_u64() });
         }
         let chunks = (0..chunks).map(|i| ChunkId::new(VolumeId(1), i)).collect();
-        let mut cluster = Cluster { net, nodes: sim_nodes, chunks, applied, repair_off, repair_before: Vec::new() };
-        for i in 0..cluster.nodes.len() {
-            cluster.start(i).await.expect("start a new node");
+        Cluster {
+            net,
+            nodes: sim_nodes,
+            chunks,
+            applied,
+            repair_off,
+            repair_before: Vec::new(),
+            catalog: None,
+            host_bug: HostBug::None,
+            forgotten_at_start: 0,
         }
-        let voters: BTreeSet<NodeId> = (1..=nodes).collect();
-        let first = cluster.nodes[0].host.clone().expect("node 1 is up");
-        for &chunk in &cluster.chunks {
-            first.initialize(chunk, voters.clone()).await.expect("initialize a group");
-        }
-        cluster
     }
 
     /// Starts node `i` from what its devices and log hold (recovering them after a crash).
@@ -143,8 +248,33 @@ impl Cluster {
             LogFault::ResumeTerm => host.log().set_ahead_bug(crate::log::AheadBug::ResumeTerm),
             _ => {}
         }
-        for &chunk in &self.chunks {
-            host.add_group(chunk).await?;
+        match self.host_bug {
+            HostBug::None => {}
+            HostBug::ForgetKeepsLog => host.set_forget_keeps_log(true),
+            HostBug::VotesUnguarded => host.set_votes_unguarded(true),
+        }
+        match &self.catalog {
+            None => {
+                for &chunk in &self.chunks {
+                    host.add_group(chunk).await?;
+                }
+            }
+            // As a real node starts: the groups its catalog says it runs, and what is left of
+            // the others forgotten (tundra-member's catalog catch-up drops a replica the group
+            // no longer lists). The catalog never drops a committed voter, so nothing a quorum
+            // decided depends on what is forgotten here (seed 000 §3.2.1: the log is the
+            // write-ahead log of the store's applies, so the two go together).
+            Some(catalog) => {
+                for &chunk in &self.chunks {
+                    let placement = catalog.get(&chunk).expect("every chunk is in the catalog");
+                    if placement.runs(node.id) {
+                        host.add_group(chunk).await?;
+                    } else if leftover(&host, chunk) {
+                        forget_replica(&host, chunk, false).await?;
+                        self.forgotten_at_start += 1;
+                    }
+                }
+            }
         }
         if self.repair_off {
             host.disable_repair();
@@ -238,6 +368,56 @@ impl Cluster {
             }
         }
     }
+}
+
+/// Whether `host` holds anything of `chunk` beyond a vote: log entries, a purge point or a
+/// committed position, pages, or an apply mark that says something was applied. A replica
+/// forgotten whole holds none of these; a crash between the log's reset and the store's step
+/// of a forget leaves the store's part.
+pub fn leftover(host: &Host, chunk: ChunkId) -> bool {
+    let log =
+        host.log().with_group(chunk, |log| !log.entries.is_empty() || log.purged.is_some() || log.committed.is_some());
+    let empty_mark = crate::mark::ApplyMark::default().encode();
+    let store = host.store();
+    log || !store.chunk_entries(chunk).is_empty() || store.chunk_mark(chunk).is_some_and(|mark| mark != empty_mark)
+}
+
+/// Forgets `host`'s replica of `chunk` through the host's own calls: `Host::drop_group` when
+/// `stop` (the replica may run), `Host::forget_group_on` otherwise (it does not).
+pub async fn forget_replica(host: &Arc<Host>, chunk: ChunkId, stop: bool) -> Result<(), String> {
+    if stop { host.drop_group(chunk).await } else { host.forget_group_on(chunk, host.pages_of(chunk)).await }
+}
+
+std::thread_local! {
+    /// Panics on this thread since [`take_panics`] last took them. A task that panics on the simulation's runtime (an
+    /// assertion in openraft's core, say) stops with its group, and tokio only tells its
+    /// handle: noted here, each is a violation of a run with moves.
+    static PANICS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Installs the panic hook that notes every panic on its thread (printed as before).
+pub fn watch_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let text = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            let line = format!("{}{at}", text.lines().next().unwrap_or_default());
+            PANICS.with(|panics| panics.borrow_mut().push(line));
+            previous(info);
+        }));
+    });
+}
+
+/// The panics noted on this thread since the last call.
+pub fn take_panics() -> Vec<String> {
+    PANICS.with(|panics| std::mem::take(&mut *panics.borrow_mut()))
 }
 
 /// Whether `page` of `chunk` reads back verified from `host`'s device: its image, or every

@@ -12,10 +12,16 @@
 //! the next timer when every task waits), every random choice comes from the seed, and
 //! openraft's election timeouts come from the seeded runtime generator: the same seed gives
 //! the same run, which `same_seed_same_trace` checks byte for byte.
+//!
+//! [`moves`] runs the same faults, client and checks on four nodes, each chunk on three of
+//! them, while a mover moves chunks' replicas back and forth.
 
 mod check;
 mod cluster;
 mod manager;
+#[cfg(test)]
+mod move_tests;
+mod moves;
 mod net;
 mod redo;
 #[cfg(test)]
@@ -81,6 +87,8 @@ pub struct Report {
     pub log_flushes_stalled: u64,
     pub violations: Vec<String>,
     pub trace: Vec<String>,
+    /// What the mover did, in a run with moves (moves.rs); zero otherwise.
+    pub moves: moves::MoveStats,
 }
 
 impl Report {
@@ -113,6 +121,7 @@ impl Report {
         self.log_flushes += other.log_flushes;
         self.log_flushes_stalled += other.log_flushes_stalled;
         self.violations.extend(other.violations.iter().cloned());
+        self.moves.add(&other.moves);
     }
 }
 
@@ -199,6 +208,13 @@ async fn simulate(seed: u64, options: Options) -> Report {
         note_leaders(&cluster, step);
     }
     converge(&mut cluster, &mut model, &mut report).await;
+    finish_run(cluster, &net, &applied, &mut report).await;
+    report
+}
+
+/// The end of a run: what the apply checker and the hosts counted and found, added to
+/// `report`, then the cluster stopped and the network's counts and trace taken.
+async fn finish_run(mut cluster: Cluster, net: &SimNet, applied: &Mutex<Applied>, report: &mut Report) {
     {
         let applied = applied.lock();
         report.apply_checks = applied.checks;
@@ -216,6 +232,7 @@ async fn simulate(seed: u64, options: Options) -> Report {
     for before in &cluster.repair_before {
         add_repair(&mut report.repair, before);
     }
+    report.moves.forgotten_at_start = cluster.forgotten_at_start;
     let counts = net.counts();
     (report.messages_sent, report.messages_lost) = (counts.sent, counts.lost);
     (report.messages_duplicated, report.messages_blocked) = (counts.duplicated, counts.blocked);
@@ -223,7 +240,6 @@ async fn simulate(seed: u64, options: Options) -> Report {
     report.snapshot_pieces = counts.snapshot_pieces;
     cluster.shutdown().await;
     report.trace = net.take_trace();
-    report
 }
 
 /// At most one node is down at a time and at most one is cut off, so a majority can always
@@ -245,6 +261,15 @@ async fn inject_faults(cluster: &mut Cluster, rng: &mut Rng, swarm: &Swarm, repo
         report.crashes += 1;
         report.log_records_lost_in_crashes += lost as u64;
     }
+    cut_or_heal(cluster, rng, swarm, report);
+    if rng.chance(swarm.corrupt) {
+        corrupt_one_replica(cluster, rng, report);
+    }
+}
+
+/// Heals the network's cut with chance 0.3 if one node is cut off, or else cuts a node off
+/// with the swarm's chance (at most one node cut off at a time).
+fn cut_or_heal(cluster: &mut Cluster, rng: &mut Rng, swarm: &Swarm, report: &mut Report) {
     if cluster.net.is_cut() {
         if rng.chance(0.3) {
             cluster.net.note(|| "heal".into());
@@ -257,9 +282,6 @@ async fn inject_faults(cluster: &mut Cluster, rng: &mut Rng, swarm: &Swarm, repo
             cluster.net.cut(alone, other);
         }
         report.partitions += 1;
-    }
-    if rng.chance(swarm.corrupt) {
-        corrupt_one_replica(cluster, rng, report);
     }
 }
 
@@ -434,6 +456,11 @@ async fn converge(cluster: &mut Cluster, model: &mut Model, report: &mut Report)
         let digests: Vec<String> = hosts.iter().map(|h| format!("{:08x}", chunk_digest(h.store(), chunk))).collect();
         cluster.net.note(|| format!("final g{} digests {}", chunk.0, digests.join(" ")));
     }
+    final_reads(cluster, model, report).await;
+}
+
+/// Every page the model knows, read through its chunk's leader once the run converged.
+async fn final_reads(cluster: &Cluster, model: &mut Model, report: &mut Report) {
     for (chunk, page) in model.pages() {
         let Some(leader) = cluster.leader(chunk) else { continue };
         match leader.read_page(chunk, page).await {
