@@ -92,6 +92,9 @@ pub struct ClusterNode {
     pub(crate) lasting_skips: Mutex<Vec<crate::rebalance::SkippedMove>>,
     /// `[cluster] peers` as configured: the nodes added while running are the others (join.rs).
     pub(crate) configured_peers: Vec<String>,
+    /// Peers' nodes this node refused to link (their id or address clashes with one it knows),
+    /// said once each in its log (join.rs).
+    pub(crate) refused_peers: Mutex<BTreeSet<(u64, String)>>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -190,6 +193,7 @@ impl ClusterNode {
             placements: Mutex::new(Default::default()),
             lasting_skips: Mutex::new(Vec::new()),
             configured_peers: config.peers.clone(),
+            refused_peers: Mutex::new(BTreeSet::new()),
             runtime,
         });
         let defs: Vec<VolumeDef> = cluster.catalog.lock().volumes().to_vec();
@@ -272,6 +276,7 @@ impl ClusterNode {
             Forward::Trim { volume, chunk, pages } => self.lead_trim(volume, ChunkId(chunk), pages).await,
             Forward::Adopt(def) => self.adopt_for_move(def).await,
             Forward::AddPeer { id, addr } => self.link_peer(id, &addr).map(|_| Answer::Done).map_err(Refusal::Invalid),
+            Forward::Peers => Ok(Answer::Peers(self.membership.nodes())),
             Forward::Heavy { volume, chunk, first, count } => {
                 self.lead_heavy(volume, ChunkId(chunk), first, count).await
             }

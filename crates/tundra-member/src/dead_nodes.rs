@@ -48,7 +48,10 @@
 //! (`Engine::handle_vote_req`) refuses a vote request whose last log id is behind its own
 //! before it looks at the request's term, so its elections raise no one's term and depose no
 //! leader; nobody replicates to it, since no membership lists it (the same argument as for a
-//! returning manager member, manager_members.rs).
+//! returning manager member, manager_members.rs). One replica's log may hold less than its
+//! voters' and still be asked: one forgotten on a node a chunk moved back to, which starts
+//! empty. It refuses every vote until its own log names it a voter (tundra-raft's
+//! `Host::refused_vote`), so its empty log elects no stale replica either.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -383,6 +386,7 @@ impl ClusterNode {
         if catch_up_off_for_test() {
             return true;
         }
+        self.learn_peers().await;
         let mut complete = self.adopt_new_volumes().await;
         let ids: Vec<u32> = self.catalog.lock().volumes().iter().filter(|def| !def.deleting).map(|d| d.id).collect();
         for volume in ids {

@@ -389,6 +389,7 @@ fn kind(answer: &Answer) -> &'static str {
         Answer::Catalog(_) => "a catalog",
         Answer::DeletedVolumes(_) => "deleted volume ids",
         Answer::Heavy(_) => "heavy compression figures",
+        Answer::Peers(_) => "a list of nodes",
     }
 }
 

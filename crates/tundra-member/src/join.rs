@@ -4,8 +4,9 @@
 //! node. The new node is started beforehand on an empty data directory with `peers` naming
 //! every node, itself included; once linked it reports to the cluster manager, and moves onto
 //! it (a rebalance, a drain) adopt the volumes it has not learnt yet (adopt.rs). No node
-//! restarts. A node that did not answer (down, or cut off) does not know the new node: running
-//! the command again once it is up links it too (a node known already is left as it is).
+//! restarts. A node that did not answer (down, or cut off) learns the new node from its peers
+//! at its next catalog catch-up (dead_nodes.rs: a few seconds after it starts, then every 30
+//! s), or when the command is run again (a node known already is left as it is).
 
 use std::time::Duration;
 
@@ -42,6 +43,29 @@ impl ClusterNode {
         }
         self.transport.add_peer(id, addr);
         Ok(added)
+    }
+
+    /// Links the nodes its peers know and it does not (a node added while this one was down or
+    /// cut off). A node whose id or address clashes with one this node knows is not linked, and
+    /// said once in the log: which is right cannot be told here.
+    pub(crate) async fn learn_peers(&self) {
+        for node in self.membership.ids().into_iter().filter(|&n| n != self.me) {
+            let answer = tokio::time::timeout(Duration::from_secs(3), self.ask(node, Forward::Peers)).await;
+            let Ok(Ok(crate::messages::Answer::Peers(known))) = answer else { continue };
+            for (id, addr) in known {
+                if self.membership.addr_of(id).is_some_and(|here| here == addr) {
+                    continue;
+                }
+                match self.link_peer(id, &addr) {
+                    Ok(_) => eprintln!("tundra: learnt node {id} at {addr} from node {node}'s peers"),
+                    Err(why) => {
+                        if self.refused_peers.lock().insert((id, addr.clone())) {
+                            eprintln!("tundra: node {node} knows node {id} at {addr}, which is not linked here: {why}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Adds node `peer` (`"ID@HOST:PORT"`) to the cluster: linked here, then on every other

@@ -217,6 +217,9 @@ pub enum Forward {
     /// Node `id`, at peer address `addr`, joins the cluster (join.rs): this node links it and
     /// keeps it in its data directory.
     AddPeer { id: u64, addr: String },
+    /// Every node this node knows, with its peer address (join.rs: a node that missed an
+    /// addition learns it from its peers).
+    Peers,
 }
 
 /// A change of a chunk group's membership, done by its leader.
@@ -261,6 +264,8 @@ pub enum Answer {
     DeletedVolumes(Vec<u32>),
     /// What a [`Forward::Heavy`] stored.
     Heavy(HeavyDone),
+    /// [`Forward::Peers`]'s nodes and peer addresses, by id.
+    Peers(Vec<(u64, String)>),
 }
 
 /// Heavy compression's figures for a range: the pages its segments named, the segments, and

@@ -115,9 +115,10 @@ fn a_node_added_by_a_rolling_restart_receives_chunks_under_a_writer() {
     join_and_rebalance(Join::RollingRestart);
 }
 
-/// The same with `tundra cluster add-node` and no restart; then node 1 restarts with its old
-/// `peers` (without node 4) and still links node 4, kept in its data directory; and the
-/// command refuses what it must.
+/// The same with `tundra cluster add-node` and no restart, node 3 down while it runs (it learns
+/// node 4 from its peers when it returns); then node 1 restarts with its old `peers` (without
+/// node 4) and still links node 4, kept in its data directory; and the command refuses what it
+/// must.
 #[test]
 fn a_node_added_with_add_node_receives_chunks_without_a_restart() {
     let cluster = join_and_rebalance(Join::AddNode);
@@ -178,9 +179,25 @@ fn join_and_rebalance(how: Join) -> Cluster {
             cluster.start(4);
             let peer =
                 full[0][full[0].find("\"4@").expect("node 4") + 1..].split('"').next().expect("peer").to_string();
-            let out = succeeds(&["cluster", "add-node", &peer, "--addr", &cluster.member(2).addr()]);
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(text.contains("node 4 at") && text.contains("3 nodes linked it"), "{text}");
+            // Node 3 is down during the addition: the command names it, the others link node 4,
+            // and node 3 learns node 4 from its peers once it is back (its catalog catch-up).
+            cluster.stop(3);
+            common::fails(
+                &["cluster", "add-node", &peer, "--addr", &cluster.member(2).addr()],
+                "nodes [3] did not answer",
+            );
+            cluster.start(3);
+            let started = Instant::now();
+            loop {
+                let status = cluster.status(3);
+                let nodes = status["nodes"].as_array().cloned().unwrap_or_default();
+                if nodes.iter().any(|n| n["id"] == 4 && n["up"] == true) {
+                    break;
+                }
+                assert!(started.elapsed() < SETTLE, "node 3 never learnt node 4: {status:#}\n{}", cluster.logs());
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            assert!(cluster.member(3).log_text().contains("learnt node 4 at"), "node 3 says where it learnt node 4");
         }
     }
     settled(&cluster, 1, 4);
