@@ -14,5 +14,10 @@ run() {
         echo "# loadavg after: $(cat /proc/loadavg)"
     } > "$out/$file"
 }
+if [ "$1" = soak ]; then
+    # `sh run.sh soak`: 4,000 seeds more, about 4 minutes.
+    run soak-4000-seeds.txt TUNDRA_SIM_MOVE_SEEDS=4000 TUNDRA_SIM_MOVE_FIRST_SEED=2300
+    exit 0
+fi
 run default-300-seeds.txt TUNDRA_SIM_MOVE_SEEDS=300
 run long-2000-seeds.txt TUNDRA_SIM_MOVE_SEEDS=2000 TUNDRA_SIM_MOVE_FIRST_SEED=300
