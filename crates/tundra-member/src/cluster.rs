@@ -462,7 +462,8 @@ impl ClusterNode {
     /// coordinator died there left them, and a retry finds them (the manager answers a placed
     /// chunk's replicas) until the manager's leader forgets them. A creation half done when its
     /// coordinator died may leave an id on a node outside the next majority, which that node
-    /// then refuses to adopt for another volume (adopt.rs). Each chunk's replicas are placed by tundra-cluster, the definition entered in every answering node's
+    /// then refuses to adopt for another volume (adopt.rs). Each chunk's replicas are placed by
+    /// tundra-cluster, the definition entered in every answering node's
     /// catalog (every node serves the volume's I/O; the others learn it from their peers'
     /// catalogs when they return, dead_nodes.rs), each group's first membership set on its
     /// first replica, and the creation answered once every chunk has a leader. Refused before

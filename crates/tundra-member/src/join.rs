@@ -17,6 +17,8 @@ use crate::messages::{Forward, Refusal};
 
 /// How long the node asked waits for a connection to the new node.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long a node waits for one peer's list of nodes.
+const PEERS_WAIT: Duration = Duration::from_secs(3);
 
 /// What an addition did.
 #[derive(Debug, Serialize, Deserialize)]
@@ -26,10 +28,8 @@ pub struct JoinReport {
     pub addr: String,
     /// Whether the node asked did not know it before.
     pub added: bool,
-    /// The nodes that linked it (the node asked included).
+    /// The nodes that linked it (the node asked included), the node asked connected to it.
     pub linked: Vec<u64>,
-    /// Whether the node asked is connected to it.
-    pub connected: bool,
 }
 
 impl ClusterNode {
@@ -50,7 +50,7 @@ impl ClusterNode {
     /// said once in the log: which is right cannot be told here.
     pub(crate) async fn learn_peers(&self) {
         for node in self.membership.ids().into_iter().filter(|&n| n != self.me) {
-            let answer = tokio::time::timeout(Duration::from_secs(3), self.ask(node, Forward::Peers)).await;
+            let answer = tokio::time::timeout(PEERS_WAIT, self.ask(node, Forward::Peers)).await;
             let Ok(Ok(crate::messages::Answer::Peers(known))) = answer else { continue };
             for (id, addr) in known {
                 if self.membership.addr_of(id).is_some_and(|here| here == addr) {
@@ -96,14 +96,13 @@ impl ClusterNode {
         while !self.transport.is_connected(id) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let connected = self.transport.is_connected(id);
-        if !connected {
+        if !self.transport.is_connected(id) {
             return Err(Refusal::Unavailable(format!(
                 "every node linked node {id} at {addr}, but node {} is not connected to it after {CONNECT_WAIT:?}: is it \
                  running, listening for peers there, with every node in its peers and the cluster's key?",
                 self.me
             )));
         }
-        Ok(JoinReport { node: id, addr, added, linked, connected })
+        Ok(JoinReport { node: id, addr, added, linked })
     }
 }

@@ -263,12 +263,7 @@ impl ClusterNode {
     /// held before.
     async fn begin_on_target(&self, volume: u32, chunk: ChunkId, to: u64) -> Result<(), Refusal> {
         let (voters, _) = self.members(volume, chunk).await?;
-        if voters.contains(&to) {
-            return Err(Refusal::Invalid(format!(
-                "node {to} is one of chunk {}'s voters {voters:?} already",
-                chunk.index()
-            )));
-        }
+        not_a_voter(to, &voters, &format!("chunk {}'s", chunk.index()))?;
         if let Some(why) = refused(self.ask(to, Forward::StartReplica { volume, chunk: chunk.index() }).await) {
             return Err(why);
         }
@@ -583,6 +578,15 @@ fn test_redo_settle_off() -> bool {
     std::env::var("TUNDRA_TEST_REDO_SETTLE").is_ok_and(|v| v == "off")
 }
 
+/// Refuses a move's target that is one of the group's `voters` already (`group`: whose, for
+/// the message): it starts its replica afresh, forgetting any it held.
+fn not_a_voter(to: u64, voters: &[u64], group: &str) -> Result<(), Refusal> {
+    if voters.contains(&to) {
+        return Err(Refusal::Invalid(format!("node {to} is one of {group} voters {voters:?} already")));
+    }
+    Ok(())
+}
+
 fn refused(answer: Result<Answer, Refusal>) -> Option<Refusal> {
     answer.err()
 }
@@ -742,11 +746,7 @@ impl ClusterNode {
     /// one of the group's voters, as for a chunk ([`ClusterNode::begin_on_target`]).
     async fn begin_redo_on_target(&self, volume: u32, to: u64) -> Result<(), Refusal> {
         let (voters, _) = self.redo_members(volume).await?;
-        if voters.contains(&to) {
-            return Err(Refusal::Invalid(format!(
-                "node {to} is one of volume id {volume}'s redo voters {voters:?} already"
-            )));
-        }
+        not_a_voter(to, &voters, &format!("volume id {volume}'s redo"))?;
         if let Some(why) = refused(self.ask(to, Forward::StartRedo { volume }).await) {
             return Err(why);
         }

@@ -330,7 +330,7 @@ impl Host {
         Some(openraft::raft::VoteResponse {
             vote: metrics.vote,
             vote_granted: false,
-            last_log_id: self.log.last_log_id(group),
+            last_log_id: self.log.with_group(group, |log| log.last_log_id()),
         })
     }
 
@@ -848,9 +848,7 @@ impl Host {
         if self.groups.lock().contains_key(&group) {
             return Err(format!("group {:#x} still runs here; it is stopped before it is forgotten", group.0));
         }
-        if !self.forget_keeps_log.load(std::sync::atomic::Ordering::Relaxed) {
-            self.log.reset(group).await?;
-        }
+        self.forget_log(group).await?;
         let empty = crate::mark::ApplyMark::default().encode();
         let store = pages.store();
         crate::redo_machine::block_in_place_if_multi(|| store.replace_chunk(group, &[], &empty))
@@ -868,6 +866,12 @@ impl Host {
         if let Some(raft) = raft {
             raft.shutdown().await.map_err(|e| e.to_string())?;
         }
+        self.forget_log(group).await
+    }
+
+    /// The log's half of forgetting a replica: `group`'s records reset, durably (skipped under
+    /// the twin's bug, [`Host::set_forget_keeps_log`]).
+    async fn forget_log(&self, group: GroupId) -> Result<(), String> {
         if self.forget_keeps_log.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }

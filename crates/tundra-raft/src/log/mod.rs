@@ -141,6 +141,11 @@ pub(crate) struct GroupLog {
 }
 
 impl GroupLog {
+    /// The log id of the last entry held (the purge point when none is).
+    pub(crate) fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        self.entries.values().next_back().map(|e| e.log_id).or(self.purged)
+    }
+
     fn apply(&mut self, record: &LogRecord) {
         match record {
             LogRecord::Entries { entries, .. } => {
@@ -414,11 +419,6 @@ impl NodeLog {
     /// Whether `group` was ever reset here.
     pub fn was_reset(&self, group: GroupId) -> bool {
         self.with_group(group, |log| log.reset)
-    }
-
-    /// The log id of `group`'s last entry here (its purge point when it holds none).
-    pub fn last_log_id(&self, group: GroupId) -> Option<LogId<NodeId>> {
-        self.with_group(group, |log| log.entries.values().next_back().map(|e| e.log_id).or(log.purged))
     }
 
     /// Sets what a purge of `group`'s entries must ensure first.

@@ -64,10 +64,9 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
     type LogReader = GroupLogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
-        Ok(self.log.with_group(self.group, |log| {
-            let last = log.entries.values().next_back().map(|e| e.log_id).or(log.purged);
-            LogState { last_purged_log_id: log.purged, last_log_id: last }
-        }))
+        Ok(self
+            .log
+            .with_group(self.group, |log| LogState { last_purged_log_id: log.purged, last_log_id: log.last_log_id() }))
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {

@@ -132,14 +132,8 @@ impl Cluster {
         repair_off: bool,
     ) -> Cluster {
         let mut cluster = Cluster::format(rng, net, nodes, chunks, fault, applied, repair_off);
-        for i in 0..cluster.nodes.len() {
-            cluster.start(i).await.expect("start a new node");
-        }
         let voters: BTreeSet<NodeId> = (1..=nodes).collect();
-        let first = cluster.nodes[0].host.clone().expect("node 1 is up");
-        for &chunk in &cluster.chunks {
-            first.initialize(chunk, voters.clone()).await.expect("initialize a group");
-        }
+        cluster.start_and_initialize(&vec![voters; chunks as usize]).await;
         cluster
     }
 
@@ -164,15 +158,21 @@ impl Cluster {
             .collect();
         cluster.catalog = Some(catalog);
         cluster.host_bug = host_bug;
-        for i in 0..cluster.nodes.len() {
-            cluster.start(i).await.expect("start a new node");
+        cluster.start_and_initialize(placements).await;
+        cluster
+    }
+
+    /// Starts every node, then makes each chunk's `placements` its group's first membership,
+    /// on the lowest of them.
+    async fn start_and_initialize(&mut self, placements: &[BTreeSet<NodeId>]) {
+        for i in 0..self.nodes.len() {
+            self.start(i).await.expect("start a new node");
         }
-        for (&chunk, replicas) in cluster.chunks.clone().iter().zip(placements) {
+        for (&chunk, replicas) in self.chunks.iter().zip(placements) {
             let first = *replicas.first().expect("a chunk has replicas");
-            let host = cluster.nodes[(first - 1) as usize].host.clone().expect("every node is up");
+            let host = self.nodes[(first - 1) as usize].host.clone().expect("every node is up");
             host.initialize(chunk, replicas.clone()).await.expect("initialize a group");
         }
-        cluster
     }
 
     /// The nodes' devices formatted, the volume created on each and their logs made; no node
