@@ -208,8 +208,11 @@ impl ClusterNode {
             if step == 0 {
                 record.planned = progress.plan.len();
             }
-            if progress.moved.is_some() {
+            if let Some(moved) = &progress.moved {
                 record.moves += 1;
+                // Not sent back to the node it left in this round (as a `tundra cluster
+                // rebalance` run does).
+                skip.push(SkippedMove { volume_id: moved.volume_id, chunk: moved.chunk, to: moved.from });
             }
             if let Some((planned, why)) = &progress.failed {
                 record.failures += 1;

@@ -377,10 +377,12 @@ impl ClusterNode {
     /// begun and finished, until the plan is empty.
     fn simulate(&self, mut state: ClusterState, skip: &[SkippedMove]) -> Simulation {
         let mut moves = Vec::new();
-        let excluded = excluded(skip);
+        let mut excluded = excluded(skip);
         while moves.len() < SIMULATED_MOVES_MAX {
             let Some(next) = state.plan_excluding(&excluded).moves.into_iter().next() else { break };
             moves.push(self.planned(&state, &next));
+            // As the run it predicts: a chunk moved is not sent back to the node it left.
+            excluded.insert((next.chunk, next.from));
             let begun = state.apply(&Command::BeginMove(next)).is_ok();
             assert!(begun, "a planned move is accepted by the state that planned it");
             let finished = state.apply(&Command::FinishMove { chunk: next.chunk }).is_ok();
