@@ -48,11 +48,15 @@ struct Dirty {
 /// Accounting for a trimmed entry, which holds no page.
 const TRIMMED_BYTES: u64 = 64;
 const SHARDS: usize = 64;
+
+/// One shard's dirty pages, by volume then page: a flush of one volume (a database's WAL
+/// commit) visits that volume's pages only, not every dirty page of the data volumes beside it.
+type ShardMap = HashMap<VolumeId, HashMap<u64, Dirty>>;
 /// Flush gates, each shared by the volumes whose id falls on it.
 pub const GATES: usize = 16;
 
 pub struct WriteBack {
-    shards: Vec<Mutex<HashMap<Key, Dirty>>>,
+    shards: Vec<Mutex<ShardMap>>,
     bytes: AtomicU64,
     generation: AtomicU64,
     /// Per volume (by id, [`GATES`] of them): a flush of the volume takes its gate exclusively,
@@ -113,7 +117,11 @@ impl WriteBack {
 
     /// What a reader sees for `key`, if it is dirty.
     pub fn get(&self, key: Key) -> Option<Content> {
-        self.shards[Self::shard_of(key)].lock().get(&key).map(|d| d.content.clone())
+        self.shards[Self::shard_of(key)]
+            .lock()
+            .get(&key.0)
+            .and_then(|pages| pages.get(&key.1))
+            .map(|d| d.content.clone())
     }
 
     /// Counts a piece of a page merged here; `read` when its page had to be read from the store.
@@ -160,7 +168,7 @@ impl WriteBack {
     pub fn dirty_volumes(&self) -> Vec<VolumeId> {
         let mut volumes = std::collections::BTreeSet::new();
         for shard in &self.shards {
-            volumes.extend(shard.lock().keys().map(|key| key.0));
+            volumes.extend(shard.lock().keys().copied());
         }
         volumes.into_iter().collect()
     }
@@ -170,10 +178,12 @@ impl WriteBack {
     pub fn snapshot(&self, volume: VolumeId) -> Vec<Snapshot> {
         let mut all = Vec::new();
         for shard in &self.shards {
-            for (&key, dirty) in shard.lock().iter() {
-                if key.0 == volume {
-                    all.push(Snapshot { key, content: dirty.content.clone(), generation: dirty.generation });
-                }
+            if let Some(pages) = shard.lock().get(&volume) {
+                all.extend(pages.iter().map(|(&page, dirty)| Snapshot {
+                    key: (volume, page),
+                    content: dirty.content.clone(),
+                    generation: dirty.generation,
+                }));
             }
         }
         // In page order, so that a flush writes neighbours together.
@@ -184,23 +194,25 @@ impl WriteBack {
     /// Forgets a flushed page, unless a newer write replaced it since the snapshot.
     pub fn flushed(&self, snapshot: &Snapshot) {
         let mut map = self.shards[Self::shard_of(snapshot.key)].lock();
-        if map.get(&snapshot.key).is_some_and(|d| d.generation == snapshot.generation)
-            && let Some(dirty) = map.remove(&snapshot.key)
+        let (volume, page) = snapshot.key;
+        let Some(pages) = map.get_mut(&volume) else { return };
+        if pages.get(&page).is_some_and(|d| d.generation == snapshot.generation)
+            && let Some(dirty) = pages.remove(&page)
         {
             self.bytes.fetch_sub(cost(&dirty.content), Ordering::Relaxed);
+            if pages.is_empty() {
+                map.remove(&volume);
+            }
         }
     }
 
     /// Drops every entry of a volume (it is being deleted).
     pub fn discard_volume(&self, volume: VolumeId) {
         for shard in &self.shards {
-            shard.lock().retain(|key, dirty| {
-                let keep = key.0 != volume;
-                if !keep {
-                    self.bytes.fetch_sub(cost(&dirty.content), Ordering::Relaxed);
-                }
-                keep
-            });
+            if let Some(pages) = shard.lock().remove(&volume) {
+                let freed: u64 = pages.values().map(|dirty| cost(&dirty.content)).sum();
+                self.bytes.fetch_sub(freed, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -208,19 +220,19 @@ impl WriteBack {
 /// One page's shard, locked.
 pub struct ShardGuard<'a> {
     cache: &'a WriteBack,
-    map: MutexGuard<'a, HashMap<Key, Dirty>>,
+    map: MutexGuard<'a, ShardMap>,
     key: Key,
 }
 
 impl ShardGuard<'_> {
     pub fn get(&self) -> Option<&Content> {
-        self.map.get(&self.key).map(|d| &d.content)
+        self.map.get(&self.key.0).and_then(|pages| pages.get(&self.key.1)).map(|d| &d.content)
     }
 
     /// The page's dirty bytes to change in place (copied first if a flush holds them).
     pub fn page_mut(&mut self) -> Option<&mut Vec<u8>> {
         let generation = self.cache.generation.fetch_add(1, Ordering::Relaxed);
-        match self.map.get_mut(&self.key) {
+        match self.map.get_mut(&self.key.0).and_then(|pages| pages.get_mut(&self.key.1)) {
             Some(Dirty { content: Content::Page(page), generation: g }) => {
                 *g = generation;
                 Some(Arc::make_mut(page))
@@ -232,14 +244,19 @@ impl ShardGuard<'_> {
     pub fn put(&mut self, content: Content) {
         let generation = self.cache.generation.fetch_add(1, Ordering::Relaxed);
         self.cache.bytes.fetch_add(cost(&content), Ordering::Relaxed);
-        if let Some(old) = self.map.insert(self.key, Dirty { content, generation }) {
+        if let Some(old) = self.map.entry(self.key.0).or_default().insert(self.key.1, Dirty { content, generation }) {
             self.cache.bytes.fetch_sub(cost(&old.content), Ordering::Relaxed);
         }
     }
 
     pub fn remove(&mut self) {
-        if let Some(old) = self.map.remove(&self.key) {
+        let (volume, page) = self.key;
+        let Some(pages) = self.map.get_mut(&volume) else { return };
+        if let Some(old) = pages.remove(&page) {
             self.cache.bytes.fetch_sub(cost(&old.content), Ordering::Relaxed);
+        }
+        if pages.is_empty() {
+            self.map.remove(&volume);
         }
     }
 }
@@ -281,5 +298,28 @@ mod tests {
         }
         assert_eq!(cache.dirty_volumes(), vec![VolumeId(1), VolumeId(3)]);
         assert_eq!(cache.snapshot(VolumeId(3)).iter().map(|s| s.key.1).collect::<Vec<_>>(), vec![7, 9]);
+    }
+
+    /// A volume whose pages are all flushed, removed or discarded is no longer dirty, and the
+    /// bytes counted for it are given back.
+    #[test]
+    fn a_volume_emptied_every_way_is_no_longer_listed() {
+        let cache = WriteBack::new(1 << 20);
+        for key in [(VolumeId(1), 2), (VolumeId(2), 5), (VolumeId(3), 7), (VolumeId(3), 9)] {
+            cache.lock(key).put(Content::Page(Arc::new(vec![1u8; 8192])));
+        }
+        let snapshot = cache.snapshot(VolumeId(3));
+        // A page written again after the snapshot stays dirty when the snapshot is flushed.
+        cache.lock((VolumeId(3), 9)).put(Content::Trimmed);
+        snapshot.iter().for_each(|s| cache.flushed(s));
+        assert_eq!(cache.dirty_volumes(), vec![VolumeId(1), VolumeId(2), VolumeId(3)]);
+        assert_eq!(cache.get((VolumeId(3), 7)).map(|_| ()), None);
+        cache.flushed(&cache.snapshot(VolumeId(3))[0]);
+        cache.lock((VolumeId(2), 5)).remove();
+        assert_eq!(cache.dirty_volumes(), vec![VolumeId(1)]);
+        assert_eq!(cache.dirty_bytes(), 8192);
+        cache.discard_volume(VolumeId(1));
+        assert!(cache.dirty_volumes().is_empty());
+        assert!(cache.is_empty());
     }
 }
