@@ -14,8 +14,10 @@ def tps(run: str) -> dict:
     return {k.removeprefix("oltp_"): w["tps"] for k, w in entry["workloads"].items() if w}
 
 
-for round_ in (1, 2):
-    after, before = tps(f"after-{round_}"), tps(f"before-{round_}")
+for name, after, before in (("postgresql, round 1", "after-1", "before-1"),
+                             ("postgresql, round 2", "after-2", "before-2"),
+                             ("mariadb, round 1", "mariadb-after-1", "mariadb-before-1")):
+    after, before = tps(after), tps(before)
     ratios = {k: after[k] / before[k] for k in after}
     mean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
-    print(f"round {round_}: {mean:.2f} (" + ", ".join(f"{k} {r:.2f}" for k, r in ratios.items()) + ")")
+    print(f"{name}: {mean:.2f} (" + ", ".join(f"{k} {r:.2f}" for k, r in ratios.items()) + ")")
