@@ -48,10 +48,6 @@ struct Dirty {
 /// Accounting for a trimmed entry, which holds no page.
 const TRIMMED_BYTES: u64 = 64;
 const SHARDS: usize = 64;
-
-/// One shard's dirty pages, by volume then page: a flush of one volume (a database's WAL
-/// commit) visits that volume's pages only, not every dirty page of the data volumes beside it.
-type ShardMap = HashMap<VolumeId, HashMap<u64, Dirty>>;
 /// Flush gates, each shared by the volumes whose id falls on it.
 pub const GATES: usize = 16;
 
@@ -68,6 +64,35 @@ pub struct WriteBack {
     /// Of those, the pieces whose page was not cached here, so that the page was read from the
     /// store first (from its page cache when that held it, from the device otherwise).
     piece_reads: AtomicU64,
+}
+
+/// One shard's dirty pages, by volume then page: a flush of one volume (a database's WAL
+/// commit) visits that volume's pages only, not every dirty page of the data volumes beside it.
+/// A volume left with no page here is dropped, so the volumes listed are the dirty ones.
+#[derive(Default)]
+struct ShardMap(HashMap<VolumeId, HashMap<u64, Dirty>>);
+
+impl ShardMap {
+    fn get(&self, (volume, page): Key) -> Option<&Dirty> {
+        self.0.get(&volume)?.get(&page)
+    }
+
+    fn get_mut(&mut self, (volume, page): Key) -> Option<&mut Dirty> {
+        self.0.get_mut(&volume)?.get_mut(&page)
+    }
+
+    fn insert(&mut self, (volume, page): Key, dirty: Dirty) -> Option<Dirty> {
+        self.0.entry(volume).or_default().insert(page, dirty)
+    }
+
+    fn remove(&mut self, (volume, page): Key) -> Option<Dirty> {
+        let pages = self.0.get_mut(&volume)?;
+        let removed = pages.remove(&page);
+        if pages.is_empty() {
+            self.0.remove(&volume);
+        }
+        removed
+    }
 }
 
 /// A dirty page as a flush found it.
@@ -94,7 +119,7 @@ impl WriteBack {
     fn with_gates(limit_bytes: u64, gates: usize) -> WriteBack {
         assert!(gates > 0, "a write-back cache needs a flush gate");
         WriteBack {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(ShardMap::default())).collect(),
             bytes: AtomicU64::new(0),
             generation: AtomicU64::new(1),
             gates: (0..gates).map(|_| RwLock::new(())).collect(),
@@ -117,11 +142,7 @@ impl WriteBack {
 
     /// What a reader sees for `key`, if it is dirty.
     pub fn get(&self, key: Key) -> Option<Content> {
-        self.shards[Self::shard_of(key)]
-            .lock()
-            .get(&key.0)
-            .and_then(|pages| pages.get(&key.1))
-            .map(|d| d.content.clone())
+        self.shards[Self::shard_of(key)].lock().get(key).map(|d| d.content.clone())
     }
 
     /// Counts a piece of a page merged here; `read` when its page had to be read from the store.
@@ -168,7 +189,7 @@ impl WriteBack {
     pub fn dirty_volumes(&self) -> Vec<VolumeId> {
         let mut volumes = std::collections::BTreeSet::new();
         for shard in &self.shards {
-            volumes.extend(shard.lock().keys().copied());
+            volumes.extend(shard.lock().0.keys().copied());
         }
         volumes.into_iter().collect()
     }
@@ -178,7 +199,7 @@ impl WriteBack {
     pub fn snapshot(&self, volume: VolumeId) -> Vec<Snapshot> {
         let mut all = Vec::new();
         for shard in &self.shards {
-            if let Some(pages) = shard.lock().get(&volume) {
+            if let Some(pages) = shard.lock().0.get(&volume) {
                 all.extend(pages.iter().map(|(&page, dirty)| Snapshot {
                     key: (volume, page),
                     content: dirty.content.clone(),
@@ -194,22 +215,17 @@ impl WriteBack {
     /// Forgets a flushed page, unless a newer write replaced it since the snapshot.
     pub fn flushed(&self, snapshot: &Snapshot) {
         let mut map = self.shards[Self::shard_of(snapshot.key)].lock();
-        let (volume, page) = snapshot.key;
-        let Some(pages) = map.get_mut(&volume) else { return };
-        if pages.get(&page).is_some_and(|d| d.generation == snapshot.generation)
-            && let Some(dirty) = pages.remove(&page)
+        if map.get(snapshot.key).is_some_and(|d| d.generation == snapshot.generation)
+            && let Some(dirty) = map.remove(snapshot.key)
         {
             self.bytes.fetch_sub(cost(&dirty.content), Ordering::Relaxed);
-            if pages.is_empty() {
-                map.remove(&volume);
-            }
         }
     }
 
     /// Drops every entry of a volume (it is being deleted).
     pub fn discard_volume(&self, volume: VolumeId) {
         for shard in &self.shards {
-            if let Some(pages) = shard.lock().remove(&volume) {
+            if let Some(pages) = shard.lock().0.remove(&volume) {
                 let freed: u64 = pages.values().map(|dirty| cost(&dirty.content)).sum();
                 self.bytes.fetch_sub(freed, Ordering::Relaxed);
             }
@@ -226,13 +242,13 @@ pub struct ShardGuard<'a> {
 
 impl ShardGuard<'_> {
     pub fn get(&self) -> Option<&Content> {
-        self.map.get(&self.key.0).and_then(|pages| pages.get(&self.key.1)).map(|d| &d.content)
+        self.map.get(self.key).map(|d| &d.content)
     }
 
     /// The page's dirty bytes to change in place (copied first if a flush holds them).
     pub fn page_mut(&mut self) -> Option<&mut Vec<u8>> {
         let generation = self.cache.generation.fetch_add(1, Ordering::Relaxed);
-        match self.map.get_mut(&self.key.0).and_then(|pages| pages.get_mut(&self.key.1)) {
+        match self.map.get_mut(self.key) {
             Some(Dirty { content: Content::Page(page), generation: g }) => {
                 *g = generation;
                 Some(Arc::make_mut(page))
@@ -244,19 +260,14 @@ impl ShardGuard<'_> {
     pub fn put(&mut self, content: Content) {
         let generation = self.cache.generation.fetch_add(1, Ordering::Relaxed);
         self.cache.bytes.fetch_add(cost(&content), Ordering::Relaxed);
-        if let Some(old) = self.map.entry(self.key.0).or_default().insert(self.key.1, Dirty { content, generation }) {
+        if let Some(old) = self.map.insert(self.key, Dirty { content, generation }) {
             self.cache.bytes.fetch_sub(cost(&old.content), Ordering::Relaxed);
         }
     }
 
     pub fn remove(&mut self) {
-        let (volume, page) = self.key;
-        let Some(pages) = self.map.get_mut(&volume) else { return };
-        if let Some(old) = pages.remove(&page) {
+        if let Some(old) = self.map.remove(self.key) {
             self.cache.bytes.fetch_sub(cost(&old.content), Ordering::Relaxed);
-        }
-        if pages.is_empty() {
-            self.map.remove(&volume);
         }
     }
 }
