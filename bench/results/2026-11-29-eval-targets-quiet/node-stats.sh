@@ -7,15 +7,10 @@ wl=${1:-oltp_update_non_index}; out=${TMPDIR:-/tmp}/tundra-node-stats
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../../.."
 rm -rf "$out"; mkdir -p "$out"
-bench/run --full --databases postgresql --systems tundra-off --workloads "$wl" --repetitions 1 --workload-seconds 20 \
-  --skip-space --skip-store --skip-drive --skip-extras --out "$out/run" > "$out/run.log" 2>&1 &
-bench=$!
-for _ in $(seq 1 600); do
-  pgrep -f "sysbench $wl .* run" > /dev/null && break
-  sleep 0.5
-done
+. "$here/workload.sh"
+start_workload tundra-off "$wl" "$out"
 sleep 4
-config=$(ps -eo cmd | grep "serve --data-dir .*postgresql.tundra-off.sysbench" | grep -v grep | head -1 | sed 's/.*--config //')
+config=$(ps -o args= -p "$(node_pid tundra-off)" | sed 's/.*--config //')
 addr=$(grep '^native' "$config" | grep -o '127.0.0.1:[0-9]*')
 target/release/tundra stats --json --addr "$addr" > "$here/node-stats-at-4s.json"
 sleep 8

@@ -8,15 +8,10 @@ sys=${1:-tundra-off}; wl=${2:-oltp_update_non_index}; out=${3:-/tmp/tundra-profi
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../../.."
 rm -rf "$out"; mkdir -p "$out"
-bench/run --full --databases postgresql --systems "$sys" --workloads "$wl" --repetitions 1 --workload-seconds 20 \
-  --skip-space --skip-store --skip-drive --skip-extras --out "$out/run" > "$out/run.log" 2>&1 &
-bench=$!
-for _ in $(seq 1 600); do
-  pgrep -f "sysbench $wl .* run" > /dev/null && break
-  sleep 0.5
-done
+. "$here/workload.sh"
+start_workload "$sys" "$wl" "$out"
 sleep 3
-node=$(pgrep -f "tundra serve --data-dir .*postgresql.$sys.sysbench" | head -1)
+node=$(node_pid "$sys")
 perf record -a -g -F 499 -o "$out/all.data" -- sleep 8 > /dev/null 2>&1
 wait $bench
 {
