@@ -121,7 +121,9 @@ class Report:
             f"Command: `{m.get('command')}`  ",
             f"Date: {m.get('date')} to {m.get('finished')}, wall time {m.get('wall_seconds', 0):,.0f} s  ",
             f"Tundra: {m.get('tundra', {}).get('git')}{' (uncommitted changes)' if m.get('tundra', {}).get('dirty') else ''}  ",
-            f"Machine: {mach.get('cpu')}, {mach.get('nproc')} cores, {mach.get('ram_gib')} GiB, Linux {mach.get('kernel')}  ",
+            f"Machine: {mach.get('cpu')}, {mach.get('nproc')} cores, {mach.get('ram_gib')} GiB, Linux {mach.get('kernel')}"
+            + {True: " (FUSE over io_uring on)", False: " (FUSE over io_uring off)"}.get(mach.get("fuse_io_uring"), "")
+            + "  ",
             "Definitions: docs/evaluation.md. Every raw number: results.json beside this file.", "",
             *[f"Note: {n}  " for n in m.get("notes", [])], *([""] if m.get("notes") else []),
             "## Configuration", "",

@@ -483,9 +483,18 @@ class Runner:
                                  "settings": s.settings, "description": s.description} for s in SYSTEMS},
             "ablation": ABLATION,
             "machine": {"cpu": cpu, "nproc": os.cpu_count(), "ram_gib": round(int(mem) / 2**20, 1),
-                        "kernel": platform.release()},
+                        "kernel": platform.release(), "fuse_io_uring": fuse_io_uring()},
             "tundra": {"git": git, "dirty": bool(dirty)},
         }
+
+
+def fuse_io_uring() -> bool:
+    """Whether the kernel offers FUSE over io_uring (`/sys/module/fuse/parameters/enable_uring`):
+    Tundra's mounts then take requests through it, else through /dev/fuse."""
+    try:
+        return pathlib.Path("/sys/module/fuse/parameters/enable_uring").read_text().strip() == "Y"
+    except OSError:
+        return False
 
 
 def median_run(repeated: list) -> dict:

@@ -46,6 +46,9 @@ pub struct MountConfig {
     pub page_size: Option<String>,
     /// "normal" (compressed, the default) or "none" (the fast device), for a volume created here.
     pub mode: Option<String>,
+    /// Whether requests may come through FUSE over io_uring where the kernel offers it
+    /// (`/sys/module/fuse/parameters/enable_uring`); true by default. False keeps `/dev/fuse`.
+    pub io_uring: Option<bool>,
 }
 
 impl MountConfig {
@@ -66,6 +69,14 @@ impl MountConfig {
             Some(other) => return Err(what("mode", format!("{other:?}: write \"normal\" or \"none\""))),
         };
         Ok(Some((size, page_size, mode)))
+    }
+
+    /// The transport this entry asks for.
+    pub fn transport(&self) -> crate::file_export::Transport {
+        match self.io_uring {
+            Some(false) => crate::file_export::Transport::DevFuse,
+            _ => crate::file_export::Transport::Auto,
+        }
     }
 }
 

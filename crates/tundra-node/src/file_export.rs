@@ -16,17 +16,23 @@
 //! passes on discards and write-zeroes), and plain preallocation inside the file is accepted
 //! and changes nothing.
 //!
-//! FUSE over io_uring (`/sys/module/fuse/parameters/enable_uring`) is not used: the `fuser`
-//! crate (0.18) speaks FUSE only through reads and writes of `/dev/fuse`; it knows the
-//! `FUSE_OVER_IO_URING` flag's name but has no transport for it.
+//! Two transports carry the requests. `fuser` mounts the file, negotiates with the kernel and
+//! serves requests read from `/dev/fuse`, one system call to take a request and one to answer
+//! it. Where the kernel offers FUSE over io_uring (Linux 6.14 and later, with
+//! `/sys/module/fuse/parameters/enable_uring` set) and the export asks for it, `uring.rs` serves
+//! them instead through rings of this process: one system call answers a request and waits for
+//! the next, and the kernel hands a request to the queue of the CPU it was made on. `fuser`'s
+//! thread then serves only what the kernel still sends through `/dev/fuse` (interrupts, and
+//! whatever comes before the rings are registered).
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use fuser::Errno;
@@ -36,8 +42,14 @@ use fuser::{
     ReplyWrite, Request, SessionACL, WriteFlags,
 };
 
-/// Threads serving one file's requests.
+mod uring;
+
+/// Threads serving one file's requests through `/dev/fuse`.
 pub const EXPORT_THREADS: usize = 8;
+/// Threads serving each CPU's queue of one file's requests through io_uring: a request waits
+/// for a free thread of its CPU's queue, and a thread serves one request at a time (an fsync
+/// blocks it for a device flush).
+pub const URING_THREADS_PER_QUEUE: usize = 4;
 /// The largest read or write the kernel sends in one request.
 const MAX_REQUEST_BYTES: u32 = 1 << 20;
 /// How long attributes stay valid in the kernel: the size never changes while mounted.
@@ -69,9 +81,23 @@ pub trait ExportBackend: Send + Sync + 'static {
     fn on_request(&self) {}
 }
 
+/// How the kernel's requests reach an export's threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// FUSE over io_uring where the kernel offers it, `/dev/fuse` otherwise.
+    #[default]
+    Auto,
+    /// `/dev/fuse` only.
+    DevFuse,
+}
+
 /// What one exported file served.
 #[derive(Default)]
 pub struct ExportCounters {
+    /// Whether requests come through io_uring (else through `/dev/fuse`).
+    pub io_uring: AtomicBool,
+    /// Requests answered through io_uring (all requests count, whatever their result).
+    pub io_uring_requests: AtomicU64,
     pub reads: AtomicU64,
     pub writes: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -86,10 +112,12 @@ pub struct FileExport {
     file: PathBuf,
     counters: Arc<ExportCounters>,
     session: Option<BackgroundSession>,
+    /// The io_uring transport's threads, when it serves.
+    ring: Option<uring::Ring>,
 }
 
-/// The FUSE side: one regular file, inode 1.
-struct ExportedFile<B> {
+/// What both transports serve: one regular file, inode 1, and what each request does to it.
+struct Served<B> {
     backend: Arc<B>,
     /// The owner and permissions of the file mounted on, which the mount keeps showing.
     uid: u32,
@@ -98,11 +126,30 @@ struct ExportedFile<B> {
     counters: Arc<ExportCounters>,
 }
 
+/// The `fuser` side.
+struct ExportedFile<B> {
+    served: Arc<Served<B>>,
+    /// Whether to ask the kernel for FUSE over io_uring at `init`.
+    want_uring: bool,
+    /// Set at `init` if the kernel took that request.
+    uring_granted: Arc<AtomicBool>,
+}
+
 impl FileExport {
     /// Mounts `backend` on `file`, which is created empty if missing and must be a regular file.
     /// A FUSE mount left there by a process that was killed is detached first. `fs_name` is
     /// what the mount table shows as its source.
     pub fn start<B: ExportBackend>(backend: Arc<B>, file: &Path, fs_name: &str) -> io::Result<FileExport> {
+        FileExport::start_with(backend, file, fs_name, Transport::Auto)
+    }
+
+    /// [`FileExport::start`] with a choice of transport.
+    pub fn start_with<B: ExportBackend>(
+        backend: Arc<B>,
+        file: &Path,
+        fs_name: &str,
+        transport: Transport,
+    ) -> io::Result<FileExport> {
         clear_stale_mount(file)?;
         let metadata = match std::fs::metadata(file) {
             Ok(metadata) => metadata,
@@ -119,12 +166,18 @@ impl FileExport {
             ));
         }
         let counters = Arc::new(ExportCounters::default());
-        let fs = ExportedFile {
+        let served = Arc::new(Served {
             backend,
             uid: metadata.uid(),
             gid: metadata.gid(),
             perm: (metadata.mode() & 0o7777) as u16,
             counters: counters.clone(),
+        });
+        let uring_granted = Arc::new(AtomicBool::new(false));
+        let fs = ExportedFile {
+            served: served.clone(),
+            want_uring: transport == Transport::Auto,
+            uring_granted: uring_granted.clone(),
         };
         let mut config = FuseConfig::default();
         config.mount_options = vec![
@@ -135,11 +188,33 @@ impl FileExport {
             MountOption::NoSuid,
         ];
         config.acl = SessionACL::Owner;
+        // With the rings serving, these threads wait on /dev/fuse for what still comes there.
         config.n_threads = Some(EXPORT_THREADS);
         config.clone_fd = true;
+        // Mounting includes the handshake (`init` below), so the transport is known here.
         let session = fuser::Session::new(fs, file, &config).map_err(|e| with_path(file, "mounting FUSE on", e))?;
+        let ring = if uring_granted.load(Ordering::Acquire) {
+            let ring = session
+                .as_fd()
+                .try_clone_to_owned()
+                .and_then(|fd| uring::Ring::start(fd, served, URING_THREADS_PER_QUEUE));
+            match ring {
+                Ok(ring) => Some(ring),
+                Err(e) => {
+                    // The kernel keeps sending through /dev/fuse until every queue is registered.
+                    eprintln!(
+                        "tundra: {}: FUSE over io_uring not started ({e}); serving through /dev/fuse",
+                        file.display()
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        counters.io_uring.store(ring.is_some(), Ordering::Relaxed);
         let session = session.spawn().map_err(|e| with_path(file, "starting FUSE threads for", e))?;
-        Ok(FileExport { file: file.to_path_buf(), counters, session: Some(session) })
+        Ok(FileExport { file: file.to_path_buf(), counters, session: Some(session), ring })
     }
 
     pub fn file(&self) -> &Path {
@@ -186,7 +261,12 @@ impl FileExport {
                 _ => return Err(with_path(&self.file, "unmounting", error)),
             }
         }
-        session.join().map_err(|e| with_path(&self.file, "ending the FUSE session of", e))
+        let ended = session.join().map_err(|e| with_path(&self.file, "ending the FUSE session of", e));
+        // Unmounting ended the connection, which ends every ring thread's wait.
+        if let Some(ring) = self.ring.take() {
+            ring.join();
+        }
+        ended
     }
 }
 
@@ -218,7 +298,7 @@ fn clear_stale_mount(file: &Path) -> io::Result<()> {
     }
 }
 
-impl<B: ExportBackend> ExportedFile<B> {
+impl<B: ExportBackend> Served<B> {
     fn attr(&self) -> FileAttr {
         let size = self.backend.size();
         let now = SystemTime::now();
@@ -253,6 +333,66 @@ impl<B: ExportBackend> ExportedFile<B> {
         result
     }
 
+    /// Only what changes nothing is accepted: the size stays the backend's (a truncate to it
+    /// is a no-op), owner, mode and times are not kept.
+    fn setattr(&self, size: Option<u64>) -> Result<FileAttr, Errno> {
+        self.backend.on_request();
+        if size.is_some_and(|size| size != self.backend.size()) {
+            return Err(Errno::EPERM);
+        }
+        Ok(self.attr())
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`: the bytes read, fewer at the end.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        self.backend.on_request();
+        let len = self.clamp(offset, buf.len() as u64) as usize;
+        if len > 0 {
+            self.counted(self.backend.read(offset, &mut buf[..len]))?;
+        }
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(len)
+    }
+
+    /// The file cannot grow. A write reaching past the end writes what fits and says so, as
+    /// a block device's file does; one wholly past it is refused.
+    fn write(&self, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        self.backend.on_request();
+        let len = self.clamp(offset, data.len() as u64) as usize;
+        if len == 0 {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(Errno::ENOSPC);
+        }
+        self.counted(self.backend.write(offset, &data[..len]))?;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(len as u32)
+    }
+
+    fn fsync(&self) -> Result<(), Errno> {
+        self.backend.on_request();
+        self.counted(self.backend.fsync())?;
+        self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn fallocate(&self, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        self.backend.on_request();
+        let zeroes = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
+        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            Err(Errno::EOPNOTSUPP)
+        } else if zeroes {
+            self.zero(offset, length)
+        } else if offset.saturating_add(length) > self.backend.size() {
+            // Allocation past the end would grow the file.
+            Err(Errno::ENOSPC)
+        } else {
+            Ok(())
+        }
+    }
+
     fn zero(&self, offset: u64, length: u64) -> Result<(), Errno> {
         let len = self.clamp(offset, length);
         if len == 0 {
@@ -272,19 +412,21 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
         let _ = config.set_max_readahead(MAX_REQUEST_BYTES);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        // Offered only where the kernel has it and `enable_uring` is set.
+        if self.want_uring && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+            self.uring_granted.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.backend.on_request();
+        self.served.backend.on_request();
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOENT);
         }
-        reply.attr(&ATTR_TTL, &self.attr());
+        reply.attr(&ATTR_TTL, &self.served.attr());
     }
 
-    /// Only what changes nothing is accepted: the size stays the backend's (a truncate to it
-    /// is a no-op), owner, mode and times are not kept.
     fn setattr(
         &self,
         _req: &Request,
@@ -303,11 +445,10 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.backend.on_request();
-        if size.is_some_and(|size| size != self.backend.size()) {
-            return reply.error(Errno::EPERM);
+        match self.served.setattr(size) {
+            Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+            Err(errno) => reply.error(errno),
         }
-        reply.attr(&ATTR_TTL, &self.attr());
     }
 
     /// No FUSE open flags: a loop device opens the file with O_DIRECT, which bypasses the page
@@ -316,7 +457,7 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
     /// at 0.36x of NBD through nbdfuse with it (bench/results/2026-11-25-block-path); without
     /// it, 1.02x of NBD on a quieter machine (bench/results/2026-11-28-block-path).
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.backend.on_request();
+        self.served.backend.on_request();
         reply.opened(FileHandle(0), FopenFlags::empty());
     }
 
@@ -331,17 +472,11 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.backend.on_request();
-        let len = self.clamp(offset, u64::from(size)) as usize;
-        let mut buf = vec![0u8; len];
-        if len > 0
-            && let Err(errno) = self.counted(self.backend.read(offset, &mut buf))
-        {
-            return reply.error(errno);
+        let mut buf = vec![0u8; self.served.clamp(offset, u64::from(size)) as usize];
+        match self.served.read(offset, &mut buf) {
+            Ok(len) => reply.data(&buf[..len]),
+            Err(errno) => reply.error(errno),
         }
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-        reply.data(&buf);
     }
 
     fn write(
@@ -356,20 +491,10 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.backend.on_request();
-        // The file cannot grow. A write reaching past the end writes what fits and says so, as
-        // a block device's file does; one wholly past it is refused.
-        let len = self.clamp(offset, data.len() as u64) as usize;
-        if len == 0 {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return reply.error(Errno::ENOSPC);
+        match self.served.write(offset, data) {
+            Ok(len) => reply.written(len),
+            Err(errno) => reply.error(errno),
         }
-        if let Err(errno) = self.counted(self.backend.write(offset, &data[..len])) {
-            return reply.error(errno);
-        }
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
-        reply.written(len as u32);
     }
 
     /// A close: nothing to make durable (fsync does that).
@@ -378,12 +503,8 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.backend.on_request();
-        match self.counted(self.backend.fsync()) {
-            Ok(()) => {
-                self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
-                reply.ok()
-            }
+        match self.served.fsync() {
+            Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
     }
@@ -398,20 +519,7 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.backend.on_request();
-        let zeroes = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
-        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
-        let result = if mode & !known != 0 {
-            Err(Errno::EOPNOTSUPP)
-        } else if zeroes {
-            self.zero(offset, length)
-        } else if offset.saturating_add(length) > self.backend.size() {
-            // Allocation past the end would grow the file.
-            Err(Errno::ENOSPC)
-        } else {
-            Ok(())
-        };
-        match result {
+        match self.served.fallocate(offset, length, mode) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }

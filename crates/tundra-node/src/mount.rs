@@ -15,17 +15,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::file_export::{Errno, ExportBackend, ExportCounters, FileExport};
+use crate::file_export::{Errno, ExportBackend, ExportCounters, FileExport, Transport};
 use crate::{Error, Node, Result, VolumeRef};
 
-/// Threads serving one mount's requests.
+/// Threads serving one mount's requests through `/dev/fuse`.
 pub const MOUNT_THREADS: usize = crate::file_export::EXPORT_THREADS;
+/// Threads serving each CPU's queue of one mount's requests through io_uring.
+pub const MOUNT_URING_THREADS_PER_QUEUE: usize = crate::file_export::URING_THREADS_PER_QUEUE;
 
 /// What one mount served, for `tundra stats`.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct MountStats {
     pub volume: String,
     pub file: String,
+    /// How requests arrive: "io_uring" (FUSE over io_uring) or "/dev/fuse".
+    pub transport: String,
+    /// Requests answered through io_uring.
+    pub io_uring_requests: u64,
     pub reads: u64,
     pub writes: u64,
     pub bytes_read: u64,
@@ -46,6 +52,8 @@ fn stats_of(counters: &ExportCounters, volume: &str, file: &Path) -> MountStats 
     MountStats {
         volume: volume.to_string(),
         file: file.display().to_string(),
+        transport: transport_name(counters).to_string(),
+        io_uring_requests: get(&counters.io_uring_requests),
         reads: get(&counters.reads),
         writes: get(&counters.writes),
         bytes_read: get(&counters.bytes_read),
@@ -54,6 +62,11 @@ fn stats_of(counters: &ExportCounters, volume: &str, file: &Path) -> MountStats 
         zeroed_bytes: get(&counters.zeroed_bytes),
         errors: get(&counters.errors),
     }
+}
+
+/// "io_uring" or "/dev/fuse": how an export's requests arrive.
+pub fn transport_name(counters: &ExportCounters) -> &'static str {
+    if counters.io_uring.load(Ordering::Relaxed) { "io_uring" } else { "/dev/fuse" }
 }
 
 impl Node {
@@ -81,12 +94,20 @@ impl Mount {
     /// created empty if missing). A FUSE mount left there by a node that was killed is
     /// detached first.
     pub fn start(node: Arc<Node>, volume: &str, file: &Path) -> Result<Mount> {
+        Mount::start_with(node, volume, file, Transport::Auto)
+    }
+
+    /// [`Mount::start`] with a choice of transport.
+    pub fn start_with(node: Arc<Node>, volume: &str, file: &Path, transport: Transport) -> Result<Mount> {
         let volume_ref = node.volume_by_name(volume)?;
         let backend = Arc::new(VolumeFile { node: node.clone(), volume: volume_ref });
-        let export = FileExport::start(backend, file, &format!("tundra:{volume}")).map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidInput => Error::Invalid(e.to_string()),
-            _ => Error::Io(e.to_string()),
-        })?;
+        let export =
+            FileExport::start_with(backend, file, &format!("tundra:{volume}"), transport).map_err(|e| {
+                match e.kind() {
+                    std::io::ErrorKind::InvalidInput => Error::Invalid(e.to_string()),
+                    _ => Error::Io(e.to_string()),
+                }
+            })?;
         let registered = Registered { volume: volume.to_string(), counters: export.counters().clone() };
         node.mounts.lock().insert(file.to_path_buf(), registered);
         Ok(Mount { volume: volume.to_string(), node, export: Some(export) })
@@ -100,7 +121,7 @@ impl Mount {
         {
             node.volume_create(&config.volume, size, page_size, mode)?;
         }
-        Mount::start(node, &config.volume, &config.file)
+        Mount::start_with(node, &config.volume, &config.file, config.transport())
     }
 
     pub fn file(&self) -> &Path {

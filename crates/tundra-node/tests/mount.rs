@@ -1,7 +1,9 @@
 //! A volume mounted as a file through FUSE in the node's process (mount.rs): written and read
 //! through the file directly, and through a loop device with ext4 on it as a database host uses
 //! it; the data is there after an unmount and a remount, and after the node itself is closed
-//! and opened again.
+//! and opened again. Each runs over both transports: `/dev/fuse`, and FUSE over io_uring where
+//! the kernel offers it (`/sys/module/fuse/parameters/enable_uring`, which scripts/test turns
+//! on where it can); where it does not, the io_uring runs check that the mount falls back.
 //!
 //! Needs root (mount, losetup) and /dev/fuse; `e2fsprogs` and `util-linux` provide mkfs.ext4
 //! and losetup (scripts/install-deps).
@@ -13,6 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use tundra_env::Rng;
+use tundra_node::file_export::Transport;
 use tundra_node::mount::Mount;
 use tundra_node::{Config, Node};
 use tundra_store::volume::VolumeMode;
@@ -29,6 +32,19 @@ fn rustix_is_root() -> bool {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
+}
+
+/// Whether the kernel offers FUSE over io_uring to servers that ask.
+fn kernel_offers_uring() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
+}
+
+/// Mounts with `transport` and checks the transport the mount got.
+fn mounted(node: &Arc<Node>, volume: &str, file: &Path, transport: Transport) -> Mount {
+    let mount = Mount::start_with(node.clone(), volume, file, transport).unwrap();
+    let expected = if transport == Transport::Auto && kernel_offers_uring() { "io_uring" } else { "/dev/fuse" };
+    assert_eq!(mount.stats().transport, expected, "the transport of a mount asked for {transport:?}");
+    mount
 }
 
 fn config(dir: &Path) -> Config {
@@ -61,12 +77,21 @@ fn run(cmd: &mut Command) -> String {
 /// zeroed ranges, a write past the end refused; all of it there after unmount and remount.
 #[test]
 fn the_file_reads_and_writes_and_keeps_its_data_across_remounts() {
+    file_round_trip(Transport::DevFuse);
+}
+
+#[test]
+fn the_file_reads_and_writes_and_keeps_its_data_across_remounts_over_io_uring() {
+    file_round_trip(Transport::Auto);
+}
+
+fn file_round_trip(transport: Transport) {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let node = Arc::new(Node::open(&config(dir.path()), &mut |_| {}).unwrap());
     node.volume_create("vol", 16 * MIB, 8192, VolumeMode::Normal).unwrap();
     let file = dir.path().join("vol.file");
-    let mount = Mount::start(node.clone(), "vol", &file).unwrap();
+    let mount = mounted(&node, "vol", &file, transport);
     let mut rng = Rng::new(3);
     let mut model = vec![0u8; 16 * MIB as usize];
     {
@@ -103,13 +128,19 @@ fn the_file_reads_and_writes_and_keeps_its_data_across_remounts() {
     assert_eq!(stats.mounts.len(), 1);
     assert!(stats.mounts[0].writes >= 200 && stats.mounts[0].fsyncs >= 2, "{:?}", stats.mounts);
     assert!(stats.mounts[0].zeroed_bytes >= 5 * 8192);
+    let answered = stats.mounts[0].io_uring_requests;
+    if stats.mounts[0].transport == "io_uring" {
+        assert!(answered >= stats.mounts[0].writes + stats.mounts[0].fsyncs, "the rings answered: {:?}", stats.mounts);
+    } else {
+        assert_eq!(answered, 0, "no ring, no requests through one");
+    }
     mount.unmount().unwrap();
     assert!(node.stats().mounts.is_empty(), "an unmounted file leaves the statistics");
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "the file underneath is the empty one again");
     // The node closed and opened again: the data is on its devices.
     drop(node);
     let node = Arc::new(Node::open(&config(dir.path()), &mut |_| {}).unwrap());
-    let mount = Mount::start(node.clone(), "vol", &file).unwrap();
+    let mount = mounted(&node, "vol", &file, transport);
     let mut back = vec![0u8; model.len()];
     std::fs::File::open(&file).unwrap().read_exact_at(&mut back, 0).unwrap();
     assert!(back == model, "read back after a remount on a reopened node");
@@ -121,6 +152,15 @@ fn the_file_reads_and_writes_and_keeps_its_data_across_remounts() {
 /// synced, everything taken down, then mounted again and the files read back.
 #[test]
 fn ext4_on_a_loop_device_over_the_file_survives_unmount_and_remount() {
+    ext4_round_trip(Transport::DevFuse);
+}
+
+#[test]
+fn ext4_on_a_loop_device_over_the_file_survives_unmount_and_remount_over_io_uring() {
+    ext4_round_trip(Transport::Auto);
+}
+
+fn ext4_round_trip(transport: Transport) {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let node = Arc::new(Node::open(&config(dir.path()), &mut |_| {}).unwrap());
@@ -131,7 +171,7 @@ fn ext4_on_a_loop_device_over_the_file_survives_unmount_and_remount() {
     let mut rng = Rng::new(11);
     let contents: Vec<Vec<u8>> = (0..6).map(|i| rng.bytes(100_000 + i * 77_777)).collect();
     for round in 0..2 {
-        let mount = Mount::start(node.clone(), "fsvol", &file).unwrap();
+        let mount = mounted(&node, "fsvol", &file, transport);
         let loop_dev = run(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(&file));
         if round == 0 {
             run(Command::new("mkfs.ext4").args(["-q", "-F", &loop_dev]));
@@ -146,6 +186,10 @@ fn ext4_on_a_loop_device_over_the_file_survives_unmount_and_remount() {
             }
         }
         run(&mut Command::new("sync"));
+        let served = mount.stats();
+        if served.transport == "io_uring" {
+            assert!(served.io_uring_requests >= served.writes && served.writes > 0, "the rings answered: {served:?}");
+        }
         run(Command::new("umount").arg(&mnt));
         run(Command::new("losetup").args(["-d", &loop_dev]));
         mount.unmount().unwrap();

@@ -69,6 +69,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         size: args.size,
         page_size: args.page_size,
         mode: args.mode,
+        io_uring: None,
     });
     config.validate()?;
     serve_config(config)
@@ -224,12 +225,14 @@ fn serve_config(config: Config) -> Result<()> {
     for entry in &config.mount {
         let mount = tundra_node::mount::Mount::configured(node.clone(), entry)
             .with_context(|| format!("mounting volume {:?} on {}", entry.volume, entry.file.display()))?;
-        say(&format!(
-            "volume {:?} mounted on {} (FUSE in this process, {} threads)",
-            entry.volume,
-            entry.file.display(),
-            tundra_node::mount::MOUNT_THREADS
-        ));
+        let how = match mount.stats().transport.as_str() {
+            "io_uring" => format!(
+                "FUSE over io_uring in this process, {} threads per CPU queue",
+                tundra_node::mount::MOUNT_URING_THREADS_PER_QUEUE
+            ),
+            _ => format!("FUSE through /dev/fuse in this process, {} threads", tundra_node::mount::MOUNT_THREADS),
+        };
+        say(&format!("volume {:?} mounted on {} ({how})", entry.volume, entry.file.display()));
         mounts.push(mount);
     }
     say("ready; SIGTERM or Ctrl-C stops");

@@ -387,9 +387,12 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     if let Some(mounts) = stats["mounts"].as_array() {
         for m in mounts {
             println!(
-                "mount: volume {} on {}: {} reads ({}), {} writes ({}), {} fsyncs, {} zeroed, {} errors",
+                "mount: volume {} on {} (through {}, {} requests by io_uring): {} reads ({}), {} writes ({}), \
+                 {} fsyncs, {} zeroed, {} errors",
                 m["volume"].as_str().unwrap_or("?"),
                 m["file"].as_str().unwrap_or("?"),
+                m["transport"].as_str().unwrap_or("?"),
+                num(m, "io_uring_requests"),
                 num(m, "reads"),
                 bytes(m, "bytes_read"),
                 num(m, "writes"),
