@@ -5,8 +5,11 @@
 # each: 8 KiB writes each followed by fdatasync at queue depth 1 (a commit), 8 KiB random
 # reads at queue depth 1 and at 16 (libaio). Prints one line per job: round, transport, job,
 # IOPS, mean latency in µs. Usage: bash fio.sh TUNDRA_BIN > fio.txt. Needs root.
+# With a second build, `bash fio.sh BIN_A BIN_B` compares the two builds instead, both over
+# io_uring (the transport column then names the build: a or b).
 set -euo pipefail
 bin=$1
+other=${2:-}
 uring=/sys/module/fuse/parameters/enable_uring
 work=$(mktemp -d /tmp/tundra-fio.XXXXXX)
 node_pid=
@@ -44,10 +47,17 @@ PY
 printf 'round\ttransport\tjob\tiops\tmean_latency_us\n'
 for round in 1 2 3; do
   for setting in Y N; do
+    run_bin=$bin
+    if [[ -n $other ]]; then
+      transport=$([[ $setting == Y ]] && echo a || echo b)
+      [[ $setting == N ]] && run_bin=$other
+      setting=Y
+    else
+      transport=$([[ $setting == Y ]] && echo io_uring || echo /dev/fuse)
+    fi
     echo "$setting" > "$uring"
-    transport=$([[ $setting == Y ]] && echo io_uring || echo /dev/fuse)
     rm -rf "$work/data" "$work/vol"
-    "$bin" mount fio "$work/vol" --config "$work/node.toml" --size 1GiB --mode none > "$work/node.log" 2>&1 &
+    "$run_bin" mount fio "$work/vol" --config "$work/node.toml" --size 1GiB --mode none > "$work/node.log" 2>&1 &
     node_pid=$!
     for _ in $(seq 100); do [[ $(stat -c %s "$work/vol" 2>/dev/null || echo 0) -gt 0 ]] && break; sleep 0.2; done
     grep -q "mounted on .*$( [[ $setting == Y ]] && echo 'io_uring' || echo '/dev/fuse')" "$work/node.log" \
