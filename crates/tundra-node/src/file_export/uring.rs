@@ -193,29 +193,38 @@ fn serve<B: ExportBackend>(fd: &OwnedFd, qid: u16, served: &Served<B>, ready: mp
         Ok(()) => ring.submit().map(drop),
         Err(e) => Err(e),
     };
-    // A refused registration completes at once; an accepted one waits for a request.
-    let refused = ring.completion().next().filter(|cqe| cqe.result() < 0);
-    let registered = match (registered, refused) {
+    // A refused registration completes at once. An accepted one completes when the kernel puts
+    // a request in the entry, which may already have happened (the last queue's entry makes the
+    // rings ready): that completion is the first request to answer.
+    let first = ring.completion().next().map(|cqe| cqe.result());
+    let registered = match (registered, first) {
         (Err(e), _) => Err(e),
-        (Ok(()), Some(cqe)) => Err(io::Error::from_raw_os_error(-cqe.result())),
-        (Ok(()), None) => Ok(()),
+        (Ok(()), Some(result)) if result < 0 => Err(io::Error::from_raw_os_error(-result)),
+        (Ok(()), _) => Ok(()),
     };
     let failed = registered.is_err();
     let _ = ready.send(registered);
     if failed {
         return;
     }
+    let mut pending = first;
     loop {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) => {
-                eprintln!("tundra: FUSE ring of queue {qid}: {e}; the thread stops");
-                return;
+        let result = match pending.take() {
+            Some(result) => result,
+            None => {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                    Err(e) => {
+                        eprintln!("tundra: FUSE ring of queue {qid}: {e}; the thread stops");
+                        return;
+                    }
+                }
+                let Some(cqe) = ring.completion().next() else { continue };
+                cqe.result()
             }
-        }
-        let Some(cqe) = ring.completion().next() else { continue };
-        let next = match cqe.result() {
+        };
+        let next = match result {
             0 => {
                 let commit_id = answer(served, &mut entry);
                 command(fd, &entry, CMD_COMMIT_AND_FETCH, qid, commit_id)
