@@ -333,6 +333,19 @@ impl<B: ExportBackend> Served<B> {
         result
     }
 
+    fn getattr(&self, inode: u64) -> Result<FileAttr, Errno> {
+        self.backend.on_request();
+        if inode != u64::from(INodeNo::ROOT) {
+            return Err(Errno::ENOENT);
+        }
+        Ok(self.attr())
+    }
+
+    /// No FUSE open flags (see the `fuser` side's `open`).
+    fn open(&self) {
+        self.backend.on_request();
+    }
+
     /// Only what changes nothing is accepted: the size stays the backend's (a truncate to it
     /// is a no-op), owner, mode and times are not kept.
     fn setattr(&self, size: Option<u64>) -> Result<FileAttr, Errno> {
@@ -420,11 +433,10 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.served.backend.on_request();
-        if ino != INodeNo::ROOT {
-            return reply.error(Errno::ENOENT);
+        match self.served.getattr(u64::from(ino)) {
+            Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+            Err(errno) => reply.error(errno),
         }
-        reply.attr(&ATTR_TTL, &self.served.attr());
     }
 
     fn setattr(
@@ -457,7 +469,7 @@ impl<B: ExportBackend> Filesystem for ExportedFile<B> {
     /// at 0.36x of NBD through nbdfuse with it (bench/results/2026-11-25-block-path); without
     /// it, 1.02x of NBD on a quieter machine (bench/results/2026-11-28-block-path).
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.served.backend.on_request();
+        self.served.open();
         reply.opened(FileHandle(0), FopenFlags::empty());
     }
 

@@ -60,7 +60,6 @@ const FUSE_FALLOCATE: u32 = 43;
 /// `FATTR_SIZE` in `fuse_setattr_in.valid`.
 const FATTR_SIZE: u32 = 1 << 3;
 const S_IFREG: u32 = 0o100_000;
-const ROOT_INODE: u64 = 1;
 
 /// The rings' threads of one export.
 pub(super) struct Ring {
@@ -263,18 +262,14 @@ fn answer<B: ExportBackend>(served: &Served<B>, entry: &mut Entry) -> u64 {
     let op = ENT_IN_OUT - OP_BYTES;
     served.counters.io_uring_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result: Result<usize, Errno> = match opcode {
-        FUSE_GETATTR if nodeid != ROOT_INODE => Err(Errno::ENOENT),
-        FUSE_GETATTR => {
-            served.backend.on_request();
-            Ok(put_attr(served, &mut entry.payload))
-        }
+        FUSE_GETATTR => served.getattr(nodeid).map(|attr| put_attr(&attr, &mut entry.payload)),
         FUSE_SETATTR => {
             // struct fuse_setattr_in: valid, padding, fh, size, ...
             let size = (entry.u32_at(op) & FATTR_SIZE != 0).then(|| entry.u64_at(op + 16));
-            served.setattr(size).map(|_| put_attr(served, &mut entry.payload))
+            served.setattr(size).map(|attr| put_attr(&attr, &mut entry.payload))
         }
         FUSE_OPEN => {
-            served.backend.on_request();
+            served.open();
             // struct fuse_open_out: fh, open_flags, backing_id: no flags (see the fuser side).
             entry.payload[..16].fill(0);
             Ok(16)
@@ -326,9 +321,8 @@ fn answer<B: ExportBackend>(served: &Served<B>, entry: &mut Entry) -> u64 {
     commit_id
 }
 
-/// Writes `struct fuse_attr_out` for the file into `payload`; returns its length.
-fn put_attr<B: ExportBackend>(served: &Served<B>, payload: &mut [u8]) -> usize {
-    let attr = served.attr();
+/// Writes `struct fuse_attr_out` for `attr` into `payload`; returns its length.
+fn put_attr(attr: &fuser::FileAttr, payload: &mut [u8]) -> usize {
     let seconds = |time: std::time::SystemTime| time.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let (atime, mtime, ctime) = (seconds(attr.atime), seconds(attr.mtime), seconds(attr.ctime));
     let mut out = Vec::with_capacity(104);
@@ -336,7 +330,7 @@ fn put_attr<B: ExportBackend>(served: &Served<B>, payload: &mut [u8]) -> usize {
     out.extend_from_slice(&ATTR_TTL.subsec_nanos().to_ne_bytes());
     out.extend_from_slice(&0u32.to_ne_bytes());
     // struct fuse_attr.
-    for value in [ROOT_INODE, attr.size, attr.blocks, atime.as_secs(), mtime.as_secs(), ctime.as_secs()] {
+    for value in [u64::from(attr.ino), attr.size, attr.blocks, atime.as_secs(), mtime.as_secs(), ctime.as_secs()] {
         out.extend_from_slice(&value.to_ne_bytes());
     }
     let mode = S_IFREG | u32::from(attr.perm);
