@@ -173,6 +173,16 @@ fn command(fd: &OwnedFd, entry: &Entry, cmd_op: u32, qid: u16, commit_id: u64) -
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
 }
 
+/// Submits what is queued, waits for a completion and returns its result: `None` when the wait
+/// was interrupted or found none, to wait again.
+fn next_result(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<Option<i32>> {
+    match ring.submit_and_wait(1) {
+        Ok(_) => Ok(ring.completion().next().map(|cqe| cqe.result())),
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// A thread's life: register one entry in queue `qid`, say so on `ready`, then answer every
 /// request the kernel puts in it until the connection ends.
 fn serve<B: ExportBackend>(fd: &OwnedFd, qid: u16, served: &Served<B>, ready: mpsc::Sender<io::Result<()>>) {
@@ -208,19 +218,12 @@ fn serve<B: ExportBackend>(fd: &OwnedFd, qid: u16, served: &Served<B>, ready: mp
     }
     let mut pending = first;
     loop {
-        let result = match pending.take() {
-            Some(result) => result,
-            None => {
-                match ring.submit_and_wait(1) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                    Err(e) => {
-                        eprintln!("tundra: FUSE ring of queue {qid}: {e}; the thread stops");
-                        return;
-                    }
-                }
-                let Some(cqe) = ring.completion().next() else { continue };
-                cqe.result()
+        let result = match pending.take().map_or_else(|| next_result(&mut ring), |result| Ok(Some(result))) {
+            Ok(Some(result)) => result,
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("tundra: FUSE ring of queue {qid}: {e}; the thread stops");
+                return;
             }
         };
         let next = match result {
