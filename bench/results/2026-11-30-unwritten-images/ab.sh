@@ -7,25 +7,9 @@
 # Usage: bash ab.sh BIN_A BIN_B [ROUNDS] > ab.txt (ROUNDS defaults to 5). Needs root.
 set -euo pipefail
 rounds=${3:-5}
-work=$(mktemp -d /tmp/tundra-ab.XXXXXX)
-pid= ; loop=
-stop() {
-  [[ -n $loop ]] && losetup -d "$loop" 2>/dev/null || true; loop=
-  [[ -n $pid ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; pid=
-}
-trap 'stop; rm -rf "$work"' EXIT
-cat > "$work/node.toml" <<TOML
-data_dir = "$work/data"
-[listen]
-native = "127.0.0.1:27971"
-nbd = "127.0.0.1:27972"
-metrics = ""
-[drive]
-physical = "2GiB"
-logical = "4GiB"
-[fast]
-volumes = "1536MiB"
-TOML
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/mount.sh"
+mount_setup 27971 27972
 flush_of() { # STATS_JSON -> "count mean_us" of the volume's flushes
   python3 -c 'import json, sys; v = next(v for v in json.loads(sys.argv[1])["volumes"] if v["name"] == "commit")["flush"]; print(v["count"], v["mean_us"])' "$1"
 }
@@ -33,14 +17,9 @@ printf 'round\tbuild\tiops\tus_per_commit\tnode_flush_mean_us\n'
 for round in $(seq "$rounds"); do
   for which in A B; do
     bin=$1; [[ $which == B ]] && bin=$2
-    rm -rf "$work/data" "$work/vol"
-    "$bin" mount commit "$work/vol" --config "$work/node.toml" --size 1GiB --mode none > "$work/node.log" 2>&1 & pid=$!
-    for _ in $(seq 150); do [[ $(stat -c %s "$work/vol" 2>/dev/null || echo 0) -gt 0 ]] && break; sleep 0.2; done
-    loop=$(losetup -f --show --direct-io=on "$work/vol")
-    fio --name=warm --filename="$loop" --direct=1 --bs=1m --rw=write --size=64m --end_fsync=1 >/dev/null
+    mount_start "$bin"
     before=$(flush_of "$("$bin" stats --json --addr 127.0.0.1:27971)")
-    fio --name=commit --filename="$loop" --direct=1 --bs=8k --rw=randwrite --fdatasync=1 --iodepth=1 \
-        --size=64m --time_based --runtime=8 --output-format=json > "$work/fio.json"
+    commit_job
     after=$(flush_of "$("$bin" stats --json --addr 127.0.0.1:27971)")
     python3 - "$work/fio.json" "$round" "$which" "$before" "$after" <<'PY'
 import json, sys
@@ -49,6 +28,6 @@ w = json.load(open(sys.argv[1]))["jobs"][0]["write"]
 flush = (m1 * n1 - m0 * n0) / (n1 - n0)
 print(f"{sys.argv[2]}\t{sys.argv[3]}\t{w['iops']:.0f}\t{1e6 / w['iops']:.0f}\t{flush:.0f}")
 PY
-    stop
+    mount_stop
   done
 done

@@ -6,28 +6,12 @@
 # Usage: bash carried.sh TUNDRA_BIN > carried.txt. Needs root.
 set -euo pipefail
 bin=$1
-work=$(mktemp -d /tmp/tundra-carried.XXXXXX)
-pid= ; loop=
-trap '[[ -n $loop ]] && losetup -d "$loop"; [[ -n $pid ]] && kill "$pid" && wait "$pid"; rm -rf "$work"' EXIT
-cat > "$work/node.toml" <<TOML
-data_dir = "$work/data"
-[listen]
-native = "127.0.0.1:27991"
-nbd = "127.0.0.1:27992"
-metrics = ""
-[drive]
-physical = "2GiB"
-logical = "4GiB"
-[fast]
-volumes = "1536MiB"
-TOML
-"$bin" mount commit "$work/vol" --config "$work/node.toml" --size 1GiB --mode none > "$work/node.log" 2>&1 & pid=$!
-for _ in $(seq 150); do [[ $(stat -c %s "$work/vol" 2>/dev/null || echo 0) -gt 0 ]] && break; sleep 0.2; done
-loop=$(losetup -f --show --direct-io=on "$work/vol")
-fio --name=warm --filename="$loop" --direct=1 --bs=1m --rw=write --size=64m --end_fsync=1 >/dev/null
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/mount.sh"
+mount_setup 27991 27992
+mount_start "$bin"
 before=$("$bin" stats --json --addr 127.0.0.1:27991)
-fio --name=commit --filename="$loop" --direct=1 --bs=8k --rw=randwrite --fdatasync=1 --iodepth=1 \
-    --size=64m --time_based --runtime=8 --output-format=json > "$work/fio.json"
+commit_job
 after=$("$bin" stats --json --addr 127.0.0.1:27991)
 python3 - "$work/fio.json" "$before" "$after" <<'PY'
 import json, sys
