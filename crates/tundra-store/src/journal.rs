@@ -467,16 +467,24 @@ impl Journal {
         (c.end().blocks_since(c.retain_from), self.geometry.log_blocks)
     }
 
-    /// Whether a checkpoint is due: a third of the ring written since the newest checkpoint, or
-    /// two thirds held since the older one. Checkpoints then come every third of the ring, so
-    /// the blocks both checkpoints need stay within about two thirds of it.
+    /// Whether a checkpoint is due: a quarter of the ring written since the newest checkpoint,
+    /// or two thirds held since the older one. Checkpoints then come about every quarter of the
+    /// ring, so the blocks both checkpoints need stay within about half of it.
+    ///
+    /// A quarter, not the third where [`Journal::has_room_for_data`] stops commits from
+    /// carrying their images: the background thread that takes checkpoints asks every 50 ms,
+    /// and between the two thresholds commits keep their one flush while it catches up. With
+    /// both at a third, commits that could no longer carry their images (and write a fraction
+    /// of a block each) took hundreds of commits to reach the checkpoint's threshold, each
+    /// paying a second flush (42% of a mount's 8 KiB commits, bench/results/
+    /// 2026-11-30-checkpoint-early/).
     pub fn wants_checkpoint(&self) -> bool {
         let c = self.committer.lock();
         let end = c.end();
         let since_newest = end.blocks_since(c.checkpoint_position);
         let held = end.blocks_since(c.retain_from);
         let ring = self.geometry.log_blocks;
-        since_newest > 0 && (since_newest * 3 >= ring || held * 3 >= ring * 2)
+        since_newest > 0 && (since_newest * 4 >= ring || held * 3 >= ring * 2)
     }
 
     /// Writes `records` (the whole index, as of log position `position`) as the new checkpoint
