@@ -484,7 +484,8 @@ impl Journal {
         let since_newest = end.blocks_since(c.checkpoint_position);
         let held = end.blocks_since(c.retain_from);
         let ring = self.geometry.log_blocks;
-        since_newest > 0 && (since_newest * 4 >= ring || held * 3 >= ring * 2)
+        let share = if checkpoint_at_a_third() { 3 } else { 4 };
+        since_newest > 0 && (since_newest * share >= ring || held * 3 >= ring * 2)
     }
 
     /// Writes `records` (the whole index, as of log position `position`) as the new checkpoint
@@ -620,4 +621,26 @@ fn decode_all(mut bytes: &[u8]) -> Result<Vec<Record>> {
         bytes = &bytes[len..];
     }
     Ok(records)
+}
+
+/// The twin of the early checkpoint (tests only): the journal asks for its checkpoint at the
+/// third of the ring where commits stop carrying their images, as it once did, and the test of
+/// carried commits under a lagging checkpointer must fail.
+fn checkpoint_at_a_third() -> bool {
+    #[cfg(test)]
+    return CHECKPOINT_AT_A_THIRD.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static CHECKPOINT_AT_A_THIRD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test only: makes this thread's journals ask for checkpoints at a third of the ring (the twin
+/// above).
+#[cfg(test)]
+pub(crate) fn set_checkpoint_at_a_third(on: bool) {
+    CHECKPOINT_AT_A_THIRD.with(|flag| flag.set(on));
 }

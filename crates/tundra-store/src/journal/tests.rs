@@ -730,3 +730,61 @@ fn commits_that_carry_images_skip_the_barrier_and_replay_in_order() {
     let (_, replay) = Journal::open(device).unwrap();
     assert_eq!(replay.log, written);
 }
+
+/// Commits of one 8 KiB image each, as a mount's WAL commits are, with a checkpointer that looks
+/// for a due checkpoint only every few commits (the node's background loop, every 50 ms): how
+/// many commits found no room to carry their image and had to flush the data device first. The
+/// store commits such a page's record alone (a fraction of a log block).
+fn commits_refused_room(lag: u64) -> u64 {
+    let geometry = JournalGeometry { checkpoint_blocks: 4, log_blocks: 256 };
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(geometry.total_blocks()));
+    Journal::format(device.as_ref(), geometry).unwrap();
+    let (mut journal, _) = Journal::open(device).unwrap();
+    journal.set_barrier(Arc::new(MemDevice::new(8)));
+    let image = vec![0x5a; 8192];
+    let mut refused = 0;
+    for version in 0..2_000u64 {
+        let page = version as u32 % 16;
+        if journal.has_room_for_data(image.len()) {
+            let mut records: Vec<Record> = image
+                .chunks(PAGE_DATA_MAX_BYTES)
+                .enumerate()
+                .map(|(n, piece)| Record::PageData {
+                    chunk: ChunkId(7),
+                    page: PageNo(page),
+                    offset: (n * PAGE_DATA_MAX_BYTES) as u16,
+                    bytes: piece.to_vec(),
+                })
+                .collect();
+            records.push(set(page, version));
+            journal.commit_with_data(&records).unwrap();
+        } else {
+            refused += 1;
+            journal.commit(&[set(page, version)]).unwrap();
+        }
+        if version % lag == 0 && journal.wants_checkpoint() {
+            let position = journal.position();
+            journal.checkpoint(&[], position).unwrap();
+        }
+    }
+    refused
+}
+
+/// The journal asks for a checkpoint before commits run out of room to carry their images, so
+/// that a checkpointer a few commits late still takes it in time: no commit pays a second flush.
+#[test]
+fn a_lagging_checkpointer_keeps_small_commits_carrying_their_images() {
+    for lag in [1, 4] {
+        assert_eq!(commits_refused_room(lag), 0, "checkpointer looking every {lag} commits");
+    }
+}
+
+/// The twin: asked for at the third where commits stop carrying their images (as before), the
+/// checkpoint comes only after many commits have flushed the data device first.
+#[test]
+fn the_lagging_checkpointer_test_fails_when_the_checkpoint_is_asked_for_at_a_third() {
+    set_checkpoint_at_a_third(true);
+    let refused = commits_refused_room(4);
+    set_checkpoint_at_a_third(false);
+    assert!(refused > 100, "only {refused} of 2,000 commits were refused room");
+}
