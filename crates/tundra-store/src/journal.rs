@@ -46,6 +46,15 @@ use crate::{Error, Result};
 /// How many bytes of deferred records may wait before one of them commits them all.
 pub const DEFERRED_LIMIT: usize = 64 * 1024;
 
+/// Commits carry their page images in the log until 1/`CARRY_SHARE` of the ring has been
+/// written since the newest checkpoint ([`Journal::has_room_for_data`]).
+const CARRY_SHARE: u64 = 3;
+
+/// The journal asks for a checkpoint once 1/`CHECKPOINT_SHARE` of the ring has been written since
+/// the newest one ([`Journal::wants_checkpoint`]): sooner than commits stop carrying their images,
+/// so that a checkpointer that looks now and then takes it while they still do.
+const CHECKPOINT_SHARE: u64 = 4;
+
 struct Committer {
     /// Encoded records waiting for the next group commit, with the batch they belong to.
     pending: Vec<u8>,
@@ -252,15 +261,15 @@ impl Journal {
     }
 
     /// Whether the log has room for `bytes` more of page images in the commits before the next
-    /// checkpoint: at most a third of the ring written since the newest checkpoint, with them,
-    /// where [`Journal::wants_checkpoint`] asks for the next one. Images take many log blocks;
-    /// past this, commits flush the data device instead, so that images alone never take the
-    /// ring further than checkpoints keep up with.
+    /// checkpoint: at most a third of the ring written since the newest checkpoint, with them
+    /// ([`CARRY_SHARE`]; [`Journal::wants_checkpoint`] asks for the next one at a quarter).
+    /// Images take many log blocks; past this, commits flush the data device instead, so that
+    /// images alone never take the ring further than checkpoints keep up with.
     pub fn has_room_for_data(&self, bytes: usize) -> bool {
         let c = self.committer.lock();
         let since_newest = c.end().blocks_since(c.checkpoint_position);
         let queued = (c.pending.len() + bytes).div_ceil(frame::LOG_PAYLOAD_BYTES) as u64 + 1;
-        (since_newest + queued) * 3 <= self.geometry.log_blocks
+        (since_newest + queued) * CARRY_SHARE <= self.geometry.log_blocks
     }
 
     /// [`Journal::commit`] of records that must start a fresh log block: a [`Record::Unit`]'s.
@@ -484,7 +493,7 @@ impl Journal {
         let since_newest = end.blocks_since(c.checkpoint_position);
         let held = end.blocks_since(c.retain_from);
         let ring = self.geometry.log_blocks;
-        let share = if checkpoint_at_a_third() { 3 } else { 4 };
+        let share = if checkpoint_at_a_third() { CARRY_SHARE } else { CHECKPOINT_SHARE };
         since_newest > 0 && (since_newest * share >= ring || held * 3 >= ring * 2)
     }
 

@@ -702,18 +702,7 @@ fn commits_that_carry_images_skip_the_barrier_and_replay_in_order() {
     journal.set_barrier(barrier.clone());
     let carried = |page: u32, version: u64| -> Vec<Record> {
         let image: Vec<u8> = (0..9000u32).map(|i| (i as u64 * 31 + version) as u8).collect();
-        let mut records: Vec<Record> = image
-            .chunks(PAGE_DATA_MAX_BYTES)
-            .enumerate()
-            .map(|(n, piece)| Record::PageData {
-                chunk: ChunkId(7),
-                page: PageNo(page),
-                offset: (n * PAGE_DATA_MAX_BYTES) as u16,
-                bytes: piece.to_vec(),
-            })
-            .collect();
-        records.push(set(page, version));
-        records
+        carrying(page, version, &image)
     };
     let mut written = Vec::new();
     let flushes = barrier.stats().flushes;
@@ -731,6 +720,22 @@ fn commits_that_carry_images_skip_the_barrier_and_replay_in_order() {
     assert_eq!(replay.log, written);
 }
 
+/// The records of a commit that carries `image`: its pieces, then the page's entry.
+fn carrying(page: u32, version: u64, image: &[u8]) -> Vec<Record> {
+    let mut records: Vec<Record> = image
+        .chunks(PAGE_DATA_MAX_BYTES)
+        .enumerate()
+        .map(|(n, piece)| Record::PageData {
+            chunk: ChunkId(7),
+            page: PageNo(page),
+            offset: (n * PAGE_DATA_MAX_BYTES) as u16,
+            bytes: piece.to_vec(),
+        })
+        .collect();
+    records.push(set(page, version));
+    records
+}
+
 /// Commits of one 8 KiB image each, as a mount's WAL commits are, with a checkpointer that looks
 /// for a due checkpoint only every few commits (the node's background loop, every 50 ms): how
 /// many commits found no room to carry their image and had to flush the data device first. The
@@ -746,18 +751,7 @@ fn commits_refused_room(lag: u64) -> u64 {
     for version in 0..2_000u64 {
         let page = version as u32 % 16;
         if journal.has_room_for_data(image.len()) {
-            let mut records: Vec<Record> = image
-                .chunks(PAGE_DATA_MAX_BYTES)
-                .enumerate()
-                .map(|(n, piece)| Record::PageData {
-                    chunk: ChunkId(7),
-                    page: PageNo(page),
-                    offset: (n * PAGE_DATA_MAX_BYTES) as u16,
-                    bytes: piece.to_vec(),
-                })
-                .collect();
-            records.push(set(page, version));
-            journal.commit_with_data(&records).unwrap();
+            journal.commit_with_data(&carrying(page, version, &image)).unwrap();
         } else {
             refused += 1;
             journal.commit(&[set(page, version)]).unwrap();
