@@ -75,6 +75,8 @@ SYSTEMS = [
     System("tundra-drive-only", "tundra-drive-only", "tundra-off", description="Tundra: the drive compresses, software does not"),
     System("tundra-software-only", "tundra-software-only", "tundra-off", description="Tundra: software compresses (Algorithm 1), the drive does not"),
     System("tundra-off", "tundra-off", "tundra-off", description="Tundra with compression off (Tundra's uncompressed baseline)"),
+    System("tundra-drive-inline", "tundra-drive-inline", "tundra-off",
+           description="Tundra: both layers, the drive compressing in the writer's thread (deferred mode off)"),
     System("fuse-null", "fuse-null", "ext4", space=False,
            description="ablation: the block path with the store taken out (tundra-off's FUSE export, loop and ext4 over plain host files)"),
     System("tundra-drive-only-wal-on-data", "tundra-drive-only-wal-on-data", "tundra-off",
