@@ -202,6 +202,13 @@ impl ClusterNode {
             cluster.runtime.block_on(cluster.open_replica(def))?;
         }
         let weak = Arc::downgrade(&cluster);
+        // A replicated volume is never mounted on the node's store directly (mount.rs).
+        if !crate::mount::on_store_for_test() {
+            let served = weak.clone();
+            cluster
+                .node
+                .set_cluster_volumes(Box::new(move |id| served.upgrade().is_some_and(|c| c.is_replicated(id.0))));
+        }
         cluster.runtime.block_on(async { cluster.transport.start(listener, handler(weak.clone())) });
         let scrub = config.scrub_pages_per_sec.unwrap_or(tundra_node::config::DEFAULT_SCRUB_PAGES_PER_SEC);
         cluster.runtime.block_on(async { cluster.host.start_scrub(scrub) });

@@ -32,6 +32,8 @@
 //! - [`redo`]: a replicated volume's redo stream through its own group's leader.
 //! - [`status`]: the merged view `tundra cluster status` prints.
 //! - [`service`]: the native protocol's service and the NBD exports of a cluster node.
+//! - [`mount`]: a volume mounted as a file on a cluster node; a replicated one through its
+//!   chunks' leaders, never on the node's store alone.
 
 pub mod abandoned;
 pub mod adopt;
@@ -47,6 +49,7 @@ pub mod manager;
 pub mod manager_members;
 pub mod messages;
 pub mod migrate;
+pub mod mount;
 pub mod pace;
 pub mod peers;
 pub mod placement;

@@ -61,7 +61,7 @@ pub use background::background_loop;
 pub use config::{ClusterConfig, Config, DriveCompression};
 pub use error::{Error, Result};
 pub use layout::Layout;
-pub use node::{Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};
+pub use node::{ClusterVolumes, Configuration, Device, Node, VolumeLatency, VolumeRef, WriteMode};
 pub use open::{Devices, Environment, HOST_FLUSH_WRITERS};
 pub use redo::{
     CopyBug, CopyHead, FOLD_PAGES_PER_PASS, FoldBug, LeaseGrant, NOT_YET_WAIT, RedoRefusal, RedoWatermarks, ServedPage,

@@ -8,6 +8,11 @@
 //! What each request means there: `fsync` is a flush of the volume, whole pages in a zeroed
 //! range are trimmed. The volume must not be written through NBD while it is mounted: the kernel
 //! may cache what it read of the file.
+//!
+//! A replicated volume is never mounted on the store directly (its writes would reach this
+//! replica alone, none of its chunks' Raft groups): a cluster node mounts it with a backend of
+//! its own ([`Mount::start_backend`]; tundra-member's mount.rs), and [`Mount::start_with`]
+//! refuses it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -70,6 +75,18 @@ pub fn transport_name(counters: &ExportCounters) -> &'static str {
 }
 
 impl Node {
+    /// Makes `check` the answer to whether a volume is one a cluster serves (a cluster node
+    /// sets it when it starts): such a volume is never mounted on this node's store directly,
+    /// whose writes would reach this replica alone and none of its chunks' Raft groups.
+    pub fn set_cluster_volumes(&self, check: crate::node::ClusterVolumes) {
+        *self.cluster_volumes.write() = Some(check);
+    }
+
+    /// Whether a cluster serves the volume `id` (never on a node alone).
+    pub fn is_cluster_volume(&self, id: tundra_store::ids::VolumeId) -> bool {
+        self.cluster_volumes.read().as_ref().is_some_and(|check| check(id))
+    }
+
     /// What each mounted volume served, in file order.
     pub fn mount_stats(&self) -> Vec<MountStats> {
         self.mounts.lock().iter().map(|(file, r)| stats_of(&r.counters, &r.volume, file)).collect()
@@ -100,7 +117,27 @@ impl Mount {
     /// [`Mount::start`] with a choice of transport.
     pub fn start_with(node: Arc<Node>, volume: &str, file: &Path, transport: Transport) -> Result<Mount> {
         let volume_ref = node.volume_by_name(volume)?;
+        if node.is_cluster_volume(volume_ref.volume.id) {
+            return Err(Error::Invalid(format!(
+                "volume {volume:?} is replicated: its writes go through its chunks' Raft groups, not this \
+                 node's store alone, so it is mounted through the cluster (a [[mount]] in the config of one \
+                 of its nodes, or `tundra mount` with that config)"
+            )));
+        }
         let backend = Arc::new(VolumeFile { node: node.clone(), volume: volume_ref });
+        Mount::start_backend(node, volume, file, transport, backend)
+    }
+
+    /// Mounts `backend` as the file of `volume` on `file`, counted in `node`'s statistics as
+    /// that volume's mount: how a cluster mounts a replicated volume, whose bytes it reads and
+    /// writes through the chunks' leaders.
+    pub fn start_backend<B: ExportBackend>(
+        node: Arc<Node>,
+        volume: &str,
+        file: &Path,
+        transport: Transport,
+        backend: Arc<B>,
+    ) -> Result<Mount> {
         let export =
             FileExport::start_with(backend, file, &format!("tundra:{volume}"), transport).map_err(|e| {
                 match e.kind() {

@@ -125,7 +125,13 @@ pub struct Node {
     pub(crate) rechoose_idle_below: f64,
     /// Volumes mounted as files (mount.rs), by file, for the statistics.
     pub(crate) mounts: Mutex<BTreeMap<PathBuf, crate::mount::Registered>>,
+    /// Tells the volumes that a cluster serves (replicated: written through their chunks' Raft
+    /// groups, never through this node's store directly); none on a node alone.
+    pub(crate) cluster_volumes: RwLock<Option<ClusterVolumes>>,
 }
+
+/// Answers whether a volume (by id) is one a cluster serves: see [`Node::set_cluster_volumes`].
+pub type ClusterVolumes = Box<dyn Fn(VolumeId) -> bool + Send + Sync>;
 
 /// A volume's latency histograms and liveness flag.
 pub(crate) type Tracked = (Arc<VolumeLatency>, Arc<AtomicBool>);

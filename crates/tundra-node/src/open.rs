@@ -247,6 +247,7 @@ impl Node {
             flush_writers: environment.flush_writers.max(1),
             redo: crate::redo::Redo::empty(&environment.env, redo_options),
             mounts: Mutex::new(BTreeMap::new()),
+            cluster_volumes: parking_lot::RwLock::new(None),
             rechoose_pages: config.compression.rechoose_pages_per_second,
             rechoose_idle_below: config
                 .compression

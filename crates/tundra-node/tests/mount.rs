@@ -234,3 +234,21 @@ fn configured_mounts_create_their_volume_and_bad_entries_are_refused() {
     let on_a_directory = Mount::start(node, "made", dir.path());
     assert!(on_a_directory.is_err(), "a volume mounts on a regular file only");
 }
+
+/// A volume a cluster serves is never mounted on the store directly: its writes would reach
+/// this replica alone (tundra-member mounts it through the chunks' leaders). Refused before
+/// anything is mounted, so this needs no root; the node's own volumes still mount.
+#[test]
+fn a_volume_the_cluster_serves_is_refused_on_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Arc::new(Node::open(&config(dir.path()), &mut |_| {}).unwrap());
+    let replicated = node.volume_create("replicated", 8 * MIB, 8192, VolumeMode::Normal).unwrap().volume.id;
+    node.volume_create("own", 8 * MIB, 8192, VolumeMode::Normal).unwrap();
+    node.set_cluster_volumes(Box::new(move |id| id == replicated));
+    let file = dir.path().join("replicated.file");
+    let refused =
+        Mount::start(node.clone(), "replicated", &file).err().expect("a replicated volume mounted on the store");
+    assert!(refused.to_string().contains("is replicated"), "{refused}");
+    assert!(!std::fs::exists(&file).unwrap(), "nothing was made for a refused mount");
+    assert!(!node.is_cluster_volume(node.volume_by_name("own").unwrap().volume.id));
+}

@@ -223,8 +223,12 @@ fn serve_config(config: Config) -> Result<()> {
     };
     let mut mounts = Vec::new();
     for entry in &config.mount {
-        let mount = tundra_node::mount::Mount::configured(node.clone(), entry)
-            .with_context(|| format!("mounting volume {:?} on {}", entry.volume, entry.file.display()))?;
+        // A cluster node mounts a replicated volume through its chunks' leaders.
+        let mount = match &cluster {
+            Some(cluster) => cluster.mount(entry),
+            None => tundra_node::mount::Mount::configured(node.clone(), entry),
+        }
+        .with_context(|| format!("mounting volume {:?} on {}", entry.volume, entry.file.display()))?;
         let how = match mount.stats().transport.as_str() {
             "io_uring" => format!(
                 "FUSE over io_uring in this process, {} threads per CPU queue",
@@ -232,7 +236,11 @@ fn serve_config(config: Config) -> Result<()> {
             ),
             _ => format!("FUSE through /dev/fuse in this process, {} threads", tundra_node::mount::MOUNT_THREADS),
         };
-        say(&format!("volume {:?} mounted on {} ({how})", entry.volume, entry.file.display()));
+        let replicated = cluster.as_ref().is_some_and(|cluster| {
+            node.volume_by_name(&entry.volume).is_ok_and(|v| cluster.is_replicated(v.volume.id.0))
+        });
+        let through = if replicated { "replicated: every write through its chunk's leader, " } else { "" };
+        say(&format!("volume {:?} mounted on {} ({through}{how})", entry.volume, entry.file.display()));
         mounts.push(mount);
     }
     say("ready; SIGTERM or Ctrl-C stops");
