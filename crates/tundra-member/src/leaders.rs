@@ -299,6 +299,12 @@ impl ClusterNode {
         memory.observe(&groups, now);
         let ready = |g: &GroupSeen| {
             let Ok(raft) = self.host.raft(ChunkId(g.group)) else { return false };
+            // A campaign on demand is not held back by openraft's elect switch: a replica
+            // forgotten here once and short of what it held then must not run
+            // (tundra-raft's `Host::hold_elections`).
+            if self.host.short_of_held(ChunkId(g.group)) {
+                return false;
+            }
             let lease = Duration::from_millis(raft.config().election_timeout_max);
             let metrics = raft.metrics().borrow().clone();
             let mine = ReplicaSeen {

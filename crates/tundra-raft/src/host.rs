@@ -107,6 +107,9 @@ pub struct Host {
     forget_keeps_log: std::sync::atomic::AtomicBool,
     /// The injected bug of a twin: forgotten replicas vote from an empty log.
     votes_unguarded: std::sync::atomic::AtomicBool,
+    /// The injected bug of a twin: forgotten replicas campaign, and vote once their log names
+    /// them a voter, before their log reaches what they held (`Host::hold_elections`).
+    held_unguarded: std::sync::atomic::AtomicBool,
 }
 
 impl Host {
@@ -142,6 +145,7 @@ impl Host {
             redo_held_committed: std::sync::atomic::AtomicBool::new(false),
             forget_keeps_log: std::sync::atomic::AtomicBool::new(false),
             votes_unguarded: std::sync::atomic::AtomicBool::new(false),
+            held_unguarded: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -230,7 +234,48 @@ impl Host {
         };
         let log = GroupLogStore::new(self.log.clone(), group, self.id);
         let machine = crate::log::DurableApply::new(machine, self.log.clone(), group);
-        Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())
+        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
+        self.hold_elections(group, &raft);
+        Ok(raft)
+    }
+
+    /// Whether this node's replica of `group` is still short of what it held when it was
+    /// forgotten here (log/mod.rs `ResetHeld`): until its log reaches that index it neither
+    /// campaigns ([`Host::hold_elections`]) nor votes ([`Host::refused_vote`]).
+    pub fn short_of_held(&self, group: GroupId) -> bool {
+        if self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        self.log.reset_held(group).is_some_and(|held| self.log.last_index(group).is_none_or(|last| last < held))
+    }
+
+    /// Keeps a replica forgotten here once from campaigning until its log reaches the index it
+    /// held when it was forgotten. Started again (a move back), it may first be sent an old
+    /// snapshot or old entries, whose membership can be the one it was a voter of before it
+    /// left: campaigning on that, it could win with the vote of a voter as far behind as itself
+    /// and overwrite entries committed since, with the help of entries it held and lost (the
+    /// move simulation's seed 50448 did: openraft's own assertion failed on the replica that
+    /// still held them). With its log past that index it holds every entry a quorum counted
+    /// it for, and campaigns as any lagging replica may. A task enables elections then.
+    fn hold_elections(&self, group: GroupId, raft: &Raft) {
+        let Some(held) = self.log.reset_held(group) else { return };
+        if !self.short_of_held(group) {
+            return;
+        }
+        raft.runtime_config().elect(false);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let mut metrics = raft.metrics();
+            loop {
+                if metrics.borrow().last_log_index.is_some_and(|last| last >= held) {
+                    raft.runtime_config().elect(true);
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     async fn start_group(&self, group: GroupId, pages: Arc<Pages>, config: Arc<Config>) -> Result<(), String> {
@@ -324,7 +369,9 @@ impl Host {
         }
         let metrics = raft.metrics().borrow().clone();
         let configs = metrics.membership_config.membership().get_joint_config().clone();
-        if configs.iter().any(|voters| voters.contains(&self.id)) {
+        // Named a voter, by a log that reaches what the replica held when it was forgotten: a
+        // membership older than that (an old snapshot's) may name it a voter of the past.
+        if configs.iter().any(|voters| voters.contains(&self.id)) && !self.short_of_held(group) {
             return None;
         }
         Some(openraft::raft::VoteResponse {
@@ -338,6 +385,12 @@ impl Host {
     /// ([`Host::refused_vote`] off). For the tests that show their checks catch it.
     pub fn set_votes_unguarded(&self, on: bool) {
         self.votes_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Injects a twin's bug: replicas forgotten here campaign, and vote once their log names
+    /// them a voter, before their log reaches what they held ([`Host::short_of_held`] off).
+    pub fn set_held_unguarded(&self, on: bool) {
+        self.held_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A message from a peer, handed to its group's Raft.

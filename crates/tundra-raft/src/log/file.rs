@@ -36,10 +36,11 @@ use super::{LogMedia, LogRecord};
 use crate::codec;
 
 const FILE_MAGIC: &[u8; 16] = b"TUNDRA RAFT LOG\n";
-/// Version 2 added the `Reset` record; a version 1 file (no such record) is read and
-/// rewritten as version 2 when opened, so that a build that reads only version 1 refuses the
-/// file rather than meeting a record it does not know.
-const FILE_FORMAT: u32 = 2;
+/// Version 2 added the `Reset` record, version 3 `ResetHeld`; a file of an older version (no
+/// such record) is read and rewritten as the current version when opened, so that a build
+/// that reads only older versions refuses the file rather than meeting a record it does not
+/// know.
+const FILE_FORMAT: u32 = 3;
 const OLDEST_FILE_FORMAT: u32 = 1;
 const FILE_HEADER_BYTES: usize = 24;
 const FRAME_MAGIC: u32 = 0x544c_4f47;

@@ -310,6 +310,7 @@ fn a_reset_forgets_a_group_but_its_vote_across_a_reopen_and_a_compaction() {
         let media = Arc::new(FileLog::open(file.clone(), 1 << 20, FileLogBug::None).expect("reopen"));
         let log = NodeLog::open(media.clone(), std::time::Duration::ZERO).expect("open");
         assert_eq!(state(&log, gone), forgotten(vote), "after a reopen");
+        assert_eq!(log.reset_held(gone), Some(9), "after a reopen");
         media.compact(&log.live_records()).expect("compact");
         log.stop();
         drop(log);
@@ -318,6 +319,11 @@ fn a_reset_forgets_a_group_but_its_vote_across_a_reopen_and_a_compaction() {
         let log = NodeLog::open(media, std::time::Duration::ZERO).expect("open");
         assert_eq!(state(&log, gone), forgotten(vote), "after a compaction");
         assert!(log.was_reset(gone) && !log.was_reset(kept), "the reset is remembered (the vote guard needs it)");
+        assert_eq!(
+            (log.reset_held(gone), log.reset_held(kept)),
+            (Some(9), None),
+            "so is the highest index held before it (elections wait for it)"
+        );
         assert_eq!(state(&log, kept).1, 3);
         log.stop();
     });

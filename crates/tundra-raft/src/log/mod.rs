@@ -87,10 +87,21 @@ pub enum LogRecord {
     /// elsewhere) and only once the group's committed membership no longer names the node, so
     /// nothing a quorum decided depends on this log any more; the vote stays so that the node
     /// never votes twice in one term. A replica started here again later starts empty, as a
-    /// new node's would (log format version 2).
+    /// new node's would (log format version 2; version 3 writes [`LogRecord::ResetHeld`]
+    /// instead whenever the replica held an entry).
     Reset {
         #[serde(with = "crate::codec::chunk")]
         group: GroupId,
+    },
+    /// [`LogRecord::Reset`] of a replica that held entries up to index `held` (log format
+    /// version 3; a `Reset` of an older file knows no index). A replica started here again
+    /// neither campaigns nor votes until its log reaches `held` again: entries it held, and a
+    /// quorum may have counted, could be missing from what a leader sends it first (an old
+    /// snapshot), which may even name it a voter of the membership that it has since left.
+    ResetHeld {
+        #[serde(with = "crate::codec::chunk")]
+        group: GroupId,
+        held: u64,
     },
 }
 
@@ -138,6 +149,9 @@ pub(crate) struct GroupLog {
     /// Whether the group was ever reset here ([`LogRecord::Reset`]): a replica started again
     /// from such a log votes only once its log names it a voter (`Host::handle`).
     pub reset: bool,
+    /// The highest index this node's replica held when it was reset ([`LogRecord::ResetHeld`]):
+    /// a replica started again campaigns and votes only once its log reaches it.
+    pub reset_held: Option<u64>,
 }
 
 impl GroupLog {
@@ -164,11 +178,14 @@ impl GroupLog {
                 }
             }
             LogRecord::Committed { committed, .. } => self.committed = *committed,
-            LogRecord::Reset { .. } => {
+            LogRecord::Reset { .. } | LogRecord::ResetHeld { .. } => {
                 self.entries.clear();
                 self.purged = None;
                 self.committed = None;
                 self.reset = true;
+                if let LogRecord::ResetHeld { held, .. } = record {
+                    self.reset_held = Some(self.reset_held.map_or(*held, |h| h.max(*held)));
+                }
             }
         }
     }
@@ -193,7 +210,7 @@ fn advance_durable(durable: &mut Option<u64>, record: &LogRecord) {
                 *durable = Some(upto.index);
             }
         }
-        LogRecord::Reset { .. } => *durable = None,
+        LogRecord::Reset { .. } | LogRecord::ResetHeld { .. } => *durable = None,
         LogRecord::Vote { .. } | LogRecord::Committed { .. } => {}
     }
 }
@@ -205,7 +222,8 @@ fn group_of(record: &LogRecord) -> GroupId {
         | LogRecord::Truncate { group, .. }
         | LogRecord::Purge { group, .. }
         | LogRecord::Committed { group, .. }
-        | LogRecord::Reset { group } => *group,
+        | LogRecord::Reset { group }
+        | LogRecord::ResetHeld { group, .. } => *group,
     }
 }
 
@@ -392,8 +410,10 @@ impl NodeLog {
             if let Some(vote) = log.vote {
                 records.push(LogRecord::Vote { group, vote });
             }
-            if log.reset {
-                records.push(LogRecord::Reset { group });
+            match log.reset_held {
+                Some(held) => records.push(LogRecord::ResetHeld { group, held }),
+                None if log.reset => records.push(LogRecord::Reset { group }),
+                None => {}
             }
             if let Some(upto) = log.purged {
                 records.push(LogRecord::Purge { group, upto });
@@ -411,14 +431,32 @@ impl NodeLog {
     /// group's replica here.
     pub async fn reset(&self, group: GroupId) -> Result<(), String> {
         self.guards.lock().remove(&group);
+        // The highest index held, before this reset or any earlier one.
+        let held = self.with_group(group, |log| log.last_log_id().map(|id| id.index).max(log.reset_held));
+        let record = match held {
+            Some(held) => LogRecord::ResetHeld { group, held },
+            None => LogRecord::Reset { group },
+        };
         let (sender, receiver) = oneshot::channel();
-        self.submit(LogRecord::Reset { group }, Done::Wait(sender))?;
+        self.submit(record, Done::Wait(sender))?;
         receiver.await.map_err(|_| "the node's log writer stopped".to_string())?
     }
 
     /// Whether `group` was ever reset here.
     pub fn was_reset(&self, group: GroupId) -> bool {
         self.with_group(group, |log| log.reset)
+    }
+
+    /// Where a replica of `group` started again after a reset here may campaign and vote from
+    /// ([`LogRecord::ResetHeld`]): the highest index it held; None when it was never reset, or
+    /// only by a log of format version 2.
+    pub fn reset_held(&self, group: GroupId) -> Option<u64> {
+        self.with_group(group, |log| log.reset_held)
+    }
+
+    /// The index of the last entry `group`'s log holds (its purge point when it holds none).
+    pub fn last_index(&self, group: GroupId) -> Option<u64> {
+        self.with_group(group, |log| log.last_log_id().map(|id| id.index))
     }
 
     /// Sets what a purge of `group`'s entries must ensure first.

@@ -88,6 +88,8 @@ pub enum HostBug {
     ForgetKeepsLog,
     /// Replicas forgotten vote from an empty log (`Host::set_votes_unguarded`).
     VotesUnguarded,
+    /// Replicas forgotten campaign and vote short of what they held (`Host::set_held_unguarded`).
+    HeldUnguarded,
 }
 
 /// A chunk's place in the simulation's catalog: its replicas (the group's voters, as far as
@@ -252,6 +254,7 @@ impl Cluster {
             HostBug::None => {}
             HostBug::ForgetKeepsLog => host.set_forget_keeps_log(true),
             HostBug::VotesUnguarded => host.set_votes_unguarded(true),
+            HostBug::HeldUnguarded => host.set_held_unguarded(true),
         }
         match &self.catalog {
             None => {

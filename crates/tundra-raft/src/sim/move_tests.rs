@@ -37,13 +37,14 @@ fn twin_name(twin: MoveTwin) -> &'static str {
         MoveTwin::ForgetSourceEarly => "forget-source-early",
         MoveTwin::ForgetKeepsLog => "forget-keeps-log",
         MoveTwin::VotesUnguarded => "votes-unguarded",
+        MoveTwin::HeldUnguarded => "held-unguarded",
     }
 }
 
 /// The twin `TUNDRA_SIM_MOVE_TWIN` names, for a replay.
 fn twin_from_env() -> MoveTwin {
     let name = std::env::var("TUNDRA_SIM_MOVE_TWIN").unwrap_or_default();
-    [MoveTwin::ForgetSourceEarly, MoveTwin::ForgetKeepsLog, MoveTwin::VotesUnguarded]
+    [MoveTwin::ForgetSourceEarly, MoveTwin::ForgetKeepsLog, MoveTwin::VotesUnguarded, MoveTwin::HeldUnguarded]
         .into_iter()
         .find(|&twin| twin_name(twin) == name)
         .unwrap_or(MoveTwin::None)
@@ -197,6 +198,21 @@ fn a_forgotten_replica_that_votes_from_an_empty_log_is_caught() {
     let (seed, violation) =
         caught(MoveTwin::VotesUnguarded, 0..100).expect("no seed caught forgotten replicas voting from empty logs");
     println!("seed {seed} caught the unguarded vote: {violation}");
+}
+
+/// Twin (d): replicas forgotten once campaign, and vote once their log names them a voter,
+/// before their log reaches what they held (`Host::set_held_unguarded`). Moved back, a replica
+/// installed a snapshot older than its removal, whose membership named it a voter, campaigned
+/// on it and won with a lagging voter's vote, overwriting entries committed since (found by
+/// seed 50448 of a long run; `TUNDRA_SIM_MOVE_STEPS=100`, the length that run used).
+#[test]
+fn a_forgotten_replica_that_campaigns_short_of_what_it_held_is_caught() {
+    let report = run_moves(50448, MoveOptions { steps: 100, trace: false, twin: MoveTwin::HeldUnguarded });
+    let violation =
+        report.violations.first().expect("seed 50448 no longer catches a forgotten replica campaigning early");
+    println!("seed 50448 caught the early campaign: {violation}");
+    let fixed = run_moves(50448, MoveOptions { steps: 100, trace: false, twin: MoveTwin::None });
+    assert!(fixed.violations.is_empty(), "seed 50448: {:?}", fixed.violations);
 }
 
 /// A current-thread runtime on a paused clock, the thread's random numbers seeded with `seed`.
