@@ -354,24 +354,34 @@ impl Host {
     }
 
     /// The answer to a vote request when this replica must not vote: it was forgotten here
-    /// once ([`Host::forget_group_on`]) and its log does not name this node a voter yet (it
-    /// is empty, or holds the group as a learner's). A forgotten replica lost entries a quorum
-    /// may have counted, and a voter that was down when this node left the group still holds a
-    /// membership that counts it: granting that stale candidate a vote from an empty log could
-    /// elect it and overwrite committed entries. Once a membership change names this node a
-    /// voter again, its log holds every entry committed before that change (the leader sent
-    /// them), and it votes as any voter does. A replica never forgotten votes from an empty log
-    /// (a group's first election needs that). Refusing a vote is always safe; the answer carries
-    /// this replica's own vote, so a candidate of a higher term just counts no vote.
+    /// once ([`Host::forget_group_on`]) and its log is still short of the index it held then
+    /// ([`Host::short_of_held`]). A forgotten replica lost entries a quorum may have counted,
+    /// and a voter that was down when this node left the group still holds a membership that
+    /// counts it: granting that stale candidate a vote from a log that lacks them could elect it
+    /// and overwrite committed entries. Once its log reaches that index again it holds every
+    /// entry a quorum counted it for (the leaders that sent them hold every committed entry,
+    /// and its kept vote refuses older leaders), so it votes as any lagging replica does, named
+    /// a voter by its log or not: a group in a joint configuration may need the vote of a voter
+    /// whose log does not name it one yet (the move simulation's seed 70292 stalled so). A reset
+    /// written by a log of format version 2 knows no index: such a replica votes only while its
+    /// log names it a voter, the rule before the index was kept. A replica never forgotten votes
+    /// from an empty log (a group's first election needs that). Refusing a vote is always safe;
+    /// the answer carries this replica's own vote, so a candidate of a higher term just counts
+    /// no vote.
     fn refused_vote(&self, group: GroupId, raft: &Raft) -> Option<openraft::raft::VoteResponse<NodeId>> {
         if self.votes_unguarded.load(std::sync::atomic::Ordering::Relaxed) || !self.log.was_reset(group) {
             return None;
         }
         let metrics = raft.metrics().borrow().clone();
-        let configs = metrics.membership_config.membership().get_joint_config().clone();
-        // Named a voter, by a log that reaches what the replica held when it was forgotten: a
-        // membership older than that (an old snapshot's) may name it a voter of the past.
-        if configs.iter().any(|voters| voters.contains(&self.id)) && !self.short_of_held(group) {
+        let held_known =
+            self.log.reset_held(group).is_some() && !self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed);
+        let may_vote = if held_known {
+            !self.short_of_held(group)
+        } else {
+            let configs = metrics.membership_config.membership().get_joint_config().clone();
+            configs.iter().any(|voters| voters.contains(&self.id))
+        };
+        if may_vote {
             return None;
         }
         Some(openraft::raft::VoteResponse {
@@ -387,8 +397,9 @@ impl Host {
         self.votes_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Injects a twin's bug: replicas forgotten here campaign, and vote once their log names
-    /// them a voter, before their log reaches what they held ([`Host::short_of_held`] off).
+    /// Injects a twin's bug: replicas forgotten here campaign before their log reaches what
+    /// they held, and vote once their log names them a voter, as before the index held was kept
+    /// ([`Host::short_of_held`] off).
     pub fn set_held_unguarded(&self, on: bool) {
         self.held_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
     }

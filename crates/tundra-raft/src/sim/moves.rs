@@ -47,7 +47,9 @@
 //! assertion failing on the replica that held them). So a forgotten replica's reset records the
 //! highest index it held, and until its log reaches it again the replica neither campaigns nor
 //! votes (`Host::hold_elections`, `Host::short_of_held`); [`MoveTwin::HeldUnguarded`] turns
-//! that off.
+//! that off. From there it votes as any lagging replica, named a voter by its log or not: with
+//! the rule before (vote only while named a voter) kept as well, seed 70292 stalled in a joint
+//! configuration whose new half needed the vote of replicas whose logs did not name them yet.
 //!
 //! Checked as in the three-node simulation: after every step, each store's invariants, every
 //! replica's content after each applied index against the others' and every read against the
