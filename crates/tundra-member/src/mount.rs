@@ -18,9 +18,10 @@ use tundra_node::mount::Mount;
 use crate::cluster::ClusterNode;
 use crate::messages::Refusal;
 
-/// A test-only hook: `TUNDRA_TEST_MOUNT_ON_STORE=1` mounts a replicated volume on the node's
-/// store, as before replicated volumes had a mount of their own (the twin of `cluster_mount`'s
-/// check that another node reads what the mount wrote). Unset in production.
+/// A test-only hook: `TUNDRA_TEST_MOUNT_ON_STORE=1` leaves the node's check of replicated
+/// volumes unset (`ClusterNode::start`), so a replicated volume is mounted on the node's store
+/// as before replicated volumes had a mount of their own (the twin of `cluster_mount`'s check
+/// that another node reads what the mount wrote). Unset in production.
 pub(crate) fn on_store_for_test() -> bool {
     std::env::var("TUNDRA_TEST_MOUNT_ON_STORE").is_ok_and(|v| v == "1")
 }
@@ -30,11 +31,9 @@ impl ClusterNode {
     /// cluster, any other as a node alone mounts it (created first as a node-local volume
     /// when it is missing and the entry gives a size).
     pub fn mount(self: &Arc<Self>, entry: &MountConfig) -> tundra_node::Result<Mount> {
-        let replicated = self
-            .node
-            .volume_by_name(&entry.volume)
-            .ok()
-            .filter(|v| self.is_replicated(v.volume.id.0) && !on_store_for_test());
+        // The node's own answer (set in `ClusterNode::start`, not under the twin's hook).
+        let replicated =
+            self.node.volume_by_name(&entry.volume).ok().filter(|v| self.node.is_cluster_volume(v.volume.id));
         match replicated {
             Some(volume) => {
                 if entry.creation()?.is_some_and(|(size, ..)| size != volume.volume.size_bytes) {

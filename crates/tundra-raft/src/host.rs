@@ -373,13 +373,13 @@ impl Host {
             return None;
         }
         let metrics = raft.metrics().borrow().clone();
-        let held_known =
-            self.log.reset_held(group).is_some() && !self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed);
-        let may_vote = if held_known {
-            !self.short_of_held(group)
-        } else {
-            let configs = metrics.membership_config.membership().get_joint_config().clone();
-            configs.iter().any(|voters| voters.contains(&self.id))
+        let unguarded = self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed);
+        let may_vote = match self.log.reset_held(group) {
+            Some(_) if !unguarded => !self.short_of_held(group),
+            _ => {
+                let configs = metrics.membership_config.membership().get_joint_config();
+                configs.iter().any(|voters| voters.contains(&self.id))
+            }
         };
         if may_vote {
             return None;

@@ -236,9 +236,7 @@ fn serve_config(config: Config) -> Result<()> {
             ),
             _ => format!("FUSE through /dev/fuse in this process, {} threads", tundra_node::mount::MOUNT_THREADS),
         };
-        let replicated = cluster.as_ref().is_some_and(|cluster| {
-            node.volume_by_name(&entry.volume).is_ok_and(|v| cluster.is_replicated(v.volume.id.0))
-        });
+        let replicated = node.volume_by_name(&entry.volume).is_ok_and(|v| node.is_cluster_volume(v.volume.id));
         let through = if replicated { "replicated: every write through its chunk's leader, " } else { "" };
         say(&format!("volume {:?} mounted on {} ({through}{how})", entry.volume, entry.file.display()));
         mounts.push(mount);
