@@ -384,13 +384,33 @@ fn open_file(path: &Path, mode: DirectIo, purpose: Purpose) -> Result<(File, boo
 /// Takes an exclusive advisory lock for as long as the file is open, so that two processes
 /// never drive the same image at once (each would overwrite the other's metadata).
 fn lock_exclusively(file: &File, path: &Path) -> Result<()> {
+    match lock_exclusive_waiting(file) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::invalid(format!("{} is in use by another process", path.display()))),
+        Err(e) => Err(Error::io(format!("locking {}", path.display()), e)),
+    }
+}
+
+/// How long [`lock_exclusive_waiting`] waits for another holder to let go.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Takes an exclusive `flock` on `file`, held for as long as it stays open; `Ok(false)` if
+/// someone else still holds it after [`LOCK_WAIT`]. A lock is waited for, not refused at once,
+/// because a holder may be on its way out: a child process spawned by any thread of this one
+/// holds copies of its descriptors, locks included, from its fork until its exec, and a process
+/// that is stopping lets go when it exits. A process that keeps running keeps the lock.
+pub fn lock_exclusive_waiting(file: &File) -> io::Result<bool> {
     use rustix::fs::{FlockOperation, flock};
-    match flock(file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::WOULDBLOCK) => {
-            Err(Error::invalid(format!("{} is in use by another process", path.display())))
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(Error::io(format!("locking {}", path.display()), e.into())),
     }
 }
 
@@ -604,6 +624,28 @@ mod tests {
         let buffered = FileDevice::open_with(&path, options(DirectIo::Off)).expect("reopen");
         assert!(!buffered.is_direct());
         assert_eq!(read_blocks(&buffered, 30, 4), data);
+    }
+
+    /// A holder that lets go within the wait (as a spawned child does at its exec) is waited
+    /// for; one that keeps the file open is refused after the wait.
+    #[test]
+    fn a_lock_released_during_the_wait_is_taken() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("dev");
+        let holder = FileDevice::create(&path, 64 * BLOCK_SIZE_BYTES).expect("create");
+        let started = std::time::Instant::now();
+        let refused = FileDevice::open(&path).expect_err("held for longer than the wait");
+        assert!(refused.message().contains("in use"), "{refused}");
+        assert!(started.elapsed() >= LOCK_WAIT, "refused after {:?}", started.elapsed());
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(LOCK_WAIT / 4);
+            drop(holder);
+        });
+        let started = std::time::Instant::now();
+        let taken = FileDevice::open(&path).expect("taken once the holder let go");
+        assert!(started.elapsed() < LOCK_WAIT, "taken after {:?}", started.elapsed());
+        letting_go.join().expect("the holder's thread");
+        drop(taken);
     }
 
     #[test]

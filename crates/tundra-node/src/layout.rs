@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tundra_device::csd::FormatOptions;
-use tundra_device::file::FileDevice;
+use tundra_device::file::{FileDevice, lock_exclusive_waiting};
 use tundra_device::size::{format_size, parse_size};
 use tundra_device::{BLOCK_SIZE_BYTES, BlockDevice};
 use tundra_store::journal::{JournalGeometry, PAGE_RECORD_BYTES};
@@ -252,13 +252,13 @@ pub fn read(dir: &Path) -> Result<Layout> {
 }
 
 /// Takes the data directory's lock, held for as long as the returned file is open, so that two
-/// nodes never run on one directory.
+/// nodes never run on one directory. A node that is just stopping is waited for a moment
+/// ([`lock_exclusive_waiting`]).
 fn lock(dir: &Path) -> Result<std::fs::File> {
-    use rustix::fs::{FlockOperation, flock};
     let file = std::fs::File::open(dir).map_err(|e| Error::Io(format!("opening {}: {e}", dir.display())))?;
-    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(file),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(Error::Exists(format!(
+    match lock_exclusive_waiting(&file) {
+        Ok(true) => Ok(file),
+        Ok(false) => Err(Error::Exists(format!(
             "a node is already running on {} (lock held); stop it first or use another --data-dir",
             dir.display()
         ))),
