@@ -273,9 +273,16 @@ pub struct SnapshotFiles {
     /// pieces, waiting for openraft to install it.
     claimed: Mutex<HashMap<GroupId, String>>,
     bug: Mutex<SnapshotBug>,
+    /// Chunks captured since the files were opened.
+    captures: std::sync::atomic::AtomicU64,
 }
 
 impl SnapshotFiles {
+    /// How many chunks were captured (to be sent) since the files were opened.
+    pub fn captures(&self) -> u64 {
+        self.captures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Files in memory.
     pub fn in_memory() -> SnapshotFiles {
         SnapshotFiles {
@@ -284,6 +291,7 @@ impl SnapshotFiles {
             stages: Mutex::default(),
             claimed: Mutex::default(),
             bug: Mutex::default(),
+            captures: Default::default(),
         }
     }
 
@@ -429,6 +437,7 @@ impl SnapshotFiles {
         mark: Vec<u8>,
         check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>,
     ) -> Result<Manifest, CaptureError> {
+        self.captures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");
         self.remove(&fresh);
@@ -529,6 +538,7 @@ impl SnapshotFiles {
         id: &str,
         fill: &mut dyn FnMut(&mut ExtentsSink<'_>) -> Result<(), String>,
     ) -> Result<(u64, u32), String> {
+        self.captures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");
         self.remove(&fresh);

@@ -252,7 +252,42 @@ pub fn summary(r: &Report) -> String {
     )
 }
 
-/// A snapshot captured on a replica whose copy of a page went bad: the capture repairs the
+/// Snapshots built for openraft's policy (every 64 entries here) copy nothing: the log is
+/// purged behind them all the same, and the chunk is captured only when a snapshot is to be
+/// sent. A capture at each build copied the whole chunk on every replica with the group's
+/// applies waiting (seconds at 0 tps for PostgreSQL on a replicated mount).
+#[test]
+fn built_snapshots_capture_nothing_until_one_is_sent() {
+    paused_runtime(5).block_on(async {
+        let mut rng = Rng::new(5);
+        let mut cluster = quiet_cluster(&mut rng, 0).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        for i in 0..300u64 {
+            let page = PageNo((i % 8) as u32);
+            leader.write_pages(chunk, &[(page, content(i + 1), Lsn(i + 1))]).await.expect("write");
+        }
+        assert!(settled(&cluster, chunk).await, "the writes did not reach every replica");
+        let hosts: Vec<_> = cluster.nodes.iter().filter_map(|n| n.host.clone()).collect();
+        for host in &hosts {
+            let metrics = host.raft(chunk).expect("runs").metrics().borrow().clone();
+            let built = metrics.snapshot.map_or(0, |id| id.index);
+            let purged = metrics.purged.map_or(0, |id| id.index);
+            assert!(built >= 256 && purged >= 128, "node {}: snapshot at {built}, purged to {purged}", host.id());
+            assert_eq!(host.snapshot_files().captures(), 0, "node {} captured its chunk", host.id());
+        }
+        // Asked for a snapshot to send, the leader captures the chunk as it stands now.
+        let raft = leader.raft(chunk).expect("runs");
+        let applied = raft.metrics().borrow().last_applied;
+        let sent = raft.get_snapshot().await.expect("a snapshot").expect("one to send");
+        assert!(sent.meta.last_log_id == applied && !sent.snapshot.get_ref().is_empty(), "{:?}", sent.meta);
+        assert_eq!(leader.snapshot_files().captures(), 1);
+        cluster.shutdown().await;
+    })
+}
+
+/// A snapshot captured (to send) on a replica whose copy of a page went bad: the capture repairs the
 /// page from another voter and captures it good, and the group keeps running there. `Err`
 /// says which check failed; with repair off (the twin) the capture still succeeds, copying
 /// the bad image as stored, and the check that the page is good again fails.
@@ -294,11 +329,22 @@ fn snapshot_over_a_bad_page(repair_off: bool, heavy: bool) -> Result<(), String>
                 break;
             }
         }
+        // A built snapshot is the mark alone; the chunk is captured when one is to be sent,
+        // as openraft asks here for a follower that needs it.
+        let sent = if built { raft.get_snapshot().await } else { Ok(None) };
+        if let Err(fatal) = &raft.metrics().borrow().running_state {
+            return Err(format!("the group stopped on node {}: {fatal}", host.id()));
+        }
+        let captured =
+            matches!(&sent, Ok(Some(s)) if s.meta.last_log_id >= applied && !s.snapshot.get_ref().is_empty());
         let stats = host.repair_stats();
         let page_good = super::cluster::sound(&host, chunk, PageNo(3));
         cluster.shutdown().await;
         if !built {
             return Err("no snapshot was built".into());
+        }
+        if !captured {
+            return Err(format!("no snapshot was captured to send: {sent:?}"));
         }
         if stats.bad_found_by_snapshots == 0 {
             return Err("the capture did not find the bad page".into());
