@@ -194,6 +194,10 @@ impl Transport for PeerTransport {
             }
         })
     }
+
+    fn is_connected(&self, peer: u64) -> bool {
+        PeerTransport::is_connected(self, peer)
+    }
 }
 
 /// A test-only hook: `TUNDRA_TEST_RAFT_FAILS_AT_ONCE=1` takes the wait out of a Raft message

@@ -294,7 +294,7 @@ impl Host {
             }
         });
         self.log.set_purge_guard(group, self.purge_guard(group, pages.clone()));
-        let machine = ChunkStateMachine::open(
+        let mut machine = ChunkStateMachine::open(
             group,
             pages,
             self.hook.clone(),
@@ -302,7 +302,10 @@ impl Host {
             (self.id, self.files.clone()),
             self.repairer(),
         )?;
+        machine.reach.transport = Some(self.transport.clone());
+        let progress = machine.reach.metrics.clone();
         let raft = self.new_raft(group, config, machine).await?;
+        let _ = progress.set(raft.metrics());
         self.groups.lock().insert(group, raft);
         Ok(())
     }

@@ -103,6 +103,13 @@ pub type Call = Pin<Box<dyn Future<Output = Result<Reply, String>> + Send>>;
 /// came (lost, the link is down, the peer does not host the group).
 pub trait Transport: Send + Sync + 'static {
     fn call(&self, envelope: Envelope) -> Call;
+
+    /// Whether the link to `peer` is up now, as far as the transport knows. A leader captures
+    /// no snapshot while every follower that needs one is out of reach
+    /// ([`crate::state_machine::ChunkStateMachine`]). Without the knowledge, every link is up.
+    fn is_connected(&self, _peer: NodeId) -> bool {
+        true
+    }
 }
 
 /// Makes the clients one group's Raft uses to reach its peers, all over the node's transport.
@@ -194,6 +201,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let data = snapshot.snapshot.into_inner();
+        if data.is_empty() && self.group.0 >> 63 == 0 {
+            // A chunk's mark alone, captured for no one: every follower that needs a snapshot was out
+            // of reach when openraft asked for it. Nothing is sent; openraft asks again after
+            // this pause, and a follower back in reach by then gets a capture.
+            tokio::time::sleep(UNREACHED_PAUSE).await;
+            let why = format!("node {} is out of reach: no snapshot captured for it", self.to);
+            return Err(NetworkError::new(&std::io::Error::other(why)).into());
+        }
         if streams_extents(self.group) {
             let link = Link { transport: self.transport.as_ref(), from: self.from, to: self.to, group: self.group };
             push_extents(&link, &self.files, &snapshot.meta.snapshot_id)
@@ -207,6 +222,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
     }
 }
+
+/// How long a snapshot send for a follower out of reach waits before it fails (and openraft
+/// asks for the snapshot again).
+const UNREACHED_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One group's way to one peer, for a snapshot's pieces.
 pub struct Link<'a> {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{
-    EmptyNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError, StorageIOError,
-    StoredMembership,
+    EmptyNode, Entry, EntryPayload, LogId, OptionalSend, RaftMetrics, RaftSnapshotBuilder, StorageError,
+    StorageIOError, StoredMembership,
 };
 use tundra_store::command::StoreCommand;
 use tundra_store::pages::Pages;
@@ -28,6 +28,7 @@ use std::collections::BTreeSet;
 use tundra_store::ids::PageNo;
 use tundra_store::store::ChunkImage;
 
+use crate::network::Transport;
 use crate::repair::Repairer;
 use crate::snapshot::{CaptureError, SnapshotFiles};
 use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
@@ -97,6 +98,9 @@ pub struct ChunkStateMachine {
     files: Arc<SnapshotFiles>,
     /// Repairs the bad pages a capture finds (repair.rs).
     repairer: Repairer,
+    /// Who needs a snapshot and can be reached: no capture is made while every follower that
+    /// needs one is out of reach.
+    pub(crate) reach: SendReach,
     /// Whether openraft has asked for the current snapshot since the replica opened: the first
     /// time is its start, which wants only the snapshot's metadata (see
     /// [`RaftStateMachine::get_current_snapshot`]).
@@ -128,6 +132,7 @@ impl ChunkStateMachine {
             node,
             files,
             repairer,
+            reach: SendReach::default(),
             asked_since_open: false,
         })
     }
@@ -261,6 +266,36 @@ fn apply_error(log_id: LogId<NodeId>, error: Error) -> StorageError<NodeId> {
     StorageIOError::apply(log_id, openraft::AnyError::error(error.to_string())).into()
 }
 
+/// What a leader knows of the followers a snapshot would be for: its group's replication
+/// progress (set once the group's Raft runs) and which peers its transport reaches.
+#[derive(Clone, Default)]
+pub(crate) struct SendReach {
+    pub(crate) metrics: Arc<std::sync::OnceLock<tokio::sync::watch::Receiver<RaftMetrics<NodeId, EmptyNode>>>>,
+    pub(crate) transport: Option<Arc<dyn Transport>>,
+}
+
+impl SendReach {
+    /// Whether a snapshot asked for now could reach a follower that needs one: false only when
+    /// this node leads, some follower's progress is behind the log's purge point (openraft sends
+    /// such a follower a snapshot), and every such follower is out of the transport's reach. A
+    /// leader whose follower is down asked for a snapshot for it after each purge and captured
+    /// the chunk, applies waiting, for a send that could only fail: with a node dead,
+    /// PostgreSQL on a replicated mount stood at 0 tps for a second every 4 to 5 s. In any
+    /// other case it captures, as before.
+    fn worth_capturing(&self, me: NodeId) -> bool {
+        let (Some(metrics), Some(transport)) = (self.metrics.get(), &self.transport) else { return true };
+        let metrics = metrics.borrow();
+        let Some(replication) = &metrics.replication else { return true };
+        let purged = metrics.purged.map(|id| id.index);
+        let mut needy = replication
+            .iter()
+            .filter(|&(&peer, matched)| peer != me && matched.map(|id| id.index) < purged)
+            .map(|(&peer, _)| peer)
+            .peekable();
+        needy.peek().is_none() || needy.any(|peer| transport.is_connected(peer))
+    }
+}
+
 /// A snapshot built for openraft's policy: the metadata of the mark and an empty manifest,
 /// nothing captured ([`ChunkStateMachine`]'s `get_snapshot_builder`).
 pub struct MarkSnapshot {
@@ -359,6 +394,9 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
         }
         if self.snapshot.is_none() && self.mark.applied.is_some() {
             let meta = self.meta_now("");
+            if !self.reach.worth_capturing(self.node) {
+                return Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) }));
+            }
             let data = self
                 .capture_repairing(&meta.snapshot_id)
                 .await

@@ -175,6 +175,13 @@ impl NodeTransport {
 }
 
 impl Transport for NodeTransport {
+    /// Up while the peer runs and no cut stands between the two, as a real node's connection
+    /// is (a lossy link still counts as up).
+    fn is_connected(&self, peer: NodeId) -> bool {
+        let state = self.net.0.lock();
+        state.nodes.get(&peer).is_some_and(|(_, host)| host.is_some()) && !state.cut.contains(&(self.from, peer))
+    }
+
     fn call(&self, envelope: Envelope) -> Call {
         let fate = self.fate();
         let (net, from, incarnation) = (self.net.clone(), self.from, self.incarnation);

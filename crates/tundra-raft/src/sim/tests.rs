@@ -287,6 +287,44 @@ fn built_snapshots_capture_nothing_until_one_is_sent() {
     })
 }
 
+/// A leader whose follower is down captures no snapshot for it, however far its log is purged
+/// past that follower (openraft asks for one again and again meanwhile); once the follower is
+/// back, the leader captures one and the follower catches up from it.
+#[test]
+fn no_capture_for_a_follower_out_of_reach_until_it_is_back() {
+    paused_runtime(6).block_on(async {
+        let mut rng = Rng::new(6);
+        let mut cluster = quiet_cluster(&mut rng, 0).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        let down = (0..cluster.nodes.len())
+            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
+            .expect("a follower");
+        cluster.crash(down, &mut rng).await;
+        for i in 0..300u64 {
+            let page = PageNo((i % 8) as u32);
+            leader.write_pages(chunk, &[(page, content(i + 1), Lsn(i + 1))]).await.expect("write");
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let raft = leader.raft(chunk).expect("runs");
+        let purged = raft.metrics().borrow().purged.map_or(0, |id| id.index);
+        assert!(purged >= 128, "the log was purged to {purged} only");
+        assert_eq!(leader.snapshot_files().captures(), 0, "captured for a follower that is down");
+        cluster.start(down).await.expect("the follower starts again");
+        assert!(settled(&cluster, chunk).await, "the follower did not catch up");
+        assert!(leader.snapshot_files().captures() >= 1, "caught up without a snapshot past a purged log");
+        let back = cluster.nodes[down].host.clone().expect("up");
+        for p in (0..8u32).map(PageNo) {
+            let (want, got) = (leader.store().entry(chunk, p), back.store().entry(chunk, p));
+            let same = |e: Option<tundra_store::index::PageEntry>| e.map(|e| (e.checksum, e.lsn));
+            assert!(want.is_some() && same(want) == same(got), "page {}: {want:?} on the leader, {got:?} back", p.0);
+            assert!(super::cluster::sound(&back, chunk, p), "page {} bad on the follower", p.0);
+        }
+        cluster.shutdown().await;
+    })
+}
+
 /// A snapshot captured (to send) on a replica whose copy of a page went bad: the capture repairs the
 /// page from another voter and captures it good, and the group keeps running there. `Err`
 /// says which check failed; with repair off (the twin) the capture still succeeds, copying
