@@ -201,10 +201,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let data = snapshot.snapshot.into_inner();
-        if data.is_empty() && self.group.0 >> 63 == 0 {
-            // A chunk's mark alone, captured for no one: every follower that needs a snapshot was out
-            // of reach when openraft asked for it. Nothing is sent; openraft asks again after
-            // this pause, and a follower back in reach by then gets a capture.
+        if data.is_empty() && crate::manager_machine::is_chunk_group(self.group) {
+            // A chunk's mark alone, captured for no one: every follower that needs a snapshot
+            // was out of reach when openraft asked for it. Nothing is sent; openraft asks again
+            // after this pause, and a follower back in reach by then gets a capture.
             tokio::time::sleep(UNREACHED_PAUSE).await;
             let why = format!("node {} is out of reach: no snapshot captured for it", self.to);
             return Err(NetworkError::new(&std::io::Error::other(why)).into());

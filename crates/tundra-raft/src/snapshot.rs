@@ -538,7 +538,6 @@ impl SnapshotFiles {
         id: &str,
         fill: &mut dyn FnMut(&mut ExtentsSink<'_>) -> Result<(), String>,
     ) -> Result<(u64, u32), String> {
-        self.captures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = Self::extents_name(group, id);
         let fresh = format!("{name}.new");
         self.remove(&fresh);

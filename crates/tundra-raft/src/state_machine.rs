@@ -296,15 +296,23 @@ impl SendReach {
     }
 }
 
-/// A snapshot built for openraft's policy: the metadata of the mark and an empty manifest,
-/// nothing captured ([`ChunkStateMachine`]'s `get_snapshot_builder`).
+/// A snapshot that is the mark alone: `meta` with an empty manifest, nothing captured. What a
+/// build gives, what a replica's start is told, and what a leader answers when no follower
+/// that needs a snapshot can be reached ([`PeerClient`](crate::network::PeerClient) never
+/// sends it).
+fn mark_alone(meta: SnapshotMeta<NodeId, EmptyNode>) -> Snapshot<TypeConfig> {
+    Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) }
+}
+
+/// A snapshot built for openraft's policy: the mark alone ([`ChunkStateMachine`]'s
+/// `get_snapshot_builder`).
 pub struct MarkSnapshot {
     meta: SnapshotMeta<NodeId, EmptyNode>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for MarkSnapshot {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        Ok(Snapshot { meta: self.meta.clone(), snapshot: Box::new(Cursor::new(Vec::new())) })
+        Ok(mark_alone(self.meta.clone()))
     }
 }
 
@@ -377,25 +385,21 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
 
     /// The snapshot captured last for a send, or one captured now, of the state as of the
     /// current mark (it covers everything the log may have purged, which was applied first;
-    /// it may be past the newest snapshot built, which openraft takes as it is). Except at the replica's start: openraft
-    /// asks then once, for the metadata it starts from (the log may be purged behind it), and
-    /// gets the metadata of the state at the journalled mark with an empty manifest, nothing
-    /// captured. Capturing there would copy every chunk a node holds at each start, and a
+    /// it may be past the newest snapshot built, which openraft takes as it is). Except at the
+    /// replica's start: openraft asks then once, for the metadata it starts from (the log may
+    /// be purged behind it), and gets the mark alone, nothing captured. Capturing there would copy every chunk a node holds at each start, and a
     /// single unreadable block of a chunk would keep the node from starting at all, where it
     /// should fail only that page's reads until repair rewrites it. When a snapshot is to be
     /// sent, openraft asks again and the chunk is captured then.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let first = !std::mem::replace(&mut self.asked_since_open, true);
         if first && self.snapshot.is_none() {
-            return Ok(self
-                .mark
-                .applied
-                .map(|_| Snapshot { meta: self.meta_now("-start"), snapshot: Box::new(Cursor::new(Vec::new())) }));
+            return Ok(self.mark.applied.map(|_| mark_alone(self.meta_now("-start"))));
         }
         if self.snapshot.is_none() && self.mark.applied.is_some() {
             let meta = self.meta_now("");
             if !self.reach.worth_capturing(self.node) {
-                return Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) }));
+                return Ok(Some(mark_alone(meta)));
             }
             let data = self
                 .capture_repairing(&meta.snapshot_id)

@@ -135,6 +135,21 @@ async fn quiet_cluster(rng: &mut Rng, delay_max_ms: u64) -> Cluster {
     Cluster::build(rng, net, NODES, 1, LogFault::None, applied, false).await
 }
 
+/// The index in `cluster.nodes` of a running node other than `leader`.
+fn a_follower(cluster: &Cluster, leader: &Host) -> usize {
+    (0..cluster.nodes.len())
+        .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
+        .expect("a follower")
+}
+
+/// `count` writes of one page each (pages 0 to 7 in turn), one log entry apiece.
+async fn write_one_page_at_a_time(leader: &Host, chunk: ChunkId, count: u64) {
+    for i in 0..count {
+        let page = PageNo((i % 8) as u32);
+        leader.write_pages(chunk, &[(page, content(i + 1), Lsn(i + 1))]).await.expect("write");
+    }
+}
+
 /// A page bad on every replica: the leader's read fails with `Error::Corrupted` (never wrong
 /// data) and counts the page unrepairable.
 #[test]
@@ -174,9 +189,7 @@ fn a_bad_page_met_while_its_node_starts_is_repaired_later_not_called_unrepairabl
         let leader = cluster.leader(chunk).expect("a leader");
         leader.write_pages(chunk, &[(PageNo(1), content(1), Lsn(1))]).await.expect("write");
         assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
-        let follower = (0..cluster.nodes.len())
-            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
-            .expect("a follower");
+        let follower = a_follower(&cluster, &leader);
         cluster.crash(follower, &mut rng).await;
         cluster.start(follower).await.expect("the follower starts again");
         let corrupted = (0..10).any(|_| cluster.corrupt(follower, chunk, PageNo(1), &mut rng).is_some());
@@ -264,10 +277,7 @@ fn built_snapshots_capture_nothing_until_one_is_sent() {
         let chunk = cluster.chunks[0];
         assert!(settled(&cluster, chunk).await, "no leader");
         let leader = cluster.leader(chunk).expect("a leader");
-        for i in 0..300u64 {
-            let page = PageNo((i % 8) as u32);
-            leader.write_pages(chunk, &[(page, content(i + 1), Lsn(i + 1))]).await.expect("write");
-        }
+        write_one_page_at_a_time(&leader, chunk, 300).await;
         assert!(settled(&cluster, chunk).await, "the writes did not reach every replica");
         let hosts: Vec<_> = cluster.nodes.iter().filter_map(|n| n.host.clone()).collect();
         for host in &hosts {
@@ -298,14 +308,9 @@ fn no_capture_for_a_follower_out_of_reach_until_it_is_back() {
         let chunk = cluster.chunks[0];
         assert!(settled(&cluster, chunk).await, "no leader");
         let leader = cluster.leader(chunk).expect("a leader");
-        let down = (0..cluster.nodes.len())
-            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
-            .expect("a follower");
+        let down = a_follower(&cluster, &leader);
         cluster.crash(down, &mut rng).await;
-        for i in 0..300u64 {
-            let page = PageNo((i % 8) as u32);
-            leader.write_pages(chunk, &[(page, content(i + 1), Lsn(i + 1))]).await.expect("write");
-        }
+        write_one_page_at_a_time(&leader, chunk, 300).await;
         tokio::time::sleep(Duration::from_secs(10)).await;
         let raft = leader.raft(chunk).expect("runs");
         let purged = raft.metrics().borrow().purged.map_or(0, |id| id.index);
@@ -343,9 +348,7 @@ fn snapshot_over_a_bad_page(repair_off: bool, heavy: bool) -> Result<(), String>
         }
         assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
         // A follower's copy of page 3 goes bad (with `heavy`, its whole segment).
-        let i = (0..cluster.nodes.len())
-            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() != leader.id()))
-            .expect("a follower");
+        let i = a_follower(&cluster, &leader);
         let host = cluster.nodes[i].host.clone().expect("up");
         if repair_off {
             host.disable_repair();
