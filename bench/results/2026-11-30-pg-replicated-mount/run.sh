@@ -6,7 +6,10 @@
 # killed node restarted and `tundra cluster status` until it caught up, PostgreSQL stopped
 # and e2fsck -n of both filesystems. Usage: bash run.sh [TUNDRA_BIN] > result.txt (needs
 # root). Ports 27401 to 27433 and 25433; everything on 127.0.0.1, stopped by PID. LOGS=DIR
-# keeps the nodes' logs.
+# keeps the nodes' logs. ALONE=0 skips the node alone; KILL_AT=N kills node 1 N s into the run
+# (10 unless set), KILL_AT=0 before it starts, KILL_AT=none not at all; SAMPLE_CPU=1 prints,
+# once a second for 34 s from pgbench's start, the CPU time each node's process used in that
+# second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy).
 set -euo pipefail
 bin=${1:-target/release/tundra}; bin=$(readlink -f "$bin")
 pgbin=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
@@ -70,10 +73,12 @@ bench() { runuser -u postgres -- "$pgbin/pgbench" -h "$work" -p 25433 -U postgre
 say "tundra $("$bin" --version) ($bin, built from $(git rev-parse --short HEAD 2>/dev/null)); $(nproc) CPUs; $(uname -sr); $("$pgbin/postgres" --version)"
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-say "== a node alone, the volumes created by its [[mount]] sections"
-{ config 1; mounts 'size = "2GiB"'; } > "$work/node1.toml"
-start 1; filesystems; bench; teardown
-kill "${pid[1]}"; wait "${pid[1]}" || true; rm -rf "$work/node1" "$work"/*.file
+if [[ ${ALONE:-1} != 0 ]]; then
+  say "== a node alone, the volumes created by its [[mount]] sections"
+  { config 1; mounts 'size = "2GiB"'; } > "$work/node1.toml"
+  start 1; filesystems; bench; teardown
+  kill "${pid[1]}"; wait "${pid[1]}" || true; rm -rf "$work/node1" "$work"/*.file
+fi
 
 say "== three nodes, both volumes replicated three ways, mounted on node 2"
 for i in 1 2 3; do config $i cluster > "$work/node$i.toml"; done
@@ -84,9 +89,17 @@ mounts >> "$work/node2.toml"; start 2
 grep "mounted on" "$work/node2.log" | sed 's/^/# /'
 filesystems
 victim=1
-( sleep 10; kill -9 "${pid[$victim]}"; echo "# kill -9 of node $victim at $(date +%T.%N | cut -c1-12)" ) & killer=$!
+kill_at=${KILL_AT:-10}; killer=; sampler=
+if [[ $kill_at == 0 ]]; then kill -9 "${pid[$victim]}"; echo "# killed before"; sleep 2; fi
+if [[ $kill_at != none && $kill_at != 0 ]]; then
+  ( sleep "$kill_at"; kill -9 "${pid[$victim]}"; echo "# kill -9 of node $victim at $(date +%T.%N | cut -c1-12)" ) & killer=$!
+fi
+if [[ ${SAMPLE_CPU:-0} == 1 ]]; then
+  ( declare -A last; for _ in $(seq 34); do line="$(date +%T)"; for i in 1 2 3; do p=${pid[$i]}; v=$(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null || echo 0); line+=" n$i=$(( v - ${last[$i]:-$v} ))"; last[$i]=$v; done; echo "# cpu $line"; sleep 1; done ) & sampler=$!
+fi
 bench
-wait "$killer"
+if [[ -n $killer ]]; then wait "$killer"; fi
+if [[ -n $sampler ]]; then wait "$sampler"; fi
 if runuser -u postgres -- "$pgbin/pg_amcheck" -h "$work" -p 25433 -U postgres --all --install-missing > "$work/amcheck.txt" 2>&1; then
   say "pg_amcheck: clean"
 else
