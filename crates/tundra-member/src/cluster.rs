@@ -164,6 +164,12 @@ impl ClusterNode {
         if std::env::var("TUNDRA_TEST_FORGET_KEEPS_LOG").is_ok_and(|v| v == "1") {
             host.set_forget_keeps_log(true);
         }
+        // A twin's hook: `TUNDRA_TEST_APPEND_BYTES=N` caps appends at N bytes of entries instead
+        // of tundra-raft's `APPEND_BYTES` (a huge N: appends as large as openraft makes them, the
+        // bug cluster_catch_up must catch).
+        if let Some(bytes) = std::env::var("TUNDRA_TEST_APPEND_BYTES").ok().and_then(|v| v.parse().ok()) {
+            host.set_append_bytes(bytes);
+        }
         // Snapshots' extents, captured to send and staged as received, on the node's disk.
         host.set_snapshot_dir(node.data_dir().join(SNAPSHOT_DIR))?;
         let start_lsn = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros());

@@ -51,6 +51,9 @@ pub struct TrafficStats {
     pub raft_bytes_sent: u64,
     /// Frame bytes of everything else sent (forwarded I/O, answers).
     pub other_bytes_sent: u64,
+    /// Bytes of the largest Raft message sent: an append carries at most about a mebibyte of
+    /// entries (tundra-raft's `APPEND_BYTES`), a snapshot's piece a mebibyte.
+    pub largest_raft_message_sent: u64,
 }
 
 struct Inner {
@@ -61,6 +64,7 @@ struct Inner {
     handler: OnceLock<Handler>,
     raft_bytes: AtomicU64,
     other_bytes: AtomicU64,
+    largest_raft: AtomicU64,
     /// The budget of moves' catch-up traffic (pace.rs).
     pace: Arc<crate::pace::CatchUpPace>,
 }
@@ -85,6 +89,7 @@ impl PeerTransport {
             links: parking_lot::RwLock::new(links),
             handler: OnceLock::new(),
             raft_bytes: AtomicU64::new(0),
+            largest_raft: AtomicU64::new(0),
             other_bytes: AtomicU64::new(0),
             pace: Arc::new(crate::pace::CatchUpPace::default()),
         };
@@ -139,6 +144,7 @@ impl PeerTransport {
         TrafficStats {
             raft_bytes_sent: self.inner.raft_bytes.load(Ordering::Relaxed),
             other_bytes_sent: self.inner.other_bytes.load(Ordering::Relaxed),
+            largest_raft_message_sent: self.inner.largest_raft.load(Ordering::Relaxed),
         }
     }
 
@@ -155,6 +161,9 @@ async fn call(inner: &Inner, peer: u64, request: &PeerRequest, timeout: Duration
     let body = tundra_raft::codec::encode(request);
     let counter = if matches!(request, PeerRequest::Raft(_)) { &inner.raft_bytes } else { &inner.other_bytes };
     counter.fetch_add(body.len() as u64, Ordering::Relaxed);
+    if matches!(request, PeerRequest::Raft(_)) {
+        inner.largest_raft.fetch_max(body.len() as u64, Ordering::Relaxed);
+    }
     let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
     let (sender, receiver) = oneshot::channel();
     conn.pending.lock().insert(id, sender);

@@ -95,6 +95,8 @@ pub struct Host {
     manager: Mutex<Option<Arc<Mutex<crate::manager_machine::ManagerView>>>>,
     /// Snapshots captured to send and staged as received (snapshot.rs).
     files: Arc<SnapshotFiles>,
+    /// How many bytes of entries this node's appends carry (network.rs).
+    append_cap: Arc<crate::network::AppendCap>,
     /// The injected bug of a simulation twin: purges skip the purge guard.
     purge_unsynced: Arc<std::sync::atomic::AtomicBool>,
     /// Per redo group, how far its replica here may purge (redo_machine.rs).
@@ -140,6 +142,7 @@ impl Host {
             repair: Arc::default(),
             manager: Mutex::new(None),
             files: Arc::new(SnapshotFiles::in_memory()),
+            append_cap: Arc::default(),
             purge_unsynced: Arc::default(),
             redo: Mutex::default(),
             redo_held_committed: std::sync::atomic::AtomicBool::new(false),
@@ -231,6 +234,7 @@ impl Host {
             group,
             files: self.files.clone(),
             log: self.log.clone(),
+            cap: self.append_cap.clone(),
         };
         let log = GroupLogStore::new(self.log.clone(), group, self.id);
         let machine = crate::log::DurableApply::new(machine, self.log.clone(), group);
@@ -392,6 +396,24 @@ impl Host {
             vote_granted: false,
             last_log_id: self.log.with_group(group, |log| log.last_log_id()),
         })
+    }
+
+    /// The most bytes of entries one append from this node carries
+    /// ([`crate::network::APPEND_BYTES`] unless set; at least one entry whatever the cap): the
+    /// simulation cuts appends short with it.
+    pub fn set_append_bytes(&self, bytes: usize) {
+        self.append_cap.set_bytes(bytes);
+    }
+
+    /// How many appends from this node were cut short by the cap since it started.
+    pub fn appends_cut(&self) -> u64 {
+        self.append_cap.cut()
+    }
+
+    /// Injects a twin's bug: an append cut short by the cap answers openraft that the follower
+    /// took every entry it was asked to send.
+    pub fn set_append_claims_all(&self, on: bool) {
+        self.append_cap.set_claims_all(on);
     }
 
     /// Injects a twin's bug: replicas forgotten here vote from an empty log

@@ -10,12 +10,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use openraft::error::{Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError};
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
 use openraft::storage::{Snapshot, SnapshotMeta};
-use openraft::{EmptyNode, OptionalSend, RaftNetwork, RaftNetworkFactory, Vote};
+use openraft::{EmptyNode, Entry, EntryPayload, LogId, OptionalSend, RaftNetwork, RaftNetworkFactory, Vote};
 
 use crate::log::NodeLog;
 use crate::snapshot::{PIECE_BYTES, SnapshotBug, SnapshotFiles};
@@ -120,6 +121,79 @@ pub struct GroupNetwork {
     pub files: Arc<SnapshotFiles>,
     /// The node's shared log: how far the group's entries are durable here.
     pub log: Arc<NodeLog>,
+    /// How many bytes of entries one append carries.
+    pub cap: Arc<AppendCap>,
+}
+
+/// The most bytes of entries one append carries, as their commands' encoded size (an append
+/// always carries at least one entry). openraft 0.9 bounds an append by its count of entries
+/// alone (300 by default), and an entry of a chunk group holds up to 64 pages: a follower that
+/// fell behind was sent appends of tens of megabytes. On a loaded machine one took longer than
+/// the transport's timeout to cross, was sent again behind the first on the same connection,
+/// and the two nodes left with a dead third stopped answering each other for good (PostgreSQL
+/// on a replicated mount then stood at 0 tps until its writes failed).
+pub const APPEND_BYTES: usize = PIECE_BYTES;
+
+/// What an entry weighs against [`APPEND_BYTES`] besides its command: its log id, the
+/// proposal's request id and the encoding's framing, or a membership.
+const ENTRY_OVERHEAD: usize = 64;
+
+/// How many bytes of entries a node's appends carry ([`APPEND_BYTES`] unless a test sets
+/// another), and a twin's bug.
+#[derive(Debug)]
+pub struct AppendCap {
+    bytes: AtomicUsize,
+    /// The injected bug of a simulation twin: an append cut short answers openraft as if the
+    /// follower took every entry it was asked to send.
+    claims_all: AtomicBool,
+    /// Appends cut short since the node started.
+    cut: std::sync::atomic::AtomicU64,
+}
+
+impl Default for AppendCap {
+    fn default() -> AppendCap {
+        AppendCap { bytes: AtomicUsize::new(APPEND_BYTES), claims_all: AtomicBool::new(false), cut: Default::default() }
+    }
+}
+
+impl AppendCap {
+    pub fn set_bytes(&self, bytes: usize) {
+        self.bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn set_claims_all(&self, on: bool) {
+        self.claims_all.store(on, Ordering::Relaxed);
+    }
+
+    /// How many appends were cut short.
+    pub fn cut(&self) -> u64 {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Cuts `entries` to the first ones within the cap (at least one), and answers the log id
+    /// of the last one kept when any was cut.
+    fn keep_within(&self, entries: &mut Vec<Entry<TypeConfig>>) -> Option<LogId<NodeId>> {
+        let cap = self.bytes.load(Ordering::Relaxed);
+        let mut bytes = 0usize;
+        let mut keep = 0usize;
+        for entry in entries.iter() {
+            bytes += ENTRY_OVERHEAD
+                + match &entry.payload {
+                    EntryPayload::Normal(proposal) => proposal.command.len(),
+                    _ => 0,
+                };
+            if keep > 0 && bytes > cap {
+                break;
+            }
+            keep += 1;
+        }
+        if keep == entries.len() {
+            return None;
+        }
+        entries.truncate(keep);
+        self.cut.fetch_add(1, Ordering::Relaxed);
+        entries.last().map(|entry| entry.log_id)
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
@@ -133,6 +207,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
             group: self.group,
             files: self.files.clone(),
             log: self.log.clone(),
+            cap: self.cap.clone(),
         }
     }
 }
@@ -145,6 +220,7 @@ pub struct PeerClient {
     group: GroupId,
     files: Arc<SnapshotFiles>,
     log: Arc<NodeLog>,
+    cap: Arc<AppendCap>,
 }
 
 impl PeerClient {
@@ -162,12 +238,18 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     /// The commit position sent goes no further than the leader's entries durable here (a
     /// leader's own appends are reported flushed early, log/mod.rs): a follower never applies
     /// an entry a majority does not hold durably.
+    ///
+    /// The entries sent are the first within [`APPEND_BYTES`]; when some were left out, the
+    /// follower's success is answered as openraft's partial success up to the last one sent,
+    /// and openraft sends the rest next. The follower commits no further than the entries it
+    /// took from this leader, whatever commit position it is told.
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
         rpc.leader_commit = self.log.durable_commit(self.group, rpc.leader_commit);
+        let cut = self.cap.keep_within(&mut rpc.entries);
         let t0 = std::time::Instant::now();
         let some = !rpc.entries.is_empty();
         let r = self.call(Rpc::Append(rpc)).await;
@@ -175,6 +257,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             crate::lat::note("leader.append_rpc_roundtrip", t0);
         }
         match r? {
+            Reply::Append(Ok(AppendEntriesResponse::Success))
+                if cut.is_some() && !self.cap.claims_all.load(Ordering::Relaxed) =>
+            {
+                Ok(AppendEntriesResponse::PartialSuccess(cut))
+            }
             Reply::Append(Ok(response)) => Ok(response),
             Reply::Append(Err(error)) => Err(RPCError::RemoteError(RemoteError::new(self.to, error))),
             _ => Err(mismatch().into()),
@@ -291,4 +378,44 @@ pub async fn push_extents(link: &Link<'_>, files: &SnapshotFiles, id: &str) -> R
         held = now;
     }
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Proposal;
+    use openraft::CommittedLeaderId;
+
+    fn entries(sizes: &[usize]) -> Vec<Entry<TypeConfig>> {
+        (0..sizes.len())
+            .map(|i| Entry {
+                log_id: LogId::new(CommittedLeaderId::new(2, 1), 10 + i as u64),
+                payload: EntryPayload::Normal(Proposal { command: vec![7; sizes[i]], request: 0 }),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_append_keeps_the_entries_within_its_cap_and_names_the_last_one() {
+        let cap = AppendCap::default();
+        // Ten entries of 300 KiB: three fit in 1 MiB.
+        let mut batch = entries(&[300 << 10; 10]);
+        assert_eq!(cap.keep_within(&mut batch).map(|id| id.index), Some(12));
+        assert_eq!(batch.len(), 3);
+        // One entry over the cap still goes, alone.
+        let mut big = entries(&[3 << 20, 10]);
+        assert_eq!(cap.keep_within(&mut big).map(|id| id.index), Some(10));
+        assert_eq!(big.len(), 1);
+        // What fits is not cut, and says so.
+        let mut small = entries(&[1000; 20]);
+        assert_eq!(cap.keep_within(&mut small), None);
+        assert_eq!(small.len(), 20);
+        assert_eq!(cap.keep_within(&mut Vec::new()), None);
+        assert_eq!(cap.cut(), 2);
+        // A cap of one byte: one entry per append.
+        cap.set_bytes(1);
+        let mut one = entries(&[1, 1, 1]);
+        assert_eq!(cap.keep_within(&mut one).map(|id| id.index), Some(10));
+        assert_eq!(one.len(), 1);
+    }
 }

@@ -32,6 +32,10 @@ pub enum LogFault {
     /// An injected bug of the node above the log: a leader restarted with its vote committed
     /// resumes its term ([`super::AheadBug::ResumeTerm`]).
     ResumeTerm,
+    /// An injected bug of the node above the log: every append carries one entry, and one cut
+    /// short answers openraft that the follower took them all
+    /// ([`crate::Host::set_append_claims_all`]).
+    AppendClaimsAll,
 }
 
 #[derive(Default)]
@@ -116,7 +120,8 @@ impl LogMedia for MemLog {
             | LogFault::PurgeUnsynced
             | LogFault::ResumeTerm
             | LogFault::ApplyUnflushed
-            | LogFault::CommitUnflushed => state.tail.len(),
+            | LogFault::CommitUnflushed
+            | LogFault::AppendClaimsAll => state.tail.len(),
             LogFault::FlushLies => {
                 let len = state.tail.len();
                 std::mem::replace(&mut state.owed, len).min(len)

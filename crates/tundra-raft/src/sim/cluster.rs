@@ -77,6 +77,11 @@ pub struct Cluster {
     pub host_bug: HostBug,
     /// Replicas a node's start forgot (it no longer held them).
     pub forgotten_at_start: u64,
+    /// The most bytes of entries a node's appends carry, if the run cuts them short
+    /// ([`Cluster::set_append_bytes`]).
+    append_bytes: Option<usize>,
+    /// Appends cut short by hosts that have since crashed.
+    pub appends_cut_before: u64,
 }
 
 /// A bug injected into every host of a run with moves (a twin's).
@@ -210,6 +215,17 @@ impl Cluster {
             catalog: None,
             host_bug: HostBug::None,
             forgotten_at_start: 0,
+            append_bytes: None,
+            appends_cut_before: 0,
+        }
+    }
+
+    /// Cuts every node's appends to `bytes` of entries (at least one entry each), the nodes up
+    /// now and those started later.
+    pub fn set_append_bytes(&mut self, bytes: usize) {
+        self.append_bytes = Some(bytes);
+        for host in self.nodes.iter().filter_map(|node| node.host.as_ref()) {
+            host.set_append_bytes(bytes);
         }
     }
 
@@ -248,7 +264,11 @@ impl Cluster {
             LogFault::ApplyUnflushed => host.log().set_ahead_bug(crate::log::AheadBug::ApplyUnflushed),
             LogFault::CommitUnflushed => host.log().set_ahead_bug(crate::log::AheadBug::CommitUnflushed),
             LogFault::ResumeTerm => host.log().set_ahead_bug(crate::log::AheadBug::ResumeTerm),
+            LogFault::AppendClaimsAll => host.set_append_claims_all(true),
             _ => {}
+        }
+        if let Some(bytes) = self.append_bytes {
+            host.set_append_bytes(bytes);
         }
         match self.host_bug {
             HostBug::None => {}
@@ -305,6 +325,7 @@ impl Cluster {
         let lost = node.log.crash(rng);
         host.shutdown().await;
         self.repair_before.push(host.repair_stats());
+        self.appends_cut_before += host.appends_cut();
         lost
     }
 

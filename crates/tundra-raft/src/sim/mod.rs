@@ -64,6 +64,8 @@ pub struct Report {
     pub messages_blocked: u64,
     pub snapshots_sent: u64,
     pub snapshot_pieces: u64,
+    /// Appends cut short by their byte cap (openraft told of a partial success).
+    pub appends_cut: u64,
     pub partitions: u64,
     pub crashes: u64,
     pub restarts: u64,
@@ -101,6 +103,7 @@ impl Report {
         self.messages_blocked += other.messages_blocked;
         self.snapshots_sent += other.snapshots_sent;
         self.snapshot_pieces += other.snapshot_pieces;
+        self.appends_cut += other.appends_cut;
         self.partitions += other.partitions;
         self.crashes += other.crashes;
         self.restarts += other.restarts;
@@ -151,6 +154,9 @@ struct Swarm {
     /// leader's entries then reach the followers long before its own copy is durable. Drawn
     /// apart from the run's random numbers too.
     stalls: f64,
+    /// Appends cut to one entry each (openraft asked for more is told of a partial success), as
+    /// a cluster's appends are cut to their byte cap. Drawn apart from the run's random numbers.
+    one_entry_appends: bool,
 }
 
 impl Swarm {
@@ -163,7 +169,8 @@ impl Swarm {
         let (crash, partition) = (*rng.pick(&[0.0, 0.03, 0.08]), *rng.pick(&[0.0, 0.03, 0.08]));
         let heavy = Rng::new(seed ^ 0x4e61_7679).chance(0.5);
         let stalls = *Rng::new(seed ^ 0x5374_616c).pick(&[0.0, 0.0, 0.1, 0.3]);
-        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]), heavy, stalls }
+        let one_entry_appends = Rng::new(seed ^ 0x4170_7065).chance(0.3);
+        Swarm { net, crash, partition, corrupt: *rng.pick(&[0.0, 0.05, 0.15]), heavy, stalls, one_entry_appends }
     }
 }
 
@@ -196,6 +203,9 @@ async fn simulate(seed: u64, options: Options) -> Report {
     for node in &cluster.nodes {
         node.log.set_stalls(Rng::new(seed ^ 0x5374_616c ^ node.id), swarm.stalls);
     }
+    if swarm.one_entry_appends || options.log_fault == LogFault::AppendClaimsAll {
+        cluster.set_append_bytes(1);
+    }
     let mut report = Report { seeds: 1, ..Report::default() };
     let mut model = Model::default();
     let mut sequence = 0u64;
@@ -226,8 +236,10 @@ async fn finish_run(mut cluster: Cluster, net: &SimNet, applied: &Mutex<Applied>
             report.log_records += stats.records;
             report.log_flushes += stats.flushes;
             add_repair(&mut report.repair, &host.repair_stats());
+            report.appends_cut += host.appends_cut();
         }
     }
+    report.appends_cut += cluster.appends_cut_before;
     report.log_flushes_stalled = cluster.nodes.iter().map(|n| n.log.stalled()).sum();
     for before in &cluster.repair_before {
         add_repair(&mut report.repair, before);
