@@ -9,7 +9,8 @@
 # keeps the nodes' logs. ALONE=0 skips the node alone; KILL_AT=N kills node 1 N s into the run
 # (10 unless set), KILL_AT=0 before it starts, KILL_AT=none not at all; SAMPLE_CPU=1 prints,
 # once a second for 34 s from pgbench's start, the CPU time each node's process used in that
-# second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy).
+# second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy). After
+# the restart it says how long the catch-up took and the largest Raft message nodes 2 and 3 sent.
 set -euo pipefail
 bin=${1:-target/release/tundra}; bin=$(readlink -f "$bin")
 pgbin=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
@@ -106,7 +107,7 @@ else
   say "pg_amcheck failed:"; sed 's/^/#   /' "$work/amcheck.txt" | head -20
 fi
 start $victim
-lag=unknown
+lag=unknown; waited=$SECONDS
 for _ in $(seq 120); do
   lag=$("$bin" cluster status --json --addr 127.0.0.1:27402 | python3 -c '
 import json, sys
@@ -115,6 +116,9 @@ lags = [c.get("lag") for c in s["chunks"]]
 print(max(l for l in lags if isinstance(l, int)) if all(n["up"] for n in s["nodes"]) and all(isinstance(l, int) for l in lags) else "-")' || echo "-")
   [[ $lag == 0 ]] && break; sleep 1
 done
-say "after node $victim's restart: largest chunk lag $lag"
+say "after node $victim's restart: largest chunk lag $lag ($((SECONDS - waited)) s)"
+for i in 2 3; do
+  say "node $i's largest Raft message sent: $("$bin" cluster status --json --addr 127.0.0.1:2740$i | python3 -c 'import json, sys; print(json.load(sys.stdin)["traffic"]["largest_raft_message_sent"])' || echo -) bytes"
+done
 teardown
 say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
