@@ -29,6 +29,10 @@ pub struct NodeStatus {
     pub id: u64,
     pub addr: String,
     pub up: bool,
+    /// For a peer of the answering node: whether its link is in reach (connected, and heard
+    /// from within the transport's `SILENCE`), which decides whether a leader here captures a
+    /// chunk to send it; null for the answering node itself.
+    pub linked: Option<bool>,
     /// The node's drive space (null while the node does not answer).
     pub usage: Option<NodeUsage>,
     /// Logical over physical bytes used (null when nothing is stored or the node is down).
@@ -171,6 +175,7 @@ impl ClusterNode {
                     id: *id,
                     addr: addr.clone(),
                     up: view.is_some(),
+                    linked: (*id != self.me).then(|| self.transport.is_connected(*id)),
                     usage,
                     ratio: usage
                         .filter(|u| u.physical_used_bytes > 0)
