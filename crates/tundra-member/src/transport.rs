@@ -155,9 +155,8 @@ impl PeerTransport {
         let Some(link) = self.inner.links.read().get(&peer).cloned() else { return false };
         let conn = link.conn.lock().clone();
         conn.is_some_and(|conn| {
-            linked_by_connection()
-                || self.inner.now_ms().saturating_sub(conn.heard.load(Ordering::Relaxed))
-                    <= u64::try_from(SILENCE.as_millis()).unwrap_or(u64::MAX)
+            let silent = self.inner.now_ms().saturating_sub(conn.heard.load(Ordering::Relaxed));
+            linked_by_connection() || Duration::from_millis(silent) <= SILENCE
         })
     }
 
@@ -185,10 +184,11 @@ async fn call(inner: &Inner, peer: u64, request: &PeerRequest, timeout: Duration
         inner.links.read().get(&peer).cloned().ok_or_else(|| format!("node {peer} is not a peer of this node"))?;
     let conn = link.conn.lock().clone().ok_or_else(|| format!("no connection to node {peer} ({})", link.addr))?;
     let body = tundra_raft::codec::encode(request);
-    let counter = if matches!(request, PeerRequest::Raft(_)) { &inner.raft_bytes } else { &inner.other_bytes };
-    counter.fetch_add(body.len() as u64, Ordering::Relaxed);
     if matches!(request, PeerRequest::Raft(_)) {
+        inner.raft_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         inner.largest_raft.fetch_max(body.len() as u64, Ordering::Relaxed);
+    } else {
+        inner.other_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
     }
     let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
     let (sender, receiver) = oneshot::channel();
@@ -236,8 +236,8 @@ impl Transport for PeerTransport {
 }
 
 /// A twin's hook: `TUNDRA_TEST_LINKED_BY_CONNECTION=1` counts a peer in reach while its
-/// connection is up, heard from or not (as before [`SILENCE`]); the bug `cluster_catch_up`'s
-/// silent-link test must catch. Unset in production.
+/// connection is up, heard from or not (as before [`SILENCE`]); the bug `cluster_silent_link`
+/// must catch. Unset in production.
 fn linked_by_connection() -> bool {
     static BY_CONNECTION: OnceLock<bool> = OnceLock::new();
     *BY_CONNECTION.get_or_init(|| std::env::var("TUNDRA_TEST_LINKED_BY_CONNECTION").is_ok_and(|v| v == "1"))

@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use openraft::error::{Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError};
 use openraft::network::RPCOption;
@@ -147,7 +147,7 @@ pub struct AppendCap {
     /// follower took every entry it was asked to send.
     claims_all: AtomicBool,
     /// Appends cut short since the node started.
-    cut: std::sync::atomic::AtomicU64,
+    cut: AtomicU64,
 }
 
 impl Default for AppendCap {

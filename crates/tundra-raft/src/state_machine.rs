@@ -387,10 +387,11 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
     /// current mark (it covers everything the log may have purged, which was applied first;
     /// it may be past the newest snapshot built, which openraft takes as it is). Except at the
     /// replica's start: openraft asks then once, for the metadata it starts from (the log may
-    /// be purged behind it), and gets the mark alone, nothing captured. Capturing there would copy every chunk a node holds at each start, and a
-    /// single unreadable block of a chunk would keep the node from starting at all, where it
-    /// should fail only that page's reads until repair rewrites it. When a snapshot is to be
-    /// sent, openraft asks again and the chunk is captured then.
+    /// be purged behind it), and gets the mark alone, nothing captured. Capturing there would
+    /// copy every chunk a node holds at each start, and a single unreadable block of a chunk
+    /// would keep the node from starting at all, where it should fail only that page's reads
+    /// until repair rewrites it. When a snapshot is to be sent, openraft asks again and the
+    /// chunk is captured then.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let first = !std::mem::replace(&mut self.asked_since_open, true);
         if first && self.snapshot.is_none() {
