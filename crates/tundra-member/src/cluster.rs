@@ -281,7 +281,9 @@ impl ClusterNode {
         match forward {
             Forward::Write { volume, chunk, pages, request, retry } => {
                 let t0 = std::time::Instant::now();
+                tundra_raft::lat::mark("lead_write");
                 let r = self.lead_write(volume, ChunkId(chunk), pages, request, retry).await;
+                tundra_raft::lat::mark("lead_write.done");
                 tundra_raft::lat::note("member.lead_write", t0);
                 r
             }

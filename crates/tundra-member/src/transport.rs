@@ -315,6 +315,7 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, session: Session) {
             if queue.is_empty() && writer.flush().await.is_err() {
                 return;
             }
+            tundra_raft::lat::mark(if kind == Kind::Request { "tx.request" } else { "tx.response" });
         }
     });
     loop {
@@ -328,6 +329,7 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, session: Session) {
             }
         };
         conn.heard.store(inner.now_ms(), Ordering::Relaxed);
+        tundra_raft::lat::mark(if frame.kind == Kind::Request { "rx.request" } else { "rx.response" });
         match frame.kind {
             Kind::Response => {
                 if let Some(sender) = conn.pending.lock().remove(&frame.id) {
@@ -341,6 +343,7 @@ async fn serve(inner: Arc<Inner>, stream: TcpStream, session: Session) {
                 let conn = conn.clone();
                 let inner = inner.clone();
                 tokio::spawn(async move {
+                    tundra_raft::lat::mark("handler");
                     let Some(handler) = handler else { return };
                     let request: PeerRequest = match tundra_raft::codec::decode(&frame.body) {
                         Ok(request) => request,

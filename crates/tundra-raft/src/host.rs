@@ -89,6 +89,8 @@ pub struct Host {
     requests: Arc<AppliedRequests>,
     /// Requests this node proposed as a leader whose proposals have not answered yet.
     pending: Mutex<std::collections::HashSet<u64>>,
+    /// The injected bug of a simulation twin ([`Host::set_answer_at_append`]).
+    answer_at_append: std::sync::atomic::AtomicBool,
     /// Repair of bad pages from peers and the background scrub (repair.rs).
     pub(crate) repair: Arc<crate::repair::Repair>,
     /// The state of this node's member of the manager group, if it runs one.
@@ -139,6 +141,7 @@ impl Host {
             hook,
             requests: Arc::default(),
             pending: Mutex::default(),
+            answer_at_append: Default::default(),
             repair: Arc::default(),
             manager: Mutex::new(None),
             files: Arc::new(SnapshotFiles::in_memory()),
@@ -236,7 +239,10 @@ impl Host {
             log: self.log.clone(),
             cap: self.append_cap.clone(),
         };
-        let log = GroupLogStore::new(self.log.clone(), group, self.id);
+        let mut log = GroupLogStore::new(self.log.clone(), group, self.id);
+        if self.answer_at_append.load(std::sync::atomic::Ordering::Relaxed) {
+            log = log.answering_early(self.requests.clone());
+        }
         let machine = crate::log::DurableApply::new(machine, self.log.clone(), group);
         let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
         self.hold_elections(group, &raft);
@@ -410,6 +416,12 @@ impl Host {
         self.append_cap.cut()
     }
 
+    /// Injects a twin's bug: a proposal is answered as its entry enters this node's log, before
+    /// it is committed ([`GroupLogStore::answering_early`]). Set before groups start.
+    pub fn set_answer_at_append(&self, on: bool) {
+        self.answer_at_append.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Injects a twin's bug: an append cut short by the cap answers openraft that the follower
     /// took every entry it was asked to send.
     pub fn set_append_claims_all(&self, on: bool) {
@@ -436,8 +448,12 @@ impl Host {
             Rpc::Append(rpc) => {
                 let t0 = std::time::Instant::now();
                 let some = !rpc.entries.is_empty();
+                if some {
+                    crate::lat::mark("follower.append");
+                }
                 let r = Reply::Append(raft.append_entries(rpc).await);
                 if some {
+                    crate::lat::mark("follower.append.done");
                     crate::lat::note("follower.append_entries(with entries)", t0);
                 }
                 r
@@ -517,7 +533,9 @@ impl Host {
         crate::lat::note("leader.encode(algorithm1)", t0);
         let _pending = Pending::new(&self.pending, request);
         let t1 = std::time::Instant::now();
+        crate::lat::mark("propose");
         let r = self.propose(chunk, &raft, Proposal { command: command.encode(), request }).await;
+        crate::lat::mark("propose.done");
         crate::lat::note("leader.propose(client_write->applied)", t1);
         r
     }
@@ -621,12 +639,34 @@ impl Host {
         Ok(raft)
     }
 
+    /// Proposes an entry and answers once it is committed and applied here. A proposal with a
+    /// request id is answered by the state machine as it applies the entry
+    /// ([`AppliedRequests::wait`]), or by openraft if it answers first (an error: leadership
+    /// lost, the group stopped).
     async fn propose(&self, chunk: ChunkId, raft: &Raft, proposal: Proposal) -> Result<(), Error> {
-        match raft.client_write(proposal).await {
-            Ok(response) => match response.data.refused {
-                None => Ok(()),
-                Some(why) => Err(Error::Invalid(why)),
-            },
+        let request = proposal.request;
+        let write = raft.client_write(proposal);
+        let refused = if request == 0 || answered_by_openraft() {
+            write.await.map(|response| response.data.refused)
+        } else {
+            let mut applied = self.requests.wait(chunk, request);
+            tokio::pin!(write);
+            let answer = tokio::select! {
+                biased;
+                refused = &mut applied => match refused {
+                    Ok(refused) => Ok(refused),
+                    // Not answered here (never so far): openraft's answer is the one.
+                    Err(_) => write.await.map(|response| response.data.refused),
+                },
+                written = &mut write => written.map(|response| response.data.refused),
+            };
+            crate::lat::mark("answered");
+            self.requests.forget(chunk, request);
+            answer
+        };
+        match refused {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => Err(Error::Invalid(why)),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(Error::NotLeader { node: self.id, group: chunk.0, leader: f.leader_id })
             }
@@ -999,4 +1039,12 @@ fn claim_stage(files: &SnapshotFiles, group: GroupId, id: &str, data: &[u8]) -> 
         crate::redo_machine::RedoSnapshot::Mark(_) => Ok(()),
         crate::redo_machine::RedoSnapshot::Copy(copy) => files.claim_whole(group, id, copy.copy_len, copy.copy_crc),
     }
+}
+
+/// A benchmark's hook: `TUNDRA_TEST_ANSWER_BY_OPENRAFT=1` answers every proposal with
+/// openraft's answer alone, as before the state machine answered its own node's proposals
+/// (what that saves, cluster_bench). Unset in production.
+fn answered_by_openraft() -> bool {
+    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var("TUNDRA_TEST_ANSWER_BY_OPENRAFT").is_ok_and(|v| v == "1"))
 }

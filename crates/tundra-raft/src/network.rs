@@ -252,8 +252,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let cut = self.cap.keep_within(&mut rpc.entries);
         let t0 = std::time::Instant::now();
         let some = !rpc.entries.is_empty();
+        if some {
+            crate::lat::mark("rpc");
+        }
         let r = self.call(Rpc::Append(rpc)).await;
         if some {
+            crate::lat::mark("rpc.done");
             crate::lat::note("leader.append_rpc_roundtrip", t0);
         }
         match r? {

@@ -38,10 +38,20 @@ use crate::types::{Applied, ChunkSnapshot, GroupId, NodeId, TypeConfig};
 /// and applying everything committed) before it proposes the request a second time. Kept in
 /// memory, the newest [`REQUESTS_KEPT`] per group; a restarted node refills it from the
 /// committed entries its log still holds ([`crate::Host::add_group_on`]).
+///
+/// It also carries the answers of this node's own proposals: a proposal waiting here
+/// ([`AppliedRequests::wait`]) is answered by the state machine as it applies the entry
+/// ([`AppliedRequests::answer`]), which is what openraft answers too, one task hop later (the
+/// state machine's results go back to the Raft core, which answers the proposal).
 #[derive(Default)]
 pub struct AppliedRequests {
     groups: parking_lot::Mutex<std::collections::HashMap<GroupId, Recent>>,
+    waiting: parking_lot::Mutex<std::collections::HashMap<(GroupId, u64), Answer>>,
 }
+
+/// The answer to a proposal once its entry is applied here: the reason every replica refused
+/// it, if they did.
+type Answer = tokio::sync::oneshot::Sender<Option<String>>;
 
 /// How many request ids a group remembers.
 pub const REQUESTS_KEPT: usize = 65_536;
@@ -71,6 +81,30 @@ impl AppliedRequests {
 
     pub fn contains(&self, group: GroupId, request: u64) -> bool {
         self.groups.lock().get(&group).is_some_and(|recent| recent.ids.contains(&request))
+    }
+
+    /// Waits for the entry of request `request` (nonzero) to be applied in `group` here; the
+    /// caller [`AppliedRequests::forget`]s it once done, answered or not.
+    pub fn wait(&self, group: GroupId, request: u64) -> tokio::sync::oneshot::Receiver<Option<String>> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.waiting.lock().insert((group, request), answer);
+        answered
+    }
+
+    pub fn forget(&self, group: GroupId, request: u64) {
+        self.waiting.lock().remove(&(group, request));
+    }
+
+    /// Answers a proposal waiting for the entry of `request` just applied in `group`.
+    pub(crate) fn answer(&self, group: GroupId, request: u64, refused: &Option<String>) {
+        if request == 0 {
+            return;
+        }
+        let waiting = self.waiting.lock().remove(&(group, request));
+        if let Some(answer) = waiting {
+            crate::lat::mark("answer");
+            let _ = answer.send(refused.clone());
+        }
     }
 }
 
@@ -145,7 +179,9 @@ impl ChunkStateMachine {
     /// device or journal failed) stops the group.
     fn apply_one(&mut self, entry: &Entry<TypeConfig>) -> Result<Applied, StorageError<NodeId>> {
         let t0 = std::time::Instant::now();
+        crate::lat::mark("apply");
         let r = self.apply_one_(entry);
+        crate::lat::mark("apply.done");
         crate::lat::note("apply(store commit)", t0);
         r
     }
@@ -183,6 +219,7 @@ impl ChunkStateMachine {
         self.mark = mark;
         if let EntryPayload::Normal(proposal) = &entry.payload {
             self.requests.record(self.group, proposal.request);
+            self.requests.answer(self.group, proposal.request, &refused);
         }
         if let Some(hook) = &self.hook {
             hook(self.store(), self.group, entry.log_id.index);

@@ -223,11 +223,46 @@ fn budget(samples: usize) -> (f64, f64, f64) {
     (median(&mut rtt), median(&mut fsync), median(&mut fsync_append))
 }
 
+/// What one node's log sync costs while the other two sync too, as three nodes on one machine
+/// do (their logs share one filesystem and device): the median time of `fsync_us`'s write and
+/// `fdatasync` when three threads each do it at once, each into its own file grown ahead, in
+/// step (a barrier before each).
+fn three_syncs(samples: usize) -> f64 {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let path = dir.path().join(format!("sync-{t}"));
+            let start = start.clone();
+            std::thread::spawn(move || {
+                let file = std::fs::File::create(&path).expect("create");
+                file.write_all_at(&vec![0u8; samples * PAGE], 0).expect("zeros ahead");
+                file.sync_all().expect("sync the zeros");
+                let page = vec![7u8; PAGE];
+                let mut took = Vec::with_capacity(samples);
+                for i in 0..samples {
+                    start.wait();
+                    let t0 = Instant::now();
+                    file.write_all_at(&page, (i * PAGE) as u64).expect("write");
+                    file.sync_data().expect("fdatasync");
+                    took.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+                took
+            })
+        })
+        .collect();
+    let mut all: Vec<f64> = threads.into_iter().flat_map(|t| t.join().expect("a sync thread")).collect();
+    median(&mut all)
+}
+
 struct Round {
     /// One loopback round trip and one log sync, measured in the round (see [`budget`]).
     rtt_us: f64,
     fsync_us: f64,
     fsync_append_us: f64,
+    /// A log sync while the other two nodes sync too ([`three_syncs`]).
+    fsync_three_us: f64,
     single_us_p50: f64,
     replicated_us_p50: f64,
     replicated_us_p99: f64,
@@ -254,6 +289,12 @@ impl Round {
         (self.replicated_us_p50 - self.single_us_p50) / (self.rtt_us + self.fsync_us)
     }
 
+    /// The same, with the sync one of three at once ([`three_syncs`]): what the budget is on
+    /// one machine, where a follower's sync always meets the leader's and the other follower's.
+    fn over_budget_three(&self) -> f64 {
+        (self.replicated_us_p50 - self.single_us_p50) / (self.rtt_us + self.fsync_three_us)
+    }
+
     fn cpu_ratio(&self) -> f64 {
         (self.follower_cpu_us_per_page[0] + self.follower_cpu_us_per_page[1]) / 2.0 / self.leader_cpu_us_per_page
     }
@@ -275,6 +316,7 @@ fn replicated_with(hook: &str, pages: &[Vec<u8>]) -> Vec<f64> {
 fn round(count: usize) -> Round {
     let (pages, _) = pages(count);
     let (rtt_us, fsync_us, fsync_append_us) = budget(count.max(100));
+    let fsync_three_us = three_syncs(count.clamp(100, 1000));
     // A node alone.
     let site = common_serve::Site::new();
     let single = site.start();
@@ -312,6 +354,7 @@ fn round(count: usize) -> Round {
     let mut appends_us = replicated_with("TUNDRA_TEST_RAFT_LOG_APPENDS", &pages);
     let mut sync_first_us = replicated_with("TUNDRA_TEST_LEADER_SYNC_FIRST", &pages);
     Round {
+        fsync_three_us,
         sync_first_us_p50: median(&mut sync_first_us),
         sync_first_us_p99: percentile(&mut sync_first_us, 0.99),
         rtt_us,
@@ -355,7 +398,7 @@ fn replication_costs() {
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for r in &results {
         assert!(r.single_us_p50 > 0.0 && r.replicated_us_p50 > 0.0 && r.appends_us_p50 > 0.0);
-        assert!(r.sync_first_us_p50 > 0.0);
+        assert!(r.sync_first_us_p50 > 0.0 && r.fsync_three_us > 0.0);
         assert!(r.rtt_us > 0.0 && r.fsync_us > 0.0 && r.over_budget().is_finite());
         assert!(r.compressed_bytes_per_page > 0.0 && r.follower_bytes_per_page > 0.0);
         assert!(r.leader_cpu_us_per_page.is_finite() && r.follower_cpu_us_per_page.iter().all(|c| c.is_finite()));
@@ -378,13 +421,14 @@ fn replication_costs() {
     writeln!(text, "# budget: replicated_us_p50 - single_us_p50 (extra_us) against one loopback round trip of 8 KiB (rtt_us) plus one 8 KiB write and fdatasync into a file grown ahead with zeros in the nodes' temporary directory (fsync_us; the same appended to a growing file: fsync_append_us), all medians measured in the same round").unwrap();
     writeln!(text, "# appends: the same writes to a cluster whose Raft logs grow by their frames alone (TUNDRA_TEST_RAFT_LOG_APPENDS=1; appends_us_*), against the logs grown ahead (replicated_us_*): appends_over_ahead_p50").unwrap();
     writeln!(text, "# sync first: the same writes to a cluster whose leaders sync their own Raft log before the followers see an entry (TUNDRA_TEST_LEADER_SYNC_FIRST=1; sync_first_us_*), against leaders that send first (replicated_us_*): ahead_over_sync_first_p50").unwrap();
+    writeln!(text, "# three syncs: one 8 KiB write and fdatasync while two other threads do the same at once, each into its own file grown ahead in the nodes' temporary directory (fsync_three_us, the median over the three): what a follower's sync costs where three nodes share one filesystem; extra_over_budget_three is extra_us against rtt_us + fsync_three_us").unwrap();
     writeln!(text, "# cpu: utime + stime of each tundra serve process (/proc/PID/stat, {} ticks a second) from before the first replicated write to 300 ms after the last, per page; the leader's includes serving the client", clock_ticks()).unwrap();
     writeln!(text, "# loadavg before: {}# loadavg after: {}", load_before, load_after).unwrap();
-    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget\tfsync_append_us\tappends_us_p50\tappends_us_p99\tappends_over_ahead_p50\tsync_first_us_p50\tsync_first_us_p99\tahead_over_sync_first_p50").unwrap();
+    writeln!(text, "round\tsingle_us_p50\tsingle_us_p99\treplicated_us_p50\treplicated_us_p99\tlatency_ratio_p50\tfollower_bytes_per_page\tcompressed_bytes_per_page\tbytes_ratio\tleader_cpu_us_per_page\tfollower1_cpu_us_per_page\tfollower2_cpu_us_per_page\tfollower_cpu_ratio\trtt_us\tfsync_us\textra_us\textra_over_budget\tfsync_append_us\tappends_us_p50\tappends_us_p99\tappends_over_ahead_p50\tsync_first_us_p50\tsync_first_us_p99\tahead_over_sync_first_p50\tfsync_three_us\textra_over_budget_three").unwrap();
     for (i, r) in results.iter().enumerate() {
         writeln!(
             text,
-            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.3}",
+            "{i}\t{:.0}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.1}\t{:.1}\t{:.4}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.0}\t{:.2}\t{:.0}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.0}\t{:.3}\t{:.0}\t{:.2}",
             r.single_us_p50,
             r.single_us_p99,
             r.replicated_us_p50,
@@ -408,11 +452,19 @@ fn replication_costs() {
             r.sync_first_us_p50,
             r.sync_first_us_p99,
             r.replicated_us_p50 / r.sync_first_us_p50,
+            r.fsync_three_us,
+            r.over_budget_three(),
         )
         .unwrap();
     }
     let (m, lo, hi) = spread(&results.iter().map(Round::over_budget).collect::<Vec<f64>>());
     writeln!(text, "extra_over_budget median {m:.2} (min {lo:.2}, max {hi:.2}): the target is at most 1").unwrap();
+    let (m, lo, hi) = spread(&results.iter().map(Round::over_budget_three).collect::<Vec<f64>>());
+    writeln!(
+        text,
+        "extra_over_budget_three median {m:.2} (min {lo:.2}, max {hi:.2}): the same with the sync one of three at once"
+    )
+    .unwrap();
     let (m, lo, hi) = spread(&ratio);
     writeln!(text, "latency_ratio_p50 median {m:.3} (min {lo:.3}, max {hi:.3})").unwrap();
     let singles: Vec<f64> = results.iter().map(|r| r.single_us_p50).collect();

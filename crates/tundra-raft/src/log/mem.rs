@@ -36,6 +36,9 @@ pub enum LogFault {
     /// short answers openraft that the follower took them all
     /// ([`crate::Host::set_append_claims_all`]).
     AppendClaimsAll,
+    /// An injected bug of the node above the log: a leader answers a proposal as its entry
+    /// enters the leader's log, before it commits ([`crate::Host::set_answer_at_append`]).
+    AnswerAtAppend,
 }
 
 #[derive(Default)]
@@ -121,7 +124,8 @@ impl LogMedia for MemLog {
             | LogFault::ResumeTerm
             | LogFault::ApplyUnflushed
             | LogFault::CommitUnflushed
-            | LogFault::AppendClaimsAll => state.tail.len(),
+            | LogFault::AppendClaimsAll
+            | LogFault::AnswerAtAppend => state.tail.len(),
             LogFault::FlushLies => {
                 let len = state.tail.len();
                 std::mem::replace(&mut state.owed, len).min(len)

@@ -506,6 +506,7 @@ async fn write_loop(
         }
         let records: Vec<LogRecord> = batch.iter().map(|w| w.record.clone()).collect();
         let t0 = std::time::Instant::now();
+        crate::lat::mark("log.write");
         let mut result = media.append(&records);
         crate::lat::note("log.append", t0);
         unflushed.extend(records);
@@ -523,6 +524,7 @@ async fn write_loop(
             if result.is_ok() {
                 let t1 = std::time::Instant::now();
                 result = media.flush();
+                crate::lat::mark("log.flushed");
                 crate::lat::note("log.flush(fdatasync)", t1);
             }
             flushes.fetch_add(1, Ordering::Relaxed);

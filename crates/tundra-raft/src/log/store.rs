@@ -23,11 +23,22 @@ pub struct GroupLogStore {
     log: Arc<NodeLog>,
     group: GroupId,
     me: NodeId,
+    /// The injected bug of a simulation twin: proposals answered as their entries are appended.
+    early_answers: Option<Arc<crate::state_machine::AppliedRequests>>,
 }
 
 impl GroupLogStore {
     pub fn new(log: Arc<NodeLog>, group: GroupId, me: NodeId) -> GroupLogStore {
-        GroupLogStore { log, group, me }
+        GroupLogStore { log, group, me, early_answers: None }
+    }
+
+    /// Injects a twin's bug: every proposal of this node waiting for its entry
+    /// ([`crate::state_machine::AppliedRequests::wait`]) is answered as the entry is appended
+    /// here, before a majority holds it; the simulation must catch the acknowledged writes a
+    /// crash then loses.
+    pub fn answering_early(mut self, requests: Arc<crate::state_machine::AppliedRequests>) -> GroupLogStore {
+        self.early_answers = Some(requests);
+        self
     }
 
     /// Whether `entries` may be reported flushed before they are (the module's documentation
@@ -120,6 +131,14 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        crate::lat::mark("store.append");
+        if let Some(requests) = &self.early_answers {
+            for entry in &entries {
+                if let openraft::EntryPayload::Normal(proposal) = &entry.payload {
+                    requests.answer(self.group, proposal.request, &None);
+                }
+            }
+        }
         if self.leader_ahead(&entries) {
             self.submit(LogRecord::Entries { group: self.group, entries }, Done::Ahead)?;
             callback.log_io_completed(Ok(()));
@@ -188,6 +207,7 @@ impl<M: RaftStateMachine<TypeConfig>> RaftStateMachine<TypeConfig> for DurableAp
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        crate::lat::mark("store.apply");
         if let Some(last) = entries.last()
             && self.log.ahead_bug() != AheadBug::ApplyUnflushed
         {

@@ -265,6 +265,7 @@ impl Cluster {
             LogFault::CommitUnflushed => host.log().set_ahead_bug(crate::log::AheadBug::CommitUnflushed),
             LogFault::ResumeTerm => host.log().set_ahead_bug(crate::log::AheadBug::ResumeTerm),
             LogFault::AppendClaimsAll => host.set_append_claims_all(true),
+            LogFault::AnswerAtAppend => host.set_answer_at_append(true),
             _ => {}
         }
         if let Some(bytes) = self.append_bytes {

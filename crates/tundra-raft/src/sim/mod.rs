@@ -378,7 +378,9 @@ async fn operate(
     model.sent(chunk, page, value);
     let write = async {
         match value {
-            Some(v) => leader.write_pages(chunk, &[(page, content(v), Lsn(v))]).await,
+            // The write's sequence number is its request id: the proposal is answered by the
+            // leader's state machine as it applies the entry (AppliedRequests::wait).
+            Some(v) => leader.write_pages_once(chunk, &[(page, content(v), Lsn(v))], v, false).await,
             None => leader.trim_pages(chunk, vec![page]).await,
         }
     };

@@ -125,6 +125,24 @@ fn an_append_cut_short_and_claimed_whole_is_caught() {
     println!("seed {seed} caught the append claimed whole: {violation}");
 }
 
+/// The twin of the leader's answer from its state machine (`AppliedRequests::answer`, given as
+/// the entry is applied): a proposal answered as its entry enters the leader's log, before a
+/// majority holds it, is an acknowledged write a crash can lose, and some seed must say so.
+#[test]
+fn an_answer_before_the_commit_is_caught() {
+    let mut caught = None;
+    for seed in 0..200 {
+        let report =
+            run_seed(seed, Options { steps: 40, log_fault: LogFault::AnswerAtAppend, trace: false, repair_off: false });
+        if let Some(violation) = report.violations.first() {
+            caught = Some((seed, violation.clone()));
+            break;
+        }
+    }
+    let (seed, violation) = caught.expect("no seed caught proposals answered before their commit");
+    println!("seed {seed} caught a proposal answered before its commit: {violation}");
+}
+
 /// The twin of the repair checks: with repair off, a page corrupted on one replica stays bad,
 /// and the end check (every replica holds the same stored bytes) or a final read must say so.
 #[test]
