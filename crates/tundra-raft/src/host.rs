@@ -649,11 +649,11 @@ impl Host {
         let refused = if request == 0 || answered_by_openraft() {
             write.await.map(|response| response.data.refused)
         } else {
-            let mut applied = self.requests.wait(chunk, request);
+            let mut waiting = self.requests.wait(chunk, request);
             tokio::pin!(write);
             let answer = tokio::select! {
                 biased;
-                refused = &mut applied => match refused {
+                refused = &mut waiting.answered => match refused {
                     Ok(refused) => Ok(refused),
                     // Not answered here (never so far): openraft's answer is the one.
                     Err(_) => write.await.map(|response| response.data.refused),
@@ -661,7 +661,6 @@ impl Host {
                 written = &mut write => written.map(|response| response.data.refused),
             };
             crate::lat::mark("answered");
-            self.requests.forget(chunk, request);
             answer
         };
         match refused {
@@ -1043,7 +1042,7 @@ fn claim_stage(files: &SnapshotFiles, group: GroupId, id: &str, data: &[u8]) -> 
 
 /// A benchmark's hook: `TUNDRA_TEST_ANSWER_BY_OPENRAFT=1` answers every proposal with
 /// openraft's answer alone, as before the state machine answered its own node's proposals
-/// (what that saves, cluster_bench). Unset in production.
+/// (what that saves: bench/results/2026-12-01-answer-from-apply/ab.sh). Unset in production.
 fn answered_by_openraft() -> bool {
     static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SET.get_or_init(|| std::env::var("TUNDRA_TEST_ANSWER_BY_OPENRAFT").is_ok_and(|v| v == "1"))

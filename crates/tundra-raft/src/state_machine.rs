@@ -53,6 +53,21 @@ pub struct AppliedRequests {
 /// it, if they did.
 type Answer = tokio::sync::oneshot::Sender<Option<String>>;
 
+/// A proposal waiting for its entry's apply ([`AppliedRequests::wait`]).
+pub struct Waiting<'a> {
+    requests: &'a AppliedRequests,
+    key: (GroupId, u64),
+    /// The answer; an error if it will not come from here (another wait for the same request
+    /// took its place).
+    pub answered: tokio::sync::oneshot::Receiver<Option<String>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.requests.waiting.lock().remove(&self.key);
+    }
+}
+
 /// How many request ids a group remembers.
 pub const REQUESTS_KEPT: usize = 65_536;
 
@@ -83,16 +98,12 @@ impl AppliedRequests {
         self.groups.lock().get(&group).is_some_and(|recent| recent.ids.contains(&request))
     }
 
-    /// Waits for the entry of request `request` (nonzero) to be applied in `group` here; the
-    /// caller [`AppliedRequests::forget`]s it once done, answered or not.
-    pub fn wait(&self, group: GroupId, request: u64) -> tokio::sync::oneshot::Receiver<Option<String>> {
+    /// Waits for the entry of request `request` (nonzero) to be applied in `group` here, until
+    /// the [`Waiting`] is dropped, answered or not (a proposal given up on leaves nothing).
+    pub fn wait(&self, group: GroupId, request: u64) -> Waiting<'_> {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.waiting.lock().insert((group, request), answer);
-        answered
-    }
-
-    pub fn forget(&self, group: GroupId, request: u64) {
-        self.waiting.lock().remove(&(group, request));
+        Waiting { requests: self, key: (group, request), answered }
     }
 
     /// Answers a proposal waiting for the entry of `request` just applied in `group`.
@@ -446,5 +457,29 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
             self.snapshot = Some((meta, data));
         }
         Ok(self.snapshot.clone().map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tundra_store::ids::ChunkId;
+
+    #[test]
+    fn a_wait_is_answered_by_its_own_request_and_leaves_nothing_when_dropped() {
+        let requests = AppliedRequests::default();
+        let (group, other) = (ChunkId(7), ChunkId(8));
+        let mut waiting = requests.wait(group, 5);
+        let given_up = requests.wait(group, 6);
+        // Another request, the same request of another group, and no request answer nothing.
+        requests.answer(group, 4, &None);
+        requests.answer(other, 5, &None);
+        requests.answer(group, 0, &None);
+        assert!(waiting.answered.try_recv().is_err(), "answered by another entry");
+        requests.answer(group, 5, &Some("refused".into()));
+        assert_eq!(waiting.answered.try_recv().ok(), Some(Some("refused".to_string())));
+        drop(waiting);
+        drop(given_up);
+        assert!(requests.waiting.lock().is_empty(), "a wait outlived its proposal");
     }
 }
