@@ -11,6 +11,8 @@
 # once a second for 34 s from pgbench's start, the CPU time each node's process used in that
 # second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy). After
 # the restart it says how long the catch-up took and the largest Raft message nodes 2 and 3 sent.
+# RESTART_AT=N (with KILL_AT below it) restarts the killed node N s into the run, under load,
+# rather than after it: pgbench's progress lines then show what its catch-up costs the writes.
 set -euo pipefail
 bin=${1:-target/release/tundra}; bin=$(readlink -f "$bin")
 pgbin=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
@@ -23,6 +25,7 @@ cleanup() {
   for m in "${mnts[@]}"; do umount "$m" 2>/dev/null || true; done
   for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || true; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  [[ -s $work/restarted.pid ]] && kill "$(cat "$work/restarted.pid")" 2>/dev/null || true
   sleep 2; rm -rf "$work"
 }
 trap cleanup EXIT
@@ -95,18 +98,24 @@ if [[ $kill_at == 0 ]]; then kill -9 "${pid[$victim]}"; echo "# killed before"; 
 if [[ $kill_at != none && $kill_at != 0 ]]; then
   ( sleep "$kill_at"; kill -9 "${pid[$victim]}"; echo "# kill -9 of node $victim at $(date +%T.%N | cut -c1-12)" ) & killer=$!
 fi
+restart_at=${RESTART_AT:-}; restarter=
+if [[ -n $restart_at ]]; then
+  ( sleep "$restart_at"; start $victim; echo "${pid[$victim]}" > "$work/restarted.pid"
+    echo "# node $victim restarted at $(date +%T.%N | cut -c1-12)" ) & restarter=$!
+fi
 if [[ ${SAMPLE_CPU:-0} == 1 ]]; then
   ( declare -A last; for _ in $(seq 34); do line="$(date +%T)"; for i in 1 2 3; do p=${pid[$i]}; v=$(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null || echo 0); line+=" n$i=$(( v - ${last[$i]:-$v} ))"; last[$i]=$v; done; echo "# cpu $line"; sleep 1; done ) & sampler=$!
 fi
 bench
 if [[ -n $killer ]]; then wait "$killer"; fi
+if [[ -n $restarter ]]; then wait "$restarter"; pid[$victim]=$(cat "$work/restarted.pid"); pids+=("${pid[$victim]}"); fi
 if [[ -n $sampler ]]; then wait "$sampler"; fi
 if runuser -u postgres -- "$pgbin/pg_amcheck" -h "$work" -p 25433 -U postgres --all --install-missing > "$work/amcheck.txt" 2>&1; then
   say "pg_amcheck: clean"
 else
   say "pg_amcheck failed:"; sed 's/^/#   /' "$work/amcheck.txt" | head -20
 fi
-start $victim
+[[ -z $restart_at ]] && start $victim
 lag=unknown; waited=$SECONDS
 for _ in $(seq 120); do
   lag=$("$bin" cluster status --json --addr 127.0.0.1:27402 | python3 -c '
