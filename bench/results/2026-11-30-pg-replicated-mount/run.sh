@@ -9,7 +9,9 @@
 # keeps the nodes' logs. ALONE=0 skips the node alone; KILL_AT=N kills node 1 N s into the run
 # (10 unless set), KILL_AT=0 before it starts, KILL_AT=none not at all; SAMPLE_CPU=1 prints,
 # once a second for 34 s from pgbench's start, the CPU time each node's process used in that
-# second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy). After
+# second (`# cpu TIME n1=.. n2=.. n3=..`, clock ticks of 1/100 s: 100 is one core busy; a node
+# restarted under RESTART_AT is followed from its restart, its first second counting all its
+# CPU since it started). After
 # the restart it says how long the catch-up took and the largest Raft message nodes 2 and 3 sent.
 # RESTART_AT=N (with KILL_AT below it) restarts the killed node N s into the run, under load,
 # rather than after it: pgbench's progress lines then show what its catch-up costs the writes.
@@ -104,7 +106,7 @@ if [[ -n $restart_at ]]; then
     echo "# node $victim restarted at $(date +%T.%N | cut -c1-12)" ) & restarter=$!
 fi
 if [[ ${SAMPLE_CPU:-0} == 1 ]]; then
-  ( declare -A last; for _ in $(seq 34); do line="$(date +%T)"; for i in 1 2 3; do p=${pid[$i]}; v=$(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null || echo 0); line+=" n$i=$(( v - ${last[$i]:-$v} ))"; last[$i]=$v; done; echo "# cpu $line"; sleep 1; done ) & sampler=$!
+  ( declare -A last; for _ in $(seq 34); do line="$(date +%T)"; for i in 1 2 3; do p=${pid[$i]}; [[ $i == "$victim" && -s $work/restarted.pid ]] && p=$(cat "$work/restarted.pid"); v=$(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null || echo 0); line+=" n$i=$(( v - ${last[$i]:-$v} ))"; last[$i]=$v; done; echo "# cpu $line"; sleep 1; done ) & sampler=$!
 fi
 bench
 if [[ -n $killer ]]; then wait "$killer"; fi
