@@ -131,5 +131,8 @@ say "after node $victim's restart: largest chunk lag $lag ($((SECONDS - waited))
 for i in 2 3; do
   say "node $i's largest Raft message sent: $("$bin" cluster status --json --addr 127.0.0.1:2740$i | python3 -c 'import json, sys; print(json.load(sys.stdin)["traffic"]["largest_raft_message_sent"])' || echo -) bytes"
 done
+say "chunks at the end (volume/chunk: term, leader): $("$bin" cluster status --json --addr 127.0.0.1:27402 | python3 -c '
+import json, sys
+print(" ".join("%s/%s: t%s n%s" % (c["volume"], c["chunk"], c["term"], c["leader"]) for c in json.load(sys.stdin)["chunks"]))' || echo -)"
 teardown
 say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
