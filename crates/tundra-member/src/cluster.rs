@@ -221,6 +221,7 @@ impl ClusterNode {
         cluster.start_manager()?;
         cluster.start_redo_upkeep();
         cluster.start_leader_balance(leader_balance);
+        cluster.start_election_log();
         cluster.start_delete_upkeep();
         cluster.start_dead_node_work();
         // Moves this node's catalog lists were under way when it stopped: settle them once the

@@ -42,6 +42,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod dead_nodes;
 pub mod delete;
+pub mod elections;
 mod io;
 pub mod join;
 pub mod leaders;
