@@ -25,12 +25,14 @@ impl ClusterNode {
                 let mut now = BTreeMap::new();
                 for group in node.host.groups() {
                     let Ok(raft) = node.host.raft(group) else { continue };
-                    let metrics = raft.metrics().borrow().clone();
-                    let (term, leader) = (metrics.current_term, metrics.current_leader);
+                    let (term, leader, voted_for, last_log) = {
+                        let metrics = raft.metrics();
+                        let m = metrics.borrow();
+                        (m.current_term, m.current_leader, m.vote.leader_id().voted_for(), m.last_log_index)
+                    };
                     if let Some(&(was_term, was_leader)) = seen.get(&group.0)
                         && term > was_term
                     {
-                        let campaigned = metrics.vote.leader_id().voted_for() == Some(node.me);
                         let name =
                             |leader: Option<u64>| leader.map_or("none known".to_string(), |l| format!("node {l}"));
                         eprintln!(
@@ -38,8 +40,8 @@ impl ClusterNode {
                             group.0,
                             name(was_leader),
                             name(leader),
-                            if campaigned { "; this node campaigned" } else { "" },
-                            metrics.last_log_index.map_or("none".to_string(), |i| i.to_string()),
+                            if voted_for == Some(node.me) { "; this node campaigned" } else { "" },
+                            last_log.map_or("none".to_string(), |i| i.to_string()),
                         );
                     }
                     now.insert(group.0, (term, leader));

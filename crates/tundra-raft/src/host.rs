@@ -645,9 +645,9 @@ impl Host {
     /// lost, the group stopped).
     async fn propose(&self, chunk: ChunkId, raft: &Raft, proposal: Proposal) -> Result<(), Error> {
         let request = proposal.request;
-        let write = raft.client_write(proposal);
+        let write = async { raft.client_write(proposal).await.map(|response| response.data.refused) };
         let refused = if request == 0 || answered_by_openraft() {
-            write.await.map(|response| response.data.refused)
+            write.await
         } else {
             let mut waiting = self.requests.wait(chunk, request);
             tokio::pin!(write);
@@ -656,9 +656,9 @@ impl Host {
                 refused = &mut waiting.answered => match refused {
                     Ok(refused) => Ok(refused),
                     // Not answered here (never so far): openraft's answer is the one.
-                    Err(_) => write.await.map(|response| response.data.refused),
+                    Err(_) => write.await,
                 },
-                written = &mut write => written.map(|response| response.data.refused),
+                written = &mut write => written,
             };
             crate::lat::mark("answered");
             answer

@@ -205,22 +205,27 @@ fn budget(samples: usize) -> (f64, f64, f64) {
         file.sync_data().expect("fdatasync");
         fsync_append.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    let ahead = std::fs::File::create(dir.path().join("ahead")).expect("create");
-    ahead.set_len(0).expect("empty");
-    {
-        let mut zeros = &ahead;
-        zeros.write_all(&vec![0u8; samples * PAGE]).expect("zeros ahead");
-        ahead.sync_all().expect("sync the zeros");
-    }
-    let mut fsync = Vec::with_capacity(samples);
-    for i in 0..samples {
-        use std::os::unix::fs::FileExt;
-        let t0 = Instant::now();
-        ahead.write_all_at(&page, (i * PAGE) as u64).expect("write");
-        ahead.sync_data().expect("fdatasync");
-        fsync.push(t0.elapsed().as_secs_f64() * 1e6);
-    }
+    let mut fsync = syncs_into_zeros(&dir.path().join("ahead"), samples, || {});
     (median(&mut rtt), median(&mut fsync), median(&mut fsync_append))
+}
+
+/// `samples` times, after `before_each`: 8 KiB written into a file of zeros written ahead (as
+/// the Raft log grows) and `fdatasync`ed, each one's microseconds.
+fn syncs_into_zeros(path: &std::path::Path, samples: usize, before_each: impl Fn()) -> Vec<f64> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::create(path).expect("create");
+    file.write_all_at(&vec![0u8; samples * PAGE], 0).expect("zeros ahead");
+    file.sync_all().expect("sync the zeros");
+    let page = vec![7u8; PAGE];
+    let mut took = Vec::with_capacity(samples);
+    for i in 0..samples {
+        before_each();
+        let t0 = Instant::now();
+        file.write_all_at(&page, (i * PAGE) as u64).expect("write");
+        file.sync_data().expect("fdatasync");
+        took.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    took
 }
 
 /// What one node's log sync costs while the other two sync too, as three nodes on one machine
@@ -228,7 +233,6 @@ fn budget(samples: usize) -> (f64, f64, f64) {
 /// `fdatasync` when three threads each do it at once, each into its own file grown ahead, in
 /// step (a barrier before each).
 fn three_syncs(samples: usize) -> f64 {
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().expect("temp dir");
     let start = std::sync::Arc::new(std::sync::Barrier::new(3));
     let threads: Vec<_> = (0..3)
@@ -236,19 +240,9 @@ fn three_syncs(samples: usize) -> f64 {
             let path = dir.path().join(format!("sync-{t}"));
             let start = start.clone();
             std::thread::spawn(move || {
-                let file = std::fs::File::create(&path).expect("create");
-                file.write_all_at(&vec![0u8; samples * PAGE], 0).expect("zeros ahead");
-                file.sync_all().expect("sync the zeros");
-                let page = vec![7u8; PAGE];
-                let mut took = Vec::with_capacity(samples);
-                for i in 0..samples {
+                syncs_into_zeros(&path, samples, || {
                     start.wait();
-                    let t0 = Instant::now();
-                    file.write_all_at(&page, (i * PAGE) as u64).expect("write");
-                    file.sync_data().expect("fdatasync");
-                    took.push(t0.elapsed().as_secs_f64() * 1e6);
-                }
-                took
+                })
             })
         })
         .collect();

@@ -60,6 +60,15 @@ fn one_seed() {
     );
 }
 
+/// The first of seeds 0 to 199 whose run of 40 steps with `log_fault` (and repair off, if
+/// `repair_off`) finds a violation, and that violation: what a twin's check must find.
+fn first_violation(log_fault: LogFault, repair_off: bool) -> Option<(u64, String)> {
+    (0..200).find_map(|seed| {
+        let report = run_seed(seed, Options { steps: 40, log_fault, trace: false, repair_off });
+        report.violations.first().map(|violation| (seed, violation.clone()))
+    })
+}
+
 #[test]
 fn same_seed_same_trace() {
     for seed in [3, 11, 42] {
@@ -74,16 +83,8 @@ fn same_seed_same_trace() {
 
 #[test]
 fn a_log_whose_flush_lies_is_caught() {
-    let mut caught = None;
-    for seed in 0..200 {
-        let report =
-            run_seed(seed, Options { steps: 40, log_fault: LogFault::FlushLies, trace: false, repair_off: false });
-        if let Some(violation) = report.violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught a log that loses flushed records");
+    let (seed, violation) =
+        first_violation(LogFault::FlushLies, false).expect("no seed caught a log that loses flushed records");
     println!("seed {seed} caught the lying flush: {violation}");
 }
 
@@ -92,16 +93,8 @@ fn a_log_whose_flush_lies_is_caught() {
 /// again what it lost; some seed must show it (a replica that fails to restart, or diverges).
 #[test]
 fn a_log_purged_past_the_durable_mark_is_caught() {
-    let mut caught = None;
-    for seed in 0..200 {
-        let report =
-            run_seed(seed, Options { steps: 40, log_fault: LogFault::PurgeUnsynced, trace: false, repair_off: false });
-        if let Some(violation) = report.violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught a log purged past the store's durable mark");
+    let (seed, violation) = first_violation(LogFault::PurgeUnsynced, false)
+        .expect("no seed caught a log purged past the store's durable mark");
     println!("seed {seed} caught the purge past the durable mark: {violation}");
 }
 
@@ -110,18 +103,8 @@ fn a_log_purged_past_the_durable_mark_is_caught() {
 /// copies than a majority, and some seed loses or splits an acknowledged write.
 #[test]
 fn an_append_cut_short_and_claimed_whole_is_caught() {
-    let mut caught = None;
-    for seed in 0..200 {
-        let report = run_seed(
-            seed,
-            Options { steps: 40, log_fault: LogFault::AppendClaimsAll, trace: false, repair_off: false },
-        );
-        if let Some(violation) = report.violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught appends cut short and claimed whole");
+    let (seed, violation) =
+        first_violation(LogFault::AppendClaimsAll, false).expect("no seed caught appends cut short and claimed whole");
     println!("seed {seed} caught the append claimed whole: {violation}");
 }
 
@@ -130,16 +113,8 @@ fn an_append_cut_short_and_claimed_whole_is_caught() {
 /// majority holds it, is an acknowledged write a crash can lose, and some seed must say so.
 #[test]
 fn an_answer_before_the_commit_is_caught() {
-    let mut caught = None;
-    for seed in 0..200 {
-        let report =
-            run_seed(seed, Options { steps: 40, log_fault: LogFault::AnswerAtAppend, trace: false, repair_off: false });
-        if let Some(violation) = report.violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught proposals answered before their commit");
+    let (seed, violation) = first_violation(LogFault::AnswerAtAppend, false)
+        .expect("no seed caught proposals answered before their commit");
     println!("seed {seed} caught a proposal answered before its commit: {violation}");
 }
 
@@ -147,15 +122,8 @@ fn an_answer_before_the_commit_is_caught() {
 /// and the end check (every replica holds the same stored bytes) or a final read must say so.
 #[test]
 fn a_cluster_that_does_not_repair_is_caught() {
-    let mut caught = None;
-    for seed in 0..200 {
-        let report = run_seed(seed, Options { steps: 40, log_fault: LogFault::None, trace: false, repair_off: true });
-        if let Some(violation) = report.violations.first() {
-            caught = Some((seed, violation.clone()));
-            break;
-        }
-    }
-    let (seed, violation) = caught.expect("no seed caught a cluster that leaves bad pages bad");
+    let (seed, violation) =
+        first_violation(LogFault::None, true).expect("no seed caught a cluster that leaves bad pages bad");
     println!("seed {seed} caught the missing repair: {violation}");
 }
 
