@@ -299,9 +299,9 @@ impl ClusterNode {
         memory.observe(&groups, now);
         let ready = |g: &GroupSeen| {
             let Ok(raft) = self.host.raft(ChunkId(g.group)) else { return false };
-            // A campaign on demand is not held back by openraft's elect switch: a replica
+            // A campaign on demand asks no pre-vote (tundra-raft's campaign.rs): a replica
             // forgotten here once and short of what it held then must not run
-            // (tundra-raft's `Host::hold_elections`).
+            // (tundra-raft's `Host::short_of_held`).
             if self.host.short_of_held(ChunkId(g.group)) {
                 return false;
             }

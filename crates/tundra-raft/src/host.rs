@@ -112,8 +112,10 @@ pub struct Host {
     /// The injected bug of a twin: forgotten replicas vote from an empty log.
     votes_unguarded: std::sync::atomic::AtomicBool,
     /// The injected bug of a twin: forgotten replicas campaign, and vote once their log names
-    /// them a voter, before their log reaches what they held (`Host::hold_elections`).
+    /// them a voter, before their log reaches what they held (`Host::short_of_held`).
     held_unguarded: std::sync::atomic::AtomicBool,
+    /// When each group's replica here may campaign (campaign.rs).
+    campaigns: Arc<crate::campaign::Campaigns>,
 }
 
 impl Host {
@@ -152,6 +154,7 @@ impl Host {
             forget_keeps_log: std::sync::atomic::AtomicBool::new(false),
             votes_unguarded: std::sync::atomic::AtomicBool::new(false),
             held_unguarded: std::sync::atomic::AtomicBool::new(false),
+            campaigns: Arc::new(crate::campaign::Campaigns::from_env()),
         })
     }
 
@@ -244,48 +247,21 @@ impl Host {
             log = log.answering_early(self.requests.clone());
         }
         let machine = crate::log::DurableApply::new(machine, self.log.clone(), group);
-        let raft = Raft::new(self.id, config, network, log, machine).await.map_err(|e| e.to_string())?;
-        self.hold_elections(group, &raft);
+        let raft = Raft::new(self.id, config.clone(), network, log, machine).await.map_err(|e| e.to_string())?;
+        let (log, unguarded) = (self.log.clone(), self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed));
+        let short = Box::new(move || !unguarded && short_of_held(&log, group));
+        let log = self.log.clone();
+        let last = Box::new(move || log.with_group(group, |log| log.last_log_id()));
+        let reach = crate::campaign::Reach { me: self.id, group, transport: self.transport.clone(), last };
+        self.campaigns.start(reach, &raft, &config, short);
         Ok(raft)
     }
 
     /// Whether this node's replica of `group` is still short of what it held when it was
     /// forgotten here (log/mod.rs `ResetHeld`): until its log reaches that index it neither
-    /// campaigns ([`Host::hold_elections`]) nor votes ([`Host::refused_vote`]).
+    /// campaigns (campaign.rs) nor votes ([`Host::refused_vote`]).
     pub fn short_of_held(&self, group: GroupId) -> bool {
-        if self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed) {
-            return false;
-        }
-        self.log.reset_held(group).is_some_and(|held| self.log.last_index(group).is_none_or(|last| last < held))
-    }
-
-    /// Keeps a replica forgotten here once from campaigning until its log reaches the index it
-    /// held when it was forgotten. Started again (a move back), it may first be sent an old
-    /// snapshot or old entries, whose membership can be the one it was a voter of before it
-    /// left: campaigning on that, it could win with the vote of a voter as far behind as itself
-    /// and overwrite entries committed since, with the help of entries it held and lost (the
-    /// move simulation's seed 50448 did: openraft's own assertion failed on the replica that
-    /// still held them). With its log past that index it holds every entry a quorum counted
-    /// it for, and campaigns as any lagging replica may. A task enables elections then.
-    fn hold_elections(&self, group: GroupId, raft: &Raft) {
-        let Some(held) = self.log.reset_held(group) else { return };
-        if !self.short_of_held(group) {
-            return;
-        }
-        raft.runtime_config().elect(false);
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            let mut metrics = raft.metrics();
-            loop {
-                if metrics.borrow().last_log_index.is_some_and(|last| last >= held) {
-                    raft.runtime_config().elect(true);
-                    return;
-                }
-                if metrics.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
+        !self.held_unguarded.load(std::sync::atomic::Ordering::Relaxed) && short_of_held(&self.log, group)
     }
 
     async fn start_group(&self, group: GroupId, pages: Arc<Pages>, config: Arc<Config>) -> Result<(), String> {
@@ -362,6 +338,12 @@ impl Host {
         self.groups.lock().get(&group).cloned().ok_or(Error::NoGroup { node: self.id, group: group.0 })
     }
 
+    /// Takes `group` off this host's list (the caller stops its Raft), with its campaign gate.
+    fn take_group(&self, group: GroupId) -> Option<Raft> {
+        self.campaigns.stop(group);
+        self.groups.lock().remove(&group)
+    }
+
     pub fn groups(&self) -> Vec<GroupId> {
         self.groups.lock().keys().copied().collect()
     }
@@ -434,6 +416,12 @@ impl Host {
         self.votes_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Injects a twin's bug: every replica here campaigns whenever openraft's election timer
+    /// says, behind a commit it knows or not, and at once after a restart (campaign.rs off).
+    pub fn set_campaigns_unguarded(&self, on: bool) {
+        self.campaigns.set_unguarded(on);
+    }
+
     /// Injects a twin's bug: replicas forgotten here campaign before their log reaches what
     /// they held, and vote once their log names them a voter, as before the index held was kept
     /// ([`Host::short_of_held`] off).
@@ -446,6 +434,7 @@ impl Host {
         let raft = self.raft(envelope.group).map_err(|e| e.to_string())?;
         Ok(match envelope.rpc {
             Rpc::Append(rpc) => {
+                self.campaigns.heard_leader(envelope.group);
                 let t0 = std::time::Instant::now();
                 let some = !rpc.entries.is_empty();
                 if some {
@@ -462,7 +451,15 @@ impl Host {
                 Some(refusal) => Reply::Vote(Ok(refusal)),
                 None => Reply::Vote(raft.vote(rpc).await),
             },
+            Rpc::PreVote { last_log_id } => {
+                let group = envelope.group;
+                let own = self.log.with_group(group, |log| log.last_log_id());
+                let yes =
+                    self.refused_vote(group, &raft).is_none() && self.campaigns.would_vote(group, last_log_id, own);
+                Reply::PreVote(yes)
+            }
             Rpc::Snapshot { vote, meta, data } => {
+                self.campaigns.heard_leader(envelope.group);
                 let id = meta.snapshot_id.clone();
                 // A stage that is not whole and verified gets no answer: the sender tries again
                 // and the transfer resumes; openraft is never asked to install what would fail
@@ -482,6 +479,7 @@ impl Host {
             }
             Rpc::FetchPage { page } => Reply::Page(self.copy_for_peer(envelope.group, PageNo(page))),
             Rpc::SnapshotPiece { snapshot_id, total, offset, data, crc } => {
+                self.campaigns.heard_leader(envelope.group);
                 let files = self.files.clone();
                 let group = envelope.group;
                 let staged = move || files.receive_piece(group, &snapshot_id, total, offset, &data, crc);
@@ -796,7 +794,7 @@ impl Host {
     /// Stops this node's member of the manager's group (no longer a member: its place was
     /// given to another node). Its log entries and snapshot stay; nothing in the store changes.
     pub async fn stop_manager_group(&self) -> Result<(), String> {
-        let raft = self.groups.lock().remove(&crate::manager_machine::manager_group());
+        let raft = self.take_group(crate::manager_machine::manager_group());
         *self.manager.lock() = None;
         match raft {
             Some(raft) => raft.shutdown().await.map_err(|e| e.to_string()),
@@ -845,8 +843,9 @@ impl Host {
     /// Stops every group and the log writer; what the writer had not flushed stays unflushed.
     pub async fn shutdown(&self) {
         self.repair.stop_scrub();
-        let rafts: Vec<Raft> = self.groups.lock().values().cloned().collect();
-        for raft in rafts {
+        let rafts: Vec<(GroupId, Raft)> = self.groups.lock().iter().map(|(g, r)| (*g, r.clone())).collect();
+        for (group, raft) in rafts {
+            self.campaigns.stop(group);
             let _ = raft.shutdown().await;
         }
         self.log.stop();
@@ -954,7 +953,7 @@ impl Host {
     /// Called only once the group's committed membership no longer names this node (a move
     /// finished or was rolled back).
     pub async fn drop_group(&self, group: GroupId) -> Result<(), String> {
-        let raft = self.groups.lock().remove(&group);
+        let raft = self.take_group(group);
         if let Some(raft) = raft {
             raft.shutdown().await.map_err(|e| e.to_string())?;
         }
@@ -990,7 +989,7 @@ impl Host {
     pub async fn drop_redo_group(&self, group: GroupId) -> Result<(), String> {
         assert!(crate::redo_machine::redo_volume(group).is_some(), "group {:#x} is not a redo group", group.0);
         self.redo.lock().remove(&group);
-        let raft = self.groups.lock().remove(&group);
+        let raft = self.take_group(group);
         if let Some(raft) = raft {
             raft.shutdown().await.map_err(|e| e.to_string())?;
         }
@@ -1030,6 +1029,17 @@ impl Host {
 
 /// Claims a snapshot's staged extents before openraft installs it: a chunk's against its
 /// manifest; a redo group's copy against its length and checksum (a mark alone has none).
+/// Whether `group`'s replica is still short of the index it held when it was forgotten here.
+/// Started again (a move back), it may first be sent an old snapshot or old entries, whose
+/// membership can be the one it was a voter of before it left: campaigning on that, it could
+/// win with the vote of a voter as far behind as itself and overwrite entries committed since,
+/// with the help of entries it held and lost (the move simulation's seed 50448 did: openraft's
+/// own assertion failed on the replica that still held them). With its log past that index it
+/// holds every entry a quorum counted it for, and campaigns as any lagging replica may.
+fn short_of_held(log: &NodeLog, group: GroupId) -> bool {
+    log.reset_held(group).is_some_and(|held| log.last_index(group).is_none_or(|last| last < held))
+}
+
 fn claim_stage(files: &SnapshotFiles, group: GroupId, id: &str, data: &[u8]) -> Result<(), String> {
     if crate::redo_machine::redo_volume(group).is_none() {
         return files.claim(group, id, data);

@@ -35,6 +35,7 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+mod campaign;
 #[cfg(test)]
 mod host_timing;
 #[cfg(test)]

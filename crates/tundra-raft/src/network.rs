@@ -49,6 +49,11 @@ pub enum Rpc {
         data: Vec<u8>,
         crc: u32,
     },
+    /// Would the receiver vote for the sender, whose last log id is `last_log_id`, if it
+    /// campaigned now? (campaign.rs: a pre-vote; nothing changes on either side.)
+    PreVote {
+        last_log_id: Option<LogId<NodeId>>,
+    },
 }
 
 impl Rpc {
@@ -70,6 +75,7 @@ impl Rpc {
             Rpc::SnapshotPiece { snapshot_id, offset, data, .. } => {
                 format!("piece id={snapshot_id} at={offset} bytes={}", data.len())
             }
+            Rpc::PreVote { last_log_id } => format!("pre-vote last={:?}", last_log_id.map(|id| id.index)),
         }
     }
 }
@@ -85,6 +91,8 @@ pub enum Reply {
     Page(Result<Vec<u8>, String>),
     /// How many bytes of the snapshot's extents the receiver holds, after the piece.
     Piece(Result<u64, String>),
+    /// Whether the receiver would vote for the pre-vote's sender.
+    PreVote(bool),
 }
 
 /// One message on a link between two nodes.

@@ -23,7 +23,7 @@ pub fn seed_thread_rng(seed: u64) {
     RAFT_RNG.with(|rng| *rng.borrow_mut() = Some(tundra_env::Rng::new(seed)));
 }
 
-fn next_u64() -> u64 {
+pub(crate) fn next_u64() -> u64 {
     RAFT_RNG.with(|rng| {
         let mut rng = rng.borrow_mut();
         let rng = rng.get_or_insert_with(|| {

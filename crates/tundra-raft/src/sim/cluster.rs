@@ -95,6 +95,10 @@ pub enum HostBug {
     VotesUnguarded,
     /// Replicas forgotten campaign and vote short of what they held (`Host::set_held_unguarded`).
     HeldUnguarded,
+    /// Replicas campaign whenever openraft's timer fires (`Host::set_campaigns_unguarded`).
+    CampaignsUnguarded,
+    /// `HeldUnguarded` on hosts that campaign on openraft's timer alone, as before pre-votes.
+    HeldAndCampaignsUnguarded,
 }
 
 /// A chunk's place in the simulation's catalog: its replicas (the group's voters, as far as
@@ -276,6 +280,11 @@ impl Cluster {
             HostBug::ForgetKeepsLog => host.set_forget_keeps_log(true),
             HostBug::VotesUnguarded => host.set_votes_unguarded(true),
             HostBug::HeldUnguarded => host.set_held_unguarded(true),
+            HostBug::CampaignsUnguarded => host.set_campaigns_unguarded(true),
+            HostBug::HeldAndCampaignsUnguarded => {
+                host.set_held_unguarded(true);
+                host.set_campaigns_unguarded(true);
+            }
         }
         match &self.catalog {
             None => {

@@ -46,7 +46,7 @@
 //! help of entries it held before it was forgotten (seed 50448 of a 1,500-seed run, openraft's
 //! assertion failing on the replica that held them). So a forgotten replica's reset records the
 //! highest index it held, and until its log reaches it again the replica neither campaigns nor
-//! votes (`Host::hold_elections`, `Host::short_of_held`); [`MoveTwin::HeldUnguarded`] turns
+//! votes (campaign.rs, `Host::short_of_held`); [`MoveTwin::HeldUnguarded`] turns
 //! that off. From there it votes as any lagging replica, named a voter by its log or not: with
 //! the rule before (vote only while named a voter) kept as well, seed 70292 stalled in a joint
 //! configuration whose new half needed the vote of replicas whose logs did not name them yet.
@@ -119,6 +119,9 @@ pub enum MoveTwin {
     /// before its log reaches what it held (`Host::set_held_unguarded`): an old snapshot's
     /// membership can name it a voter of the past.
     HeldUnguarded,
+    /// `HeldUnguarded` on hosts whose replicas campaign on openraft's timer alone, without a
+    /// pre-vote (`Host::set_campaigns_unguarded`): the setting the bug was found in.
+    HeldUnguardedNoPreVote,
 }
 
 /// What the moves of one run (or many, added up) did.
@@ -562,6 +565,7 @@ async fn simulate(seed: u64, options: MoveOptions) -> Report {
         MoveTwin::ForgetKeepsLog => cluster::HostBug::ForgetKeepsLog,
         MoveTwin::VotesUnguarded => cluster::HostBug::VotesUnguarded,
         MoveTwin::HeldUnguarded => cluster::HostBug::HeldUnguarded,
+        MoveTwin::HeldUnguardedNoPreVote => cluster::HostBug::HeldAndCampaignsUnguarded,
         MoveTwin::None | MoveTwin::ForgetSourceEarly => cluster::HostBug::None,
     };
     let mut cluster =

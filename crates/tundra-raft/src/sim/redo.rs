@@ -453,7 +453,8 @@ mod tests {
 
     #[test]
     fn a_leader_that_claims_every_voter_holds_its_log_is_caught() {
-        let caught = (0..seeds()).find_map(|seed| {
+        // Seed 33 is the first that shows it since replicas ask a pre-vote (campaign.rs).
+        let caught = (0..seeds().max(40)).find_map(|seed| {
             let report = run(seed, 120, LogFault::None, Propose::ClaimsAllHold);
             report.violations.first().map(|v| format!("seed {seed}: {v}"))
         });
