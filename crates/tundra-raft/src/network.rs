@@ -302,10 +302,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let data = snapshot.snapshot.into_inner();
         if data.is_empty() && crate::manager_machine::is_chunk_group(self.group) {
             // A chunk's mark alone, captured for no one: every follower that needs a snapshot
-            // was out of reach when openraft asked for it. Nothing is sent; openraft asks again
-            // after this pause, and a follower back in reach by then gets a capture.
+            // was out of reach when openraft asked for it, or the chunk's images are still
+            // being read ahead of the capture (state_machine.rs `read_ahead_done`). Nothing is
+            // sent; openraft asks again after this pause, and a follower in reach by then gets
+            // a capture.
             tokio::time::sleep(UNREACHED_PAUSE).await;
-            let why = format!("node {} is out of reach: no snapshot captured for it", self.to);
+            let why = format!("no snapshot captured yet for node {} (out of reach, or being read ahead)", self.to);
             return Err(NetworkError::new(&std::io::Error::other(why)).into());
         }
         if streams_extents(self.group) {

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tundra_store::ErrorKind;
 use tundra_store::command::PagePut;
 use tundra_store::ids::{ChunkId, Lsn, PageNo};
-use tundra_store::index::Encoding;
+use tundra_store::index::{Encoding, PageEntry};
 use tundra_store::store::{ChunkImage, HeavySlot, PageImage, Store};
 
 use crate::types::GroupId;
@@ -47,6 +47,72 @@ pub struct BadImage {
     /// The image was read, and failed its check; otherwise the read itself failed.
     pub readable: bool,
     pub why: String,
+}
+
+/// A chunk's images read and checked ahead of a capture, while the group's applies go on
+/// ([`Precopy::fill`]), so that the capture, which holds the applies, copies from memory what
+/// has not changed since and reads only the rest. A capture of the busy chunks of PostgreSQL
+/// on a replicated mount held their applies for half a second to a second, writing nothing
+/// meanwhile (bench/results/2026-12-01-restart-under-load, cause 1). An image serves a
+/// capture only for exactly the entry it was read for (the page's place, encoding, checksum
+/// and LSN), and a heavy segment's only for the same pages pointing into it: a page written
+/// since is read again, so the capture is still of exactly the state between two applies.
+#[derive(Default)]
+pub struct Precopy {
+    images: Mutex<HashMap<(PageNo, PageEntry), ChunkImage>>,
+    done: std::sync::atomic::AtomicBool,
+    /// The injected bug of a twin: an image serves any entry of its page.
+    any_entry: std::sync::atomic::AtomicBool,
+}
+
+impl Precopy {
+    /// Reads every image of `group`'s chunk as the index stands at each step and keeps those
+    /// that pass `check`; an image whose page changes while it is read, or that fails its
+    /// check, is left out (the capture reads it again, and deals with a bad one).
+    pub fn fill(&self, store: &Store, group: GroupId, check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>) {
+        for (page, entry, slots) in store.snapshot_plan(group) {
+            let Ok(Some(image)) = store.snapshot_image(group, page, &entry, slots) else { continue };
+            if check(&image).is_ok() {
+                self.images.lock().insert((page, entry), image);
+            }
+        }
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Precopy::fill`] has finished.
+    pub fn is_done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How many images it holds.
+    pub fn len(&self) -> usize {
+        self.images.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The image read ahead for `page` at exactly `entry` (and, for a heavy segment, `slots`),
+    /// taken out.
+    fn take(&self, page: PageNo, entry: &PageEntry, slots: &[HeavySlot]) -> Option<ChunkImage> {
+        let mut images = self.images.lock();
+        let key = if self.any_entry.load(std::sync::atomic::Ordering::Relaxed) {
+            images.keys().find(|(p, _)| *p == page).copied()?
+        } else {
+            (page, *entry)
+        };
+        match images.remove(&key)? {
+            ChunkImage::Heavy { pages, .. } if pages != slots => None,
+            image => Some(image),
+        }
+    }
+
+    /// Injects a twin's bug: an image read ahead serves its page whatever the page's entry is
+    /// now.
+    pub fn set_any_entry(&self, on: bool) {
+        self.any_entry.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Why [`SnapshotFiles::capture`] gave no snapshot.
@@ -428,14 +494,15 @@ impl SnapshotFiles {
     /// its checksum; a heavy segment's, every page of it), so a bad copy here is not handed on
     /// as the chunk's. A page that cannot be read or fails `check` does not stop the capture:
     /// every such page (a heavy segment's first) is listed in [`CaptureError::BadPages`], for
-    /// the caller to repair from a peer and capture again.
+    /// the caller to repair from a peer and capture again. An image `ahead` holds for exactly
+    /// the page's entry is taken from it, checked already ([`Precopy`]).
     pub fn capture(
         &self,
         store: &Store,
-        group: GroupId,
-        id: &str,
+        (group, id): (GroupId, &str),
         mark: Vec<u8>,
         check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>,
+        ahead: Option<&Precopy>,
     ) -> Result<Manifest, CaptureError> {
         self.captures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = Self::extents_name(group, id);
@@ -445,19 +512,25 @@ impl SnapshotFiles {
         let mut images = Vec::new();
         let mut bad = Vec::new();
         for (page, entry, slots) in store.snapshot_plan(group) {
-            let image = match store.snapshot_image(group, page, &entry, slots) {
-                Ok(Some(image)) => image,
-                Ok(None) => continue,
-                Err(error) if matches!(error.kind(), ErrorKind::Corrupted | ErrorKind::Io) => {
-                    bad.push(BadImage { page, readable: false, why: error.to_string() });
-                    continue;
+            let image = match ahead.and_then(|ahead| ahead.take(page, &entry, &slots)) {
+                Some(image) => image,
+                None => {
+                    let image = match store.snapshot_image(group, page, &entry, slots) {
+                        Ok(Some(image)) => image,
+                        Ok(None) => continue,
+                        Err(error) if matches!(error.kind(), ErrorKind::Corrupted | ErrorKind::Io) => {
+                            bad.push(BadImage { page, readable: false, why: error.to_string() });
+                            continue;
+                        }
+                        Err(error) => return Err(CaptureError::Failed(error.to_string())),
+                    };
+                    if let Err(error) = check(&image) {
+                        bad.push(BadImage { page, readable: true, why: error.to_string() });
+                        continue;
+                    }
+                    image
                 }
-                Err(error) => return Err(CaptureError::Failed(error.to_string())),
             };
-            if let Err(error) = check(&image) {
-                bad.push(BadImage { page, readable: true, why: error.to_string() });
-                continue;
-            }
             let (bytes, what) = match image {
                 ChunkImage::Page(put) => {
                     let what = Holds::Page {

@@ -16,7 +16,7 @@ use tundra_store::store::{ChunkImage, PageImage, Store};
 use tundra_store::volume::{Volume, VolumeMode};
 
 use crate::network::{Call, Envelope, Link, Reply, Rpc, Transport, push_extents};
-use crate::snapshot::{CaptureError, Manifest, PIECE_BYTES, SnapshotBug, SnapshotFiles};
+use crate::snapshot::{CaptureError, Manifest, PIECE_BYTES, Precopy, SnapshotBug, SnapshotFiles};
 
 const JOURNAL: JournalGeometry = JournalGeometry { checkpoint_blocks: 64, log_blocks: 512 };
 const CHUNK: ChunkId = ChunkId(1 << 32);
@@ -182,7 +182,7 @@ fn a_capture_lists_every_bad_page_and_keeps_no_extents() {
             Ok(())
         }
     };
-    match files.capture(&source, CHUNK, ID, b"mark".to_vec(), &check) {
+    match files.capture(&source, (CHUNK, ID), b"mark".to_vec(), &check, None) {
         Err(CaptureError::BadPages(bad)) => {
             let pages: Vec<u32> = bad.iter().map(|b| b.page.0).collect();
             assert_eq!(pages, bad_pages, "every bad page, in page order");
@@ -193,7 +193,7 @@ fn a_capture_lists_every_bad_page_and_keeps_no_extents() {
     assert_eq!(files.extents_len(CHUNK, ID).unwrap(), 0, "a failed capture left extents to send");
     let left = std::fs::read_dir(dir.0.join("sender")).unwrap().count();
     assert_eq!(left, 0, "a failed capture left a file behind");
-    let manifest = files.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap();
+    let manifest = files.capture(&source, (CHUNK, ID), b"mark".to_vec(), &sound, None).unwrap();
     assert_eq!(manifest.images.len(), 300 + 2, "every page and both segments");
 }
 
@@ -202,7 +202,7 @@ fn captured(dir: &TempDir, pages: u32, segments: u32) -> (Store, SnapshotFiles, 
     let source = store();
     fill(&source, 14, pages, segments);
     let files = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
-    let manifest = files.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap();
+    let manifest = files.capture(&source, (CHUNK, ID), b"mark".to_vec(), &sound, None).unwrap();
     (source, files, manifest.encode())
 }
 
@@ -340,7 +340,7 @@ fn measure_a_chunk_move() {
     let stored_blocks = source.stats().stored_bytes;
     let start = std::time::Instant::now();
     let sender = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
-    let manifest = sender.capture(&source, CHUNK, ID, b"mark".to_vec(), &sound).unwrap().encode();
+    let manifest = sender.capture(&source, (CHUNK, ID), b"mark".to_vec(), &sound, None).unwrap().encode();
     let captured = start.elapsed();
     let receiver = Arc::new(SnapshotFiles::in_dir(dir.0.join("receiver")).unwrap());
     let link = TestLink::new(receiver.clone());
@@ -370,4 +370,56 @@ fn measure_a_chunk_move() {
         images as f64 / (1 << 20) as f64 / total.as_secs_f64(),
     );
     assert_eq!(sent, images, "the extents are the stored images, nothing more");
+}
+
+/// A capture given images read ahead ([`Precopy`]) after pages changed since: the pages written
+/// since are read again, and the capture is byte for byte what one without images read ahead
+/// gives. `any_entry` is the twin: an image serves its page whatever its entry.
+fn captured_ahead(any_entry: bool) -> Ahead {
+    let dir = TempDir::new(if any_entry { "ahead-twin" } else { "ahead" });
+    let source = store();
+    fill(&source, 15, 300, 2);
+    let ahead = Precopy::default();
+    ahead.set_any_entry(any_entry);
+    ahead.fill(&source, CHUNK, &sound);
+    assert!(ahead.is_done() && ahead.len() == 302, "read ahead {} images", ahead.len());
+    // Pages 10 to 19 written again and page 40 trimmed after they were read ahead.
+    let puts = (10..20u32)
+        .map(|page| {
+            let image = PageImage { encoding: Encoding::Zstd, bytes: vec![page as u8; 900], checksum: page + 7 };
+            PagePut { page: PageNo(page), image, lsn: Lsn(1_000 + u64::from(page)) }
+        })
+        .collect();
+    source.apply(&StoreCommand::PutPages { chunk: CHUNK, pages: puts }).unwrap();
+    source.apply(&StoreCommand::TrimPages { chunk: CHUNK, pages: vec![PageNo(40)] }).unwrap();
+    let files = SnapshotFiles::in_dir(dir.0.join("sender")).unwrap();
+    // A capture drops the group's other extents: each is read before the next.
+    let bytes = |id: &str| {
+        let len = files.extents_len(CHUNK, id).unwrap();
+        files.extents_piece(CHUNK, id, 0, len as usize).unwrap()
+    };
+    let with = files.capture(&source, (CHUNK, "with"), b"mark".to_vec(), &sound, Some(&ahead)).unwrap();
+    let with_bytes = bytes("with");
+    let without = files.capture(&source, (CHUNK, "without"), b"mark".to_vec(), &sound, None).unwrap();
+    Ahead { manifests: (with, without), extents: (with_bytes, bytes("without")), unused: ahead.len() }
+}
+
+/// Two captures of the same chunk, with images read ahead and without, and how many images
+/// read ahead the first left unused.
+struct Ahead {
+    manifests: (Manifest, Manifest),
+    extents: (Vec<u8>, Vec<u8>),
+    unused: usize,
+}
+
+#[test]
+fn a_capture_reads_again_only_what_changed_since_it_was_read_ahead() {
+    let ahead = captured_ahead(false);
+    assert_eq!(ahead.manifests.0, ahead.manifests.1, "the manifests differ");
+    assert!(ahead.extents.0 == ahead.extents.1, "the extents differ");
+    // The ten pages written since and the trimmed one were left; every other image served.
+    assert_eq!(ahead.unused, 11, "images read ahead left unused");
+    // The twin: stale images serve pages written since, and the capture is not the chunk's.
+    let twin = captured_ahead(true);
+    assert_ne!(twin.manifests.0, twin.manifests.1, "a capture from stale images went unnoticed");
 }

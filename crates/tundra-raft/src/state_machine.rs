@@ -150,6 +150,8 @@ pub struct ChunkStateMachine {
     /// time is its start, which wants only the snapshot's metadata (see
     /// [`RaftStateMachine::get_current_snapshot`]).
     asked_since_open: bool,
+    /// The chunk's images being read ahead of a capture, or read (snapshot.rs `Precopy`).
+    ahead: Option<Arc<crate::snapshot::Precopy>>,
 }
 
 impl ChunkStateMachine {
@@ -179,6 +181,7 @@ impl ChunkStateMachine {
             repairer,
             reach: SendReach::default(),
             asked_since_open: false,
+            ahead: None,
         })
     }
 
@@ -251,7 +254,12 @@ impl ChunkStateMachine {
     /// The chunk's images copied to the snapshot files, and the manifest (snapshot.rs). The id
     /// names this node and the log id: the same node at the same log id holds the same images.
     /// The pages in `as_stored` are copied as they are stored, unchecked.
-    fn capture(&self, id: &str, as_stored: &BTreeSet<PageNo>) -> Result<Vec<u8>, CaptureError> {
+    fn capture(
+        &self,
+        id: &str,
+        as_stored: &BTreeSet<PageNo>,
+        ahead: Option<&crate::snapshot::Precopy>,
+    ) -> Result<Vec<u8>, CaptureError> {
         let (store, pages, group) = (self.store(), &self.pages, self.group);
         let check = |image: &ChunkImage| match image {
             ChunkImage::Page(put) if as_stored.contains(&put.page) => Ok(()),
@@ -261,7 +269,7 @@ impl ChunkStateMachine {
             }
             ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
         };
-        let capture = || self.files.capture(store, group, id, self.mark.encode(), &check);
+        let capture = || self.files.capture(store, (group, id), self.mark.encode(), &check, ahead);
         let manifest = if self.files.on_disk() { tokio::task::block_in_place(capture) } else { capture() }?;
         Ok(manifest.encode())
     }
@@ -275,10 +283,10 @@ impl ChunkStateMachine {
     /// checksum travels with it, so the receiver's reads find it bad and repair it in turn,
     /// never serve it. A page that cannot be read at all leaves the capture failed, and
     /// openraft stops the group on this node with the reason in its log.
-    async fn capture_repairing(&self, id: &str) -> Result<Vec<u8>, String> {
+    async fn capture_repairing(&self, id: &str, ahead: Option<&crate::snapshot::Precopy>) -> Result<Vec<u8>, String> {
         let mut as_stored = BTreeSet::new();
-        for _ in 0..CAPTURE_PASSES {
-            let bad = match self.capture(id, &as_stored) {
+        for pass in 0..CAPTURE_PASSES {
+            let bad = match self.capture(id, &as_stored, ahead.filter(|_| pass == 0)) {
                 Ok(manifest) => return Ok(manifest),
                 Err(CaptureError::Failed(why)) => return Err(why),
                 Err(CaptureError::BadPages(bad)) => bad,
@@ -302,7 +310,36 @@ impl ChunkStateMachine {
                 }
             }
         }
-        self.capture(id, &as_stored).map_err(|e| format!("chunk {}: {e}", self.group.0))
+        self.capture(id, &as_stored, None).map_err(|e| format!("chunk {}: {e}", self.group.0))
+    }
+}
+
+impl ChunkStateMachine {
+    /// Whether the chunk's images were read ahead for the capture asked for now; if not, they
+    /// start being read (a blocking task, the group's applies going on) and openraft is given
+    /// the mark alone, which sends nothing: the sender pauses and asks again (network.rs). Only
+    /// for snapshot files on disk (a node's): in the simulation every capture is made at once,
+    /// as before. `TUNDRA_TEST_CAPTURE_NO_READ_AHEAD=1` turns it off (a benchmark's hook).
+    fn read_ahead_done(&mut self) -> bool {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var("TUNDRA_TEST_CAPTURE_NO_READ_AHEAD").is_ok_and(|v| v == "1"));
+        if off || !self.files.on_disk() {
+            return true;
+        }
+        if let Some(ahead) = &self.ahead {
+            return ahead.is_done();
+        }
+        let ahead = Arc::new(crate::snapshot::Precopy::default());
+        self.ahead = Some(ahead.clone());
+        let (pages, group) = (self.pages.clone(), self.group);
+        tokio::task::spawn_blocking(move || {
+            let check = |image: &ChunkImage| match image {
+                ChunkImage::Page(put) => pages.verify_image(group, put),
+                ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
+            };
+            ahead.fill(pages.store(), group, &check);
+        });
+        false
     }
 }
 
@@ -395,6 +432,7 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
     /// capture is thus at or past the newest built snapshot, and so past every purge.
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot = None;
+        self.ahead = None;
         MarkSnapshot { meta: self.meta_now("") }
     }
 
@@ -450,8 +488,12 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
             if !self.reach.worth_capturing(self.node) {
                 return Ok(Some(mark_alone(meta)));
             }
+            if !self.read_ahead_done() {
+                return Ok(Some(mark_alone(meta)));
+            }
+            let ahead = self.ahead.take();
             let data = self
-                .capture_repairing(&meta.snapshot_id)
+                .capture_repairing(&meta.snapshot_id, ahead.as_deref())
                 .await
                 .map_err(|e| StorageIOError::read_state_machine(openraft::AnyError::error(e)))?;
             self.snapshot = Some((meta, data));
