@@ -61,6 +61,10 @@ pub struct BadImage {
 pub struct Precopy {
     images: Mutex<HashMap<(PageNo, PageEntry), ChunkImage>>,
     done: std::sync::atomic::AtomicBool,
+    /// When the fill finished.
+    filled_at: std::sync::OnceLock<std::time::Instant>,
+    /// Images it gave captures.
+    served: std::sync::atomic::AtomicUsize,
     /// The injected bug of a twin: an image serves any entry of its page.
     any_entry: std::sync::atomic::AtomicBool,
 }
@@ -76,7 +80,18 @@ impl Precopy {
                 self.images.lock().insert((page, entry), image);
             }
         }
+        let _ = self.filled_at.set(std::time::Instant::now());
         self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether it was filled less than `fresh` ago (a fill still running is not).
+    pub fn is_fresh(&self, fresh: std::time::Duration) -> bool {
+        self.filled_at.get().is_some_and(|at| at.elapsed() < fresh)
+    }
+
+    /// How many images it gave captures.
+    pub fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether [`Precopy::fill`] has finished.
@@ -93,19 +108,21 @@ impl Precopy {
         self.len() == 0
     }
 
-    /// The image read ahead for `page` at exactly `entry` (and, for a heavy segment, `slots`),
-    /// taken out.
+    /// A copy of the image read ahead for `page` at exactly `entry` (and, for a heavy
+    /// segment, `slots`): it stays for the captures after this one.
     fn take(&self, page: PageNo, entry: &PageEntry, slots: &[HeavySlot]) -> Option<ChunkImage> {
-        let mut images = self.images.lock();
+        let images = self.images.lock();
         let key = if self.any_entry.load(std::sync::atomic::Ordering::Relaxed) {
             images.keys().find(|(p, _)| *p == page).copied()?
         } else {
             (page, *entry)
         };
-        match images.remove(&key)? {
-            ChunkImage::Heavy { pages, .. } if pages != slots => None,
-            image => Some(image),
-        }
+        let image = match images.get(&key)? {
+            ChunkImage::Heavy { pages, .. } if pages != slots => return None,
+            image => image.clone(),
+        };
+        self.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(image)
     }
 
     /// Injects a twin's bug: an image read ahead serves its page whatever the page's entry is

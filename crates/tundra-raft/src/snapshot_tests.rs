@@ -401,7 +401,7 @@ fn captured_ahead(any_entry: bool) -> Ahead {
     let with = files.capture(&source, (CHUNK, "with"), b"mark".to_vec(), &sound, Some(&ahead)).unwrap();
     let with_bytes = bytes("with");
     let without = files.capture(&source, (CHUNK, "without"), b"mark".to_vec(), &sound, None).unwrap();
-    Ahead { manifests: (with, without), extents: (with_bytes, bytes("without")), unused: ahead.len() }
+    Ahead { manifests: (with, without), extents: (with_bytes, bytes("without")), unused: ahead.len() - ahead.served() }
 }
 
 /// Two captures of the same chunk, with images read ahead and without, and how many images

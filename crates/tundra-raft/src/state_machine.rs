@@ -315,11 +315,14 @@ impl ChunkStateMachine {
 }
 
 impl ChunkStateMachine {
-    /// Whether the chunk's images were read ahead for the capture asked for now; if not, they
-    /// start being read (a blocking task, the group's applies going on) and openraft is given
-    /// the mark alone, which sends nothing: the sender pauses and asks again (network.rs). Only
-    /// for snapshot files on disk (a node's): in the simulation every capture is made at once,
-    /// as before. `TUNDRA_TEST_CAPTURE_NO_READ_AHEAD=1` turns it off (a benchmark's hook).
+    /// Whether the chunk's images were read ahead for the capture asked for now, less than
+    /// [`READ_AHEAD_FRESH`] ago; if not, they start being read (a blocking task, the group's
+    /// applies going on) and openraft is given the mark alone, which sends nothing: the sender
+    /// pauses and asks again (network.rs). The images stay for the captures that follow while
+    /// they are fresh: under load a follower may need several snapshots before it catches up.
+    /// Only for snapshot files on disk (a node's): in the simulation every capture is made at
+    /// once, as before. `TUNDRA_TEST_CAPTURE_NO_READ_AHEAD=1` turns it off (a benchmark's
+    /// hook).
     fn read_ahead_done(&mut self) -> bool {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let off = *OFF.get_or_init(|| std::env::var("TUNDRA_TEST_CAPTURE_NO_READ_AHEAD").is_ok_and(|v| v == "1"));
@@ -327,7 +330,12 @@ impl ChunkStateMachine {
             return true;
         }
         if let Some(ahead) = &self.ahead {
-            return ahead.is_done();
+            if !ahead.is_done() {
+                return false;
+            }
+            if ahead.is_fresh(READ_AHEAD_FRESH) {
+                return true;
+            }
         }
         let ahead = Arc::new(crate::snapshot::Precopy::default());
         self.ahead = Some(ahead.clone());
@@ -342,6 +350,11 @@ impl ChunkStateMachine {
         false
     }
 }
+
+/// How long images read ahead serve captures: a page written since is read again under the
+/// applies, and under PostgreSQL's load most of a busy chunk's pages are written within
+/// seconds.
+const READ_AHEAD_FRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How many times a capture repairs what it found bad and starts again before its last try:
 /// a repaired page is good on the next pass unless the media fails again meanwhile.
@@ -432,7 +445,9 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
     /// capture is thus at or past the newest built snapshot, and so past every purge.
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot = None;
-        self.ahead = None;
+        if self.ahead.as_ref().is_some_and(|ahead| ahead.is_done() && !ahead.is_fresh(READ_AHEAD_FRESH)) {
+            self.ahead = None;
+        }
         MarkSnapshot { meta: self.meta_now("") }
     }
 
@@ -491,7 +506,7 @@ impl RaftStateMachine<TypeConfig> for ChunkStateMachine {
             if !self.read_ahead_done() {
                 return Ok(Some(mark_alone(meta)));
             }
-            let ahead = self.ahead.take();
+            let ahead = self.ahead.clone();
             let data = self
                 .capture_repairing(&meta.snapshot_id, ahead.as_deref())
                 .await
