@@ -13,8 +13,9 @@
 //! (`runtime_config().elect(false)`), and each replica runs its own: when no leader's message
 //! of the group (an append, a snapshot or a piece of one) has reached this node for a random
 //! timeout, openraft's own for a replica that had a leader (`election_timeout_max` plus a
-//! draw between the group's two timeouts), it asks the other voters whether they would vote
-//! for it ([`Rpc::PreVote`](crate::network::Rpc::PreVote)), and campaigns
+//! draw between the group's two timeouts; after a campaign of its own that ended in no leader,
+//! a split vote, the same without the lease), counted from that message or its own last
+//! round, it asks the other voters whether they would vote for it ([`Rpc::PreVote`](crate::network::Rpc::PreVote)), and campaigns
 //! (`trigger().elect()`) only if a majority of each of the membership's configurations says
 //! yes. A voter says yes only if it does not lead the group, has heard no leader of the group
 //! for `election_timeout_max` (openraft's leader lease) and the candidate's last log id is at
@@ -164,6 +165,8 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
         changed = metrics.changed() => if changed.is_err() { return },
         _ = gate.stop.notified() => return,
     }
+    // When this replica's last round ended, and whether it campaigned in it.
+    let (mut round_end, mut campaigned) = (Instant::now(), false);
     loop {
         let (alone, membership) = {
             let m = metrics.borrow();
@@ -173,10 +176,13 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
         };
         gate.raft.runtime_config().elect(alone);
         let heard = *gate.heard.lock();
+        // openraft's timeouts: a replica that had a leader waits out the leader's lease too; one
+        // that campaigned last (a split vote) only the election timeout.
         let spread = (max.saturating_sub(min).as_millis() as u64).max(1);
-        let timeout = max + min + Duration::from_millis(crate::runtime::next_u64() % spread);
+        let lease = if campaigned { Duration::ZERO } else { max };
+        let timeout = lease + min + Duration::from_millis(crate::runtime::next_u64() % spread);
         tokio::select! {
-            _ = tokio::time::sleep_until(heard + timeout) => {}
+            _ = tokio::time::sleep_until(heard.max(round_end) + timeout) => {}
             _ = gate.stop.notified() => {}
             // A group of this replica alone follows its membership, which may add voters.
             changed = metrics.wait_for(|m| m.membership_config.log_id() != &membership), if alone => {
@@ -189,6 +195,7 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
             return;
         }
         if *gate.heard.lock() != heard {
+            campaigned = false;
             continue;
         }
         let now = metrics.borrow().clone();
@@ -198,16 +205,17 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
         let configs = now.membership_config.membership().get_joint_config().clone();
         let voter = configs.iter().any(|voters| voters.contains(&reach.me));
         let asks = !alone && voter && !now.state.is_leader() && !(gate.short_of_held)();
-        if asks && pre_vote(&reach, &configs, min).await {
+        campaigned = asks && pre_vote(&reach, &configs, min).await;
+        if campaigned {
             let _ = gate.raft.trigger().elect().await;
         }
-        // The next timeout counts from here.
-        *gate.heard.lock() = Instant::now();
+        round_end = Instant::now();
     }
 }
 
 /// Asks every other voter of `configs` whether it would vote for this replica; whether a
-/// majority of each configuration would (this replica's own vote counted).
+/// majority of each configuration would (this replica's own vote counted). Answers as soon as
+/// one does, without waiting for a peer that is down.
 async fn pre_vote(reach: &Reach, configs: &[BTreeSet<NodeId>], wait: Duration) -> bool {
     let last = (reach.last)();
     let peers: BTreeSet<NodeId> = configs.iter().flatten().copied().filter(|&node| node != reach.me).collect();
@@ -217,12 +225,18 @@ async fn pre_vote(reach: &Reach, configs: &[BTreeSet<NodeId>], wait: Duration) -
         let call = reach.transport.call(envelope);
         asks.spawn(async move { (to, matches!(tokio::time::timeout(wait, call).await, Ok(Ok(Reply::PreVote(true))))) });
     }
-    let mut granted = BTreeSet::new();
-    while let Some(answer) = asks.join_next().await {
-        if let Ok((node, true)) = answer {
-            granted.insert(node);
+    let majority = |granted: &BTreeSet<NodeId>| {
+        configs.iter().all(|voters| voters.iter().filter(|node| granted.contains(node)).count() * 2 > voters.len())
+    };
+    let mut granted = BTreeSet::from([reach.me]);
+    while !majority(&granted) {
+        match asks.join_next().await {
+            Some(Ok((node, true))) => {
+                granted.insert(node);
+            }
+            Some(_) => {}
+            None => return false,
         }
     }
-    granted.insert(reach.me);
-    configs.iter().all(|voters| voters.iter().filter(|node| granted.contains(node)).count() * 2 > voters.len())
+    true
 }

@@ -91,14 +91,15 @@ pub enum HostBug {
     None,
     /// Replicas forgotten keep their logs (`Host::set_forget_keeps_log`).
     ForgetKeepsLog,
-    /// Replicas forgotten vote from an empty log (`Host::set_votes_unguarded`).
+    /// Replicas forgotten vote from an empty log (`Host::set_votes_unguarded`), on hosts that
+    /// campaign on openraft's timer alone, as before pre-votes: the setting its seeds were
+    /// found in.
     VotesUnguarded,
-    /// Replicas forgotten campaign and vote short of what they held (`Host::set_held_unguarded`).
+    /// Replicas forgotten campaign and vote short of what they held (`Host::set_held_unguarded`),
+    /// on hosts that campaign on openraft's timer alone, as for `VotesUnguarded`.
     HeldUnguarded,
     /// Replicas campaign whenever openraft's timer fires (`Host::set_campaigns_unguarded`).
     CampaignsUnguarded,
-    /// `HeldUnguarded` on hosts that campaign on openraft's timer alone, as before pre-votes.
-    HeldAndCampaignsUnguarded,
 }
 
 /// A chunk's place in the simulation's catalog: its replicas (the group's voters, as far as
@@ -278,13 +279,15 @@ impl Cluster {
         match self.host_bug {
             HostBug::None => {}
             HostBug::ForgetKeepsLog => host.set_forget_keeps_log(true),
-            HostBug::VotesUnguarded => host.set_votes_unguarded(true),
-            HostBug::HeldUnguarded => host.set_held_unguarded(true),
-            HostBug::CampaignsUnguarded => host.set_campaigns_unguarded(true),
-            HostBug::HeldAndCampaignsUnguarded => {
+            HostBug::VotesUnguarded => {
+                host.set_votes_unguarded(true);
+                host.set_campaigns_unguarded(true);
+            }
+            HostBug::HeldUnguarded => {
                 host.set_held_unguarded(true);
                 host.set_campaigns_unguarded(true);
             }
+            HostBug::CampaignsUnguarded => host.set_campaigns_unguarded(true),
         }
         match &self.catalog {
             None => {

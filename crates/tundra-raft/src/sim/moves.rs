@@ -113,15 +113,13 @@ pub enum MoveTwin {
     /// replica started again later meets its old log over an emptied store.
     ForgetKeepsLog,
     /// Every host lets a replica it forgot vote from an empty log (`Host::set_votes_unguarded`):
-    /// a voter that missed the node's removal can then be elected with its vote.
+    /// a voter that missed the node's removal can then be elected with its vote. The hosts
+    /// campaign without pre-votes, the setting the bug was found in.
     VotesUnguarded,
     /// Every host lets a replica it forgot campaign, and vote once its log names it a voter,
     /// before its log reaches what it held (`Host::set_held_unguarded`): an old snapshot's
-    /// membership can name it a voter of the past.
+    /// membership can name it a voter of the past. Without pre-votes, as `VotesUnguarded`.
     HeldUnguarded,
-    /// `HeldUnguarded` on hosts whose replicas campaign on openraft's timer alone, without a
-    /// pre-vote (`Host::set_campaigns_unguarded`): the setting the bug was found in.
-    HeldUnguardedNoPreVote,
 }
 
 /// What the moves of one run (or many, added up) did.
@@ -565,7 +563,6 @@ async fn simulate(seed: u64, options: MoveOptions) -> Report {
         MoveTwin::ForgetKeepsLog => cluster::HostBug::ForgetKeepsLog,
         MoveTwin::VotesUnguarded => cluster::HostBug::VotesUnguarded,
         MoveTwin::HeldUnguarded => cluster::HostBug::HeldUnguarded,
-        MoveTwin::HeldUnguardedNoPreVote => cluster::HostBug::HeldAndCampaignsUnguarded,
         MoveTwin::None | MoveTwin::ForgetSourceEarly => cluster::HostBug::None,
     };
     let mut cluster =
