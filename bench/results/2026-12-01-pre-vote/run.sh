@@ -10,12 +10,14 @@
 # files go), AB_MODES (the two modes' names, the second the one turned off) and AB_OFF (the
 # variable set to 1 for the second), as ../2026-12-01-capture-read-ahead/run.sh does.
 set -euo pipefail
-here=${AB_DIR:-$(cd "$(dirname "$0")" && pwd)}
+script_dir=$(cd "$(dirname "$0")" && pwd)
+here=$script_dir
+[[ -n ${AB_DIR:-} ]] && here=$(mkdir -p "$AB_DIR" && cd "$AB_DIR" && pwd)
 modes=${AB_MODES:-pre-vote no-pre-vote}
 off=${AB_OFF:-TUNDRA_TEST_CAMPAIGNS_UNGUARDED}
 bin=$(readlink -f "${1:-target/release/tundra}")
 rounds=${2:-3}
-cd "$here/../../.."
+cd "$script_dir/../../.."
 for i in $(seq "$rounds"); do
   for mode in $modes; do
     name=run-$i-$mode
