@@ -15,9 +15,9 @@
 //! timeout, openraft's own for a replica that had a leader (`election_timeout_max` plus a
 //! draw between the group's two timeouts; after a campaign of its own that ended in no leader,
 //! a split vote, the same without the lease), counted from that message or its own last
-//! round, it asks the other voters whether they would vote for it ([`Rpc::PreVote`](crate::network::Rpc::PreVote)), and campaigns
-//! (`trigger().elect()`) only if a majority of each of the membership's configurations says
-//! yes. A voter says yes only if it does not lead the group, has heard no leader of the group
+//! round, it asks the other voters whether they would vote for it
+//! ([`Rpc::PreVote`](crate::network::Rpc::PreVote)), and campaigns (`trigger().elect()`) only
+//! if a majority of each of the membership's configurations says yes. A voter says yes only if it does not lead the group, has heard no leader of the group
 //! for `election_timeout_max` (openraft's leader lease) and the candidate's last log id is at
 //! least its own. A pre-vote changes no term, so a replica that cannot win asks again and
 //! again and disturbs nothing. A replica forgotten here whose log is still short of what it
