@@ -161,7 +161,10 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
     let (min, max) = gate.timeouts;
     let mut metrics = gate.raft.metrics();
     // The first metrics the group's core publishes (its membership).
+    // `biased` everywhere here: an unbiased select draws from tokio's own generator, and a
+    // simulated run would no longer replay from its seed.
     tokio::select! {
+        biased;
         changed = metrics.changed() => if changed.is_err() { return },
         _ = gate.stop.notified() => return,
     }
@@ -182,6 +185,7 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
         let lease = if campaigned { Duration::ZERO } else { max };
         let timeout = lease + min + Duration::from_millis(crate::runtime::next_u64() % spread);
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(heard.max(round_end) + timeout) => {}
             _ = gate.stop.notified() => {}
             // A group of this replica alone follows its membership, which may add voters.
@@ -198,13 +202,15 @@ async fn run(gate: Arc<Gate>, reach: Reach) {
             campaigned = false;
             continue;
         }
-        let now = metrics.borrow().clone();
-        if now.running_state.is_err() {
+        let (stopped, leads, configs) = {
+            let m = metrics.borrow();
+            (m.running_state.is_err(), m.state.is_leader(), m.membership_config.membership().get_joint_config().clone())
+        };
+        if stopped {
             return;
         }
-        let configs = now.membership_config.membership().get_joint_config().clone();
         let voter = configs.iter().any(|voters| voters.contains(&reach.me));
-        let asks = !alone && voter && !now.state.is_leader() && !(gate.short_of_held)();
+        let asks = !alone && voter && !leads && !(gate.short_of_held)();
         campaigned = asks && pre_vote(&reach, &configs, min).await;
         if campaigned {
             let _ = gate.raft.trigger().elect().await;

@@ -416,8 +416,8 @@ impl Host {
         self.votes_unguarded.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Injects a twin's bug: every replica here campaigns whenever openraft's election timer
-    /// says, behind a commit it knows or not, and at once after a restart (campaign.rs off).
+    /// Injects a twin's bug: every replica started here from now on campaigns on openraft's
+    /// election timer alone, without a pre-vote (campaign.rs off). Set before groups start.
     pub fn set_campaigns_unguarded(&self, on: bool) {
         self.campaigns.set_unguarded(on);
     }
@@ -1027,8 +1027,6 @@ impl Host {
     }
 }
 
-/// Claims a snapshot's staged extents before openraft installs it: a chunk's against its
-/// manifest; a redo group's copy against its length and checksum (a mark alone has none).
 /// Whether `group`'s replica is still short of the index it held when it was forgotten here.
 /// Started again (a move back), it may first be sent an old snapshot or old entries, whose
 /// membership can be the one it was a voter of before it left: campaigning on that, it could
@@ -1040,6 +1038,8 @@ fn short_of_held(log: &NodeLog, group: GroupId) -> bool {
     log.reset_held(group).is_some_and(|held| log.last_index(group).is_none_or(|last| last < held))
 }
 
+/// Claims a snapshot's staged extents before openraft installs it: a chunk's against its
+/// manifest; a redo group's copy against its length and checksum (a mark alone has none).
 fn claim_stage(files: &SnapshotFiles, group: GroupId, id: &str, data: &[u8]) -> Result<(), String> {
     if crate::redo_machine::redo_volume(group).is_none() {
         return files.claim(group, id, data);

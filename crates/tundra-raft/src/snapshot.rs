@@ -60,8 +60,7 @@ pub struct BadImage {
 #[derive(Default)]
 pub struct Precopy {
     images: Mutex<HashMap<(PageNo, PageEntry), ChunkImage>>,
-    done: std::sync::atomic::AtomicBool,
-    /// When the fill finished.
+    /// When the fill finished, once it has.
     filled_at: std::sync::OnceLock<std::time::Instant>,
     /// Images it gave captures.
     served: std::sync::atomic::AtomicUsize,
@@ -75,13 +74,11 @@ impl Precopy {
     /// check, is left out (the capture reads it again, and deals with a bad one).
     pub fn fill(&self, store: &Store, group: GroupId, check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>) {
         for (page, entry, slots) in store.snapshot_plan(group) {
-            let Ok(Some(image)) = store.snapshot_image(group, page, &entry, slots) else { continue };
-            if check(&image).is_ok() {
+            if let Ok(Some(image)) = checked_image(store, group, (page, &entry, slots), check) {
                 self.images.lock().insert((page, entry), image);
             }
         }
         let _ = self.filled_at.set(std::time::Instant::now());
-        self.done.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether it was filled less than `fresh` ago (a fill still running is not).
@@ -96,7 +93,7 @@ impl Precopy {
 
     /// Whether [`Precopy::fill`] has finished.
     pub fn is_done(&self) -> bool {
-        self.done.load(std::sync::atomic::Ordering::Acquire)
+        self.filled_at.get().is_some()
     }
 
     /// How many images it holds.
@@ -110,7 +107,7 @@ impl Precopy {
 
     /// A copy of the image read ahead for `page` at exactly `entry` (and, for a heavy
     /// segment, `slots`): it stays for the captures after this one.
-    fn take(&self, page: PageNo, entry: &PageEntry, slots: &[HeavySlot]) -> Option<ChunkImage> {
+    fn image_for(&self, page: PageNo, entry: &PageEntry, slots: &[HeavySlot]) -> Option<ChunkImage> {
         let images = self.images.lock();
         let key = if self.any_entry.load(std::sync::atomic::Ordering::Relaxed) {
             images.keys().find(|(p, _)| *p == page).copied()?
@@ -129,6 +126,29 @@ impl Precopy {
     /// now.
     pub fn set_any_entry(&self, on: bool) {
         self.any_entry.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The stored image of one step of [`Store::snapshot_plan`] if it passes `check`: `None` if
+/// the page is gone; a [`BadImage`] if it cannot be read or fails the check; any other error
+/// as [`CaptureError::Failed`].
+fn checked_image(
+    store: &Store,
+    group: GroupId,
+    (page, entry, slots): (PageNo, &PageEntry, Vec<HeavySlot>),
+    check: &dyn Fn(&ChunkImage) -> tundra_store::Result<()>,
+) -> Result<Option<ChunkImage>, CaptureError> {
+    let image = match store.snapshot_image(group, page, entry, slots) {
+        Ok(Some(image)) => image,
+        Ok(None) => return Ok(None),
+        Err(error) if matches!(error.kind(), ErrorKind::Corrupted | ErrorKind::Io) => {
+            return Err(CaptureError::BadPages(vec![BadImage { page, readable: false, why: error.to_string() }]));
+        }
+        Err(error) => return Err(CaptureError::Failed(error.to_string())),
+    };
+    match check(&image) {
+        Ok(()) => Ok(Some(image)),
+        Err(error) => Err(CaptureError::BadPages(vec![BadImage { page, readable: true, why: error.to_string() }])),
     }
 }
 
@@ -529,24 +549,18 @@ impl SnapshotFiles {
         let mut images = Vec::new();
         let mut bad = Vec::new();
         for (page, entry, slots) in store.snapshot_plan(group) {
-            let image = match ahead.and_then(|ahead| ahead.take(page, &entry, &slots)) {
-                Some(image) => image,
-                None => {
-                    let image = match store.snapshot_image(group, page, &entry, slots) {
-                        Ok(Some(image)) => image,
-                        Ok(None) => continue,
-                        Err(error) if matches!(error.kind(), ErrorKind::Corrupted | ErrorKind::Io) => {
-                            bad.push(BadImage { page, readable: false, why: error.to_string() });
-                            continue;
-                        }
-                        Err(error) => return Err(CaptureError::Failed(error.to_string())),
-                    };
-                    if let Err(error) = check(&image) {
-                        bad.push(BadImage { page, readable: true, why: error.to_string() });
-                        continue;
-                    }
-                    image
+            let read = match ahead.and_then(|ahead| ahead.image_for(page, &entry, &slots)) {
+                Some(image) => Ok(Some(image)),
+                None => checked_image(store, group, (page, &entry, slots), check),
+            };
+            let image = match read {
+                Ok(Some(image)) => image,
+                Ok(None) => continue,
+                Err(CaptureError::BadPages(found)) => {
+                    bad.extend(found);
+                    continue;
                 }
+                Err(failed) => return Err(failed),
             };
             let (bytes, what) = match image {
                 ChunkImage::Page(put) => {

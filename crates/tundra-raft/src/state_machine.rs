@@ -261,13 +261,12 @@ impl ChunkStateMachine {
         ahead: Option<&crate::snapshot::Precopy>,
     ) -> Result<Vec<u8>, CaptureError> {
         let (store, pages, group) = (self.store(), &self.pages, self.group);
-        let check = |image: &ChunkImage| match image {
-            ChunkImage::Page(put) if as_stored.contains(&put.page) => Ok(()),
-            ChunkImage::Page(put) => pages.verify_image(group, put),
-            ChunkImage::Heavy { pages: slots, .. } if slots.first().is_some_and(|s| as_stored.contains(&s.page)) => {
-                Ok(())
-            }
-            ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
+        let check = |image: &ChunkImage| {
+            let first = match image {
+                ChunkImage::Page(put) => Some(put.page),
+                ChunkImage::Heavy { pages: slots, .. } => slots.first().map(|slot| slot.page),
+            };
+            if first.is_some_and(|page| as_stored.contains(&page)) { Ok(()) } else { verify(pages, group, image) }
         };
         let capture = || self.files.capture(store, (group, id), self.mark.encode(), &check, ahead);
         let manifest = if self.files.on_disk() { tokio::task::block_in_place(capture) } else { capture() }?;
@@ -340,14 +339,16 @@ impl ChunkStateMachine {
         let ahead = Arc::new(crate::snapshot::Precopy::default());
         self.ahead = Some(ahead.clone());
         let (pages, group) = (self.pages.clone(), self.group);
-        tokio::task::spawn_blocking(move || {
-            let check = |image: &ChunkImage| match image {
-                ChunkImage::Page(put) => pages.verify_image(group, put),
-                ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
-            };
-            ahead.fill(pages.store(), group, &check);
-        });
+        tokio::task::spawn_blocking(move || ahead.fill(pages.store(), group, &|image| verify(&pages, group, image)));
         false
+    }
+}
+
+/// Decompresses `image` of `group` and compares its checksum (a heavy segment's, every page's).
+fn verify(pages: &Pages, group: GroupId, image: &ChunkImage) -> tundra_store::Result<()> {
+    match image {
+        ChunkImage::Page(put) => pages.verify_image(group, put),
+        ChunkImage::Heavy { segment, pages: slots } => pages.verify_segment_image(group, segment, slots),
     }
 }
 
