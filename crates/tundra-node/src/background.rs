@@ -2,8 +2,9 @@
 //! replicas' deferred applies are made durable, redo is folded into pages (and records past the
 //! redo cache leave memory for their log slots), pages that partial writes left raw are
 //! compressed again, and, when the host is idle, a bounded number of pages written while it was
-//! busy are chosen again (tundra-store's rechoose.rs); every 50 ms each store checkpoints if its
-//! journal asks for it.
+//! busy are chosen again (tundra-store's rechoose.rs); every 50 ms the page images small commits
+//! left for later are written to their blocks, and each store checkpoints if its journal asks
+//! for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,11 +33,15 @@ impl Node {
         Ok(())
     }
 
-    /// Checkpoints each store whose journal asks for one. Cheap when none does; the background
-    /// loop asks every 50 ms, since commits that carry their page images (a WAL write and its
-    /// fsync) fill a third of the log's ring in well under a second, and until the next
-    /// checkpoint further commits flush the data device instead.
+    /// Writes the page images small commits left for later (the fast store's write-behind,
+    /// tundra-store's `Unwritten`), then checkpoints each store whose journal asks for one.
+    /// Cheap when there is nothing to do; the background loop calls it every 50 ms, since
+    /// commits that carry their page images (a WAL write and its fsync) fill a third of the
+    /// log's ring in well under a second, and until the next checkpoint further commits flush
+    /// the data device instead.
     pub fn checkpoint_if_wanted(&self) -> Result<()> {
+        self.data.write_unwritten()?;
+        self.fast.write_unwritten()?;
         self.data.maybe_checkpoint()?;
         self.fast.maybe_checkpoint()?;
         Ok(())

@@ -199,7 +199,10 @@ impl Node {
         // filesystem holding fast.img, at a cost per rewritten page, so freed blocks are
         // reused untrimmed (trimmed at open, at a check and when a volume is deleted).
         let fast = repair::open_store(parts.fast_data, parts.fast_journal, fast_place, accept_loss, progress)?;
-        let fast = Arc::new(fast.with_trim_policy(TrimPolicy::Deferred));
+        // Its volumes take a database's WAL: a small commit's image goes to its run off the
+        // committing thread (the background loop writes them every 50 ms), so the commit makes
+        // one device write, the log's (bench/results/2026-11-30-unwritten-images).
+        let fast = Arc::new(fast.with_trim_policy(TrimPolicy::Deferred).with_write_behind(true));
 
         let codec = PageCodec::default();
         let mut paths = BTreeMap::new();

@@ -12,12 +12,20 @@
 //!    durable (it is, after step 3) and no reader can still be reading it (the reuse gate).
 //!    Under [`TrimPolicy::Deferred`] the run is reused untrimmed.
 //!
+//! A small commit of the store's own (a database's WAL page and its fsync) changes step 3: the
+//! journal record carries the image, which makes it durable with the record's one flush, so the
+//! data device is not flushed for it. With [`Store::with_write_behind`] it changes step 2 too:
+//! the run is written later, off the committing thread ([`Unwritten`]), so a commit costs one
+//! device write and one flush, the log's. Until its run is written the image is read from
+//! memory.
+//!
 //! Pages stored together (one [`StoreCommand::PutPages`](crate::command::StoreCommand)) take consecutive blocks where they are free,
 //! and blocks that follow each other on the device are written with one I/O.
 //!
 //! The mutating entry point, [`Store::apply_write`], takes an already-encoded image, so that a
 //! Raft leader can compress once and every replica stores the same bytes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -148,7 +156,36 @@ pub struct Store {
     /// Readers hold it shared while they read blocks; freed runs become reusable only under it
     /// exclusively.
     reuse_gate: RwLock<()>,
+    /// Images carried in the log whose runs are not written yet, by the run's first LBA.
+    unwritten: Mutex<BTreeMap<u64, Unwritten>>,
+    /// Held while a batch of unwritten images is written, so that batches do not overlap.
+    writing_unwritten: Mutex<()>,
+    /// How many images wait before a commit writes them ([`UNWRITTEN_BATCH`]).
+    unwritten_batch: usize,
+    /// Whether small commits leave their carried images unwritten ([`Store::with_write_behind`]).
+    write_behind: bool,
 }
+
+/// A page image a small commit carried in the journal's log ([`Journal::commit_with_data`]),
+/// not yet written to its run. The log holds it durably until the next checkpoint, which
+/// writes every unwritten image and flushes the data device first; after a crash, replay
+/// writes it again (store/rebuild.rs). Images wait until [`Store::write_unwritten`] is called
+/// or [`UNWRITTEN_BATCH`] of them wait, then go to the device together, where runs that follow
+/// each other take one I/O.
+///
+/// A run stays allocated while its image waits, since the page's entry points at it. When
+/// the page is rewritten or trimmed the run is freed, and [`Store::release_freed`] drops the
+/// image under the reuse gate, before the run can be reused; a batch holds that gate shared
+/// while it writes, so it never writes over a run given to another page.
+#[derive(Clone)]
+struct Unwritten {
+    run: BlockRun,
+    image: Arc<Vec<u8>>,
+}
+
+/// How many images may wait unwritten before a commit writes them all itself: a bound on the
+/// memory they take (at most 16 MiB) when nothing else writes them.
+pub const UNWRITTEN_BATCH: usize = 1024;
 
 impl Store {
     /// Opens a store on a data device and a fast device holding a formatted journal, rebuilding
@@ -175,6 +212,10 @@ impl Store {
             state: Mutex::new(state),
             checkpoint_gate: RwLock::new(()),
             reuse_gate: RwLock::new(()),
+            unwritten: Mutex::new(BTreeMap::new()),
+            writing_unwritten: Mutex::new(()),
+            unwritten_batch: UNWRITTEN_BATCH,
+            write_behind: false,
         };
         // Images the log carried, for entries still mapped: the data device may have lost
         // them. The checkpoint below flushes them before it ends their replay.
@@ -201,6 +242,24 @@ impl Store {
     /// The store with another trim policy (the default is [`TrimPolicy::EveryRun`]).
     pub fn with_trim_policy(mut self, policy: TrimPolicy) -> Store {
         self.trim_policy = policy;
+        self
+    }
+
+    /// The store with small commits' carried images written behind them (see [`Unwritten`]):
+    /// a commit then makes one device write, the log's, and the images go to their runs
+    /// when [`Store::write_unwritten`] is called (a node's background thread does so every
+    /// 50 ms), when [`UNWRITTEN_BATCH`] of them wait, or at a checkpoint. Off by default: the
+    /// run is written before the commit, and a device's space figures follow every commit.
+    pub fn with_write_behind(mut self, on: bool) -> Store {
+        self.write_behind = on;
+        self
+    }
+
+    /// The store writing carried images to their runs once `images` wait (tests try small
+    /// batches; the default is [`UNWRITTEN_BATCH`]).
+    #[cfg(test)]
+    pub(crate) fn with_unwritten_batch(mut self, images: usize) -> Store {
+        self.unwritten_batch = images.max(1);
         self
     }
 
@@ -237,6 +296,18 @@ impl Store {
         if let Err(error) = self.sync() {
             self.state.lock().keep_pending(&freed);
             return Err(error);
+        }
+        // Images of freed runs that were never written are not written now: the run may go
+        // to another page as soon as it is released below.
+        if !release_keeps_unwritten_images() {
+            let mut unwritten = self.unwritten.lock();
+            if !unwritten.is_empty() {
+                for &(_, run) in &freed {
+                    if unwritten.get(&run.first_lba().0).is_some_and(|u| u.run == run) {
+                        unwritten.remove(&run.first_lba().0);
+                    }
+                }
+            }
         }
         let mut result = Ok(());
         if self.trim_policy == TrimPolicy::EveryRun {
@@ -304,6 +375,13 @@ impl Store {
                 page.0, chunk.0, entry.run.count
             )));
         }
+        let waiting = self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned();
+        if let Some(waiting) = waiting {
+            // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
+            let mut bytes = waiting.image.as_ref().clone();
+            bytes.resize(len, 0);
+            return Ok(Some((entry, bytes)));
+        }
         let bytes = with_scratch(blocks, |buffer| {
             self.data.read(entry.run.first_lba(), buffer).map(|()| buffer[..len].to_vec())
         })?;
@@ -316,9 +394,12 @@ impl Store {
         // Deferred records are installed already: the checkpoint reflects them, so they must
         // be in the log before its position.
         self.sync()?;
-        // Images that commits carried in the log (Journal::commit_with_data) may still be only
-        // in the data device's cache: the log stops being replayed at this checkpoint, so they
-        // must be durable first.
+        // Images that commits carried in the log (Journal::commit_with_data) may still be
+        // unwritten, or only in the data device's cache: the log stops being replayed at this
+        // checkpoint, so they must be written and durable first.
+        if !checkpoint_skips_unwritten_images() {
+            self.write_unwritten()?;
+        }
         if !checkpoint_skips_data_flush() {
             self.data.flush()?;
         }
@@ -386,8 +467,42 @@ impl Store {
         self.data.as_ref()
     }
 
-    /// Reads `count` raw blocks of the data device at `lba`.
+    /// Writes every image small commits carried in the log that still waits for its run (see
+    /// [`Unwritten`]), not flushed. A node's background thread calls it every 50 ms, a commit
+    /// when [`UNWRITTEN_BATCH`] images wait, a checkpoint before it ends their replay, and a
+    /// check before it reads the device.
+    pub fn write_unwritten(&self) -> Result<()> {
+        let _one_batch = self.writing_unwritten.lock();
+        // No run of the batch is freed and reused while it is written (see `Unwritten`).
+        let _no_reuse = self.reuse_gate.read();
+        let batch: Vec<Unwritten> = self.unwritten.lock().values().cloned().collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let runs: Vec<BlockRun> = batch.iter().map(|u| u.run).collect();
+        let images: Vec<&[u8]> = batch.iter().map(|u| u.image.as_slice()).collect();
+        self.write_runs(&runs, &images).inspect_err(|error| {
+            self.state.lock().failed.get_or_insert_with(|| error.to_string());
+        })?;
+        let mut unwritten = self.unwritten.lock();
+        for written in &batch {
+            let key = written.run.first_lba().0;
+            if unwritten.get(&key).is_some_and(|u| Arc::ptr_eq(&u.image, &written.image)) {
+                unwritten.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// How many carried images wait for their runs (see [`Unwritten`]).
+    pub fn unwritten_images(&self) -> usize {
+        self.unwritten.lock().len()
+    }
+
+    /// Reads `count` raw blocks of the data device at `lba`, after writing the images that wait
+    /// for their runs.
     pub fn read_blocks(&self, lba: Lba, count: usize) -> Result<Vec<u8>> {
+        self.write_unwritten()?;
         let mut bytes = vec![0u8; count * BLOCK_SIZE];
         self.data.read(lba, &mut bytes)?;
         Ok(bytes)
@@ -431,6 +546,48 @@ thread_local! {
 #[cfg(test)]
 pub(crate) fn set_checkpoint_skips_data_flush(on: bool) {
     SKIP_CHECKPOINT_DATA_FLUSH.with(|flag| flag.set(on));
+}
+
+/// The twin of the checkpoint's writing of unwritten images (tests only): a checkpoint then
+/// ends the replay of images whose runs were never written, and the store's crash test must
+/// fail.
+fn checkpoint_skips_unwritten_images() -> bool {
+    #[cfg(test)]
+    return SKIP_CHECKPOINT_UNWRITTEN.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static SKIP_CHECKPOINT_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's checkpoints leave unwritten images unwritten (the twin above).
+#[cfg(test)]
+pub(crate) fn set_checkpoint_skips_unwritten_images(on: bool) {
+    SKIP_CHECKPOINT_UNWRITTEN.with(|flag| flag.set(on));
+}
+
+/// The twin of the release's dropping of freed runs' unwritten images (tests only): a batch
+/// then writes a page's old image over the run after it went to another page, and the store's
+/// crash test must fail.
+fn release_keeps_unwritten_images() -> bool {
+    #[cfg(test)]
+    return KEEP_FREED_UNWRITTEN.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static KEEP_FREED_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's releases keep the unwritten images of freed runs (the twin above).
+#[cfg(test)]
+pub(crate) fn set_release_keeps_unwritten_images(on: bool) {
+    KEEP_FREED_UNWRITTEN.with(|flag| flag.set(on));
 }
 
 #[cfg(test)]

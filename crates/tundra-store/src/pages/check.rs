@@ -11,6 +11,8 @@ impl Pages {
     /// the referenced bytes but read by their own path's check.
     pub fn check(&self) -> Result<CheckReport> {
         self.store.release_freed()?;
+        // Every page is read from the device, including those whose images wait in memory.
+        self.store.write_unwritten()?;
         if self.store.trim_policy() == crate::store::TrimPolicy::Deferred {
             // Runs are reused untrimmed under this policy: free blocks may still be mapped.
             self.store.trim_unused()?;

@@ -885,6 +885,8 @@ fn a_bad_page_is_repaired_from_another_replicas_copy() {
     a.apply_command(&command, |c| a.store().apply(c)).unwrap();
     b.apply_command(&command, |c| b.store().apply(c)).unwrap();
     let bad = a.store().entry(chunk, PageNo(3)).unwrap();
+    // The image the commit carried goes to its run, and is damaged there.
+    a.store().write_unwritten().unwrap();
     let len = usize::from(bad.run.count) * 4096;
     a.store().data_device().write(bad.run.first_lba(), &vec![0x5A; len]).unwrap();
     a.forget_all();

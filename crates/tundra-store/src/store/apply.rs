@@ -5,6 +5,8 @@
 //! command built and applied, so there is one path for a local write and, later, for a
 //! replicated one.
 
+use std::sync::Arc;
+
 use tundra_device::BLOCK_SIZE;
 
 use super::{HEAVY_HEADER_BYTES, Store, TrimPolicy, Watermarks, check_image};
@@ -32,9 +34,10 @@ pub(super) enum CommitAs<'a> {
     /// Preceded by a [`Record::Unit`] marker, so that replay takes them all or none even if
     /// the commit spans log blocks.
     Unit,
-    /// Each entry's image (written to its run already) goes into the log before the entry's
-    /// record ([`Record::PageData`]), and the commit does not flush the data device
-    /// ([`Journal::commit_with_data`]). Only for a commit of the store's own: no mark.
+    /// Each entry's image goes into the log before the entry's record ([`Record::PageData`]),
+    /// and the commit does not flush the data device ([`Journal::commit_with_data`]). Under
+    /// write-behind the images then wait unwritten for their runs (see `Unwritten`); otherwise
+    /// they were written to them already. Only for a commit of the store's own: no mark.
     ///
     /// [`Journal::commit_with_data`]: crate::journal::Journal::commit_with_data
     Carrying(&'a [&'a [u8]]),
@@ -175,16 +178,20 @@ impl Store {
         }
         let runs = self.allocate_many(chunk, &counts)?;
         let images: Vec<&[u8]> = pages.iter().map(|put| put.image.bytes.as_slice()).collect();
-        if let Err(error) = self.write_runs(&runs, &images) {
-            self.abandon_runs(chunk, &runs)?;
-            return Err(error);
-        }
         let entries: Vec<(PageNo, Option<PageEntry>)> =
             pages.iter().zip(&runs).map(|(put, &run)| (put.page, Some(new_entry(put, run)))).collect();
         // A small commit of the store's own (no replicated log holds it) carries its images in
-        // the log: one flush, the log's, instead of the data device's and then the log's.
+        // the log: one flush, the log's, instead of the data device's and then the log's. With
+        // write-behind its runs are written later, off this thread (see `Unwritten`).
         let bytes: usize = images.iter().map(|image| image.len()).sum();
-        if mark.is_none() && bytes <= CARRIED_IMAGES_MAX_BYTES && self.journal.has_room_for_data(bytes) {
+        let carry = mark.is_none() && bytes <= CARRIED_IMAGES_MAX_BYTES && self.journal.has_room_for_data(bytes);
+        if !(carry && self.write_behind)
+            && let Err(error) = self.write_runs(&runs, &images)
+        {
+            self.abandon_runs(chunk, &runs)?;
+            return Err(error);
+        }
+        if carry {
             return self.commit_and_install_as(chunk, &entries, &runs, None, CommitAs::Carrying(&images));
         }
         self.commit_and_install(chunk, &entries, &runs, mark)
@@ -452,6 +459,17 @@ impl Store {
             state.failed.get_or_insert_with(|| error.to_string());
             return Err(error);
         }
+        // Carried images wait for their runs; they are found there before the entries that
+        // point at the runs are installed.
+        let waiting = if carried.is_empty() || !self.write_behind {
+            0
+        } else {
+            let mut unwritten = self.unwritten.lock();
+            for (&run, image) in new_runs.iter().zip(carried) {
+                unwritten.insert(run.first_lba().0, super::Unwritten { run, image: Arc::new(image.to_vec()) });
+            }
+            unwritten.len()
+        };
         let release = {
             let mut state = self.state.lock();
             if let Some((mark, _)) = mark {
@@ -462,6 +480,9 @@ impl Store {
         drop(_no_checkpoint);
         if release {
             self.release_freed()?;
+        }
+        if waiting >= self.unwritten_batch {
+            self.write_unwritten()?;
         }
         Ok(())
     }

@@ -96,6 +96,8 @@ fn blocks_written_but_never_journalled_are_trimmed_at_open() {
     let (data, fast, store) = new_store(256);
     let chunk = ChunkId(1);
     store.apply_write(chunk, PageNo(0), &raw_image(chunk, PageNo(0), 1), Lsn(1)).unwrap();
+    // The small commit carried the image; the checkpoint writes it to its run.
+    store.checkpoint().unwrap();
     drop(store);
     let referenced = data.usage().mapped_bytes;
     // As if a crash struck between a page's data write and its journal record.
@@ -180,6 +182,64 @@ fn the_store_crash_oracle_fails_when_a_checkpoint_does_not_flush_carried_images(
     assert!(verdict.is_err(), "the store's crash oracle missed a checkpoint ahead of the data device");
 }
 
+/// And a checkpoint that does not write the images still waiting for their runs: the log that
+/// held them is no longer replayed, and their pages read as the blocks were before.
+#[test]
+fn the_store_crash_oracle_fails_when_a_checkpoint_leaves_images_unwritten() {
+    set_checkpoint_skips_unwritten_images(true);
+    let verdict = std::panic::catch_unwind(|| store_crash_rounds(150));
+    set_checkpoint_skips_unwritten_images(false);
+    assert!(verdict.is_err(), "the store's crash oracle missed images a checkpoint never wrote");
+}
+
+/// And a release that keeps a freed run's unwritten image: a later batch writes the old image
+/// over the run after another page took it.
+#[test]
+fn the_store_crash_oracle_fails_when_a_freed_runs_image_is_still_written() {
+    set_release_keeps_unwritten_images(true);
+    let verdict = std::panic::catch_unwind(|| store_crash_rounds(150));
+    set_release_keeps_unwritten_images(false);
+    assert!(verdict.is_err(), "the store's crash oracle missed a stale image written over a reused run");
+}
+
+/// A small commit's image waits in memory, not on the data device: the page reads back from
+/// there; rewritten, only its newest image is ever written; the batch's commit writes every
+/// waiting image, and a checkpoint those of a batch not yet full.
+#[test]
+fn carried_images_wait_unwritten_and_go_to_their_runs_in_batches() {
+    let chunk = ChunkId(0);
+    let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), 1));
+    // A log with room for every image the test's commits carry.
+    let journal = JournalGeometry { checkpoint_blocks: 64, log_blocks: 1024 };
+    let fast = Arc::new(MemDevice::new(journal.total_blocks()));
+    Journal::format(fast.as_ref(), journal).unwrap();
+    let store = open_store(data.clone(), fast.clone()).with_write_behind(true).with_unwritten_batch(4);
+    store.checkpoint().unwrap();
+    let writes = || data.stats().block_writes;
+    let before = writes();
+    store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 1), Lsn(1)).unwrap();
+    store.apply_write(chunk, PageNo(2), &raw_image(chunk, PageNo(2), 2), Lsn(2)).unwrap();
+    store.apply_write(chunk, PageNo(1), &raw_image(chunk, PageNo(1), 3), Lsn(3)).unwrap();
+    store.release_freed().unwrap();
+    assert_eq!(writes(), before, "a small commit wrote the data device");
+    assert_eq!(store.unwritten_images(), 2, "page 1's first image went with its run");
+    assert_eq!((tag_of(&store, chunk, PageNo(1)), tag_of(&store, chunk, PageNo(2))), (Some(3), Some(2)));
+    // The fourth waiting image fills the batch: all four go to the device.
+    store.apply_write(chunk, PageNo(3), &raw_image(chunk, PageNo(3), 4), Lsn(4)).unwrap();
+    store.apply_write(chunk, PageNo(4), &raw_image(chunk, PageNo(4), 5), Lsn(5)).unwrap();
+    let blocks = (PAGE / BLOCK_SIZE) as u64;
+    assert_eq!(writes(), before + 4 * blocks);
+    assert_eq!(store.unwritten_images(), 0);
+    store.apply_write(chunk, PageNo(5), &raw_image(chunk, PageNo(5), 6), Lsn(6)).unwrap();
+    store.checkpoint().unwrap();
+    assert_eq!(writes(), before + 5 * blocks, "the checkpoint wrote the waiting image");
+    // Every page reads from its blocks now, here and after a reopen with an empty log.
+    drop(store);
+    let store = open_store(data.clone(), fast.clone());
+    let tags: Vec<Option<u64>> = (1..=5).map(|p| tag_of(&store, chunk, PageNo(p))).collect();
+    assert_eq!(tags, [Some(3), Some(2), Some(4), Some(5), Some(6)]);
+}
+
 /// A small commit carries its page's image in the log and flushes the data device not at all:
 /// after a crash that loses every data write since the device's last flush, replay writes the
 /// images again and the pages read as written. With replay skipping them (the twin) the same
@@ -252,7 +312,12 @@ fn store_crash_rounds(rounds: u64) -> u64 {
         // What the operation a power failure cut short was writing, per page.
         let mut in_flight: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for crash in 0..3u64 {
-            let store = open_store(data.clone(), fast.clone()).with_trim_policy(policy);
+            // Carried images go to their runs in batches of a few, or wait for a checkpoint.
+            let batch = [1, 2, 3, 5, 8, UNWRITTEN_BATCH][(round % 6) as usize];
+            let store = open_store(data.clone(), fast.clone())
+                .with_trim_policy(policy)
+                .with_write_behind(round % 7 != 6)
+                .with_unwritten_batch(batch);
             store.check_invariants().unwrap_or_else(|p| panic!("round {round} crash {crash}: at recovery: {p}"));
             for page in 0..12u32 {
                 let got = tag_of(&store, chunk, PageNo(page));
@@ -315,6 +380,13 @@ fn store_crash_rounds(rounds: u64) -> u64 {
                             };
                         }
                         store.check_invariants().unwrap_or_else(|p| panic!("round {round} step {step}: {p}"));
+                        // Every page reads as acknowledged while the store runs too, whether
+                        // its image is on the device or waits for its run.
+                        for page in 0..12u32 {
+                            let got = tag_of(&store, chunk, PageNo(page));
+                            let want = acknowledged.get(&page).copied();
+                            assert_eq!(got, want, "round {round} step {step}: page {page} reads wrong");
+                        }
                     }
                     Err(_) => {
                         struck += 1;
