@@ -115,6 +115,11 @@ pub fn render(node: &Node) -> String {
             "Group commits that flushed the data device first (the others carried their page images)",
             ConstGauge::new(journal.data_flushes as f64),
         );
+        sub.register(
+            "journal_waiting_images",
+            "Carried page images waiting now to be written to their blocks (write-behind)",
+            ConstGauge::new(journal.waiting_images as f64),
+        );
     }
     for volume in node.volumes() {
         let v = stats.volumes.iter().find(|s| s.id == volume.volume.id.0);

@@ -109,8 +109,8 @@ impl Node {
             write_back_pieces,
             write_back_piece_reads,
             journals: JournalsStats {
-                drive: JournalStats::of(self.data.journal_stats()),
-                fast: JournalStats::of(self.fast.journal_stats()),
+                drive: JournalStats::of(self.data.journal_stats(), self.data.unwritten_images()),
+                fast: JournalStats::of(self.fast.journal_stats(), self.fast.unwritten_images()),
             },
             volumes,
             mounts: self.mount_stats(),
@@ -195,15 +195,19 @@ pub struct JournalStats {
     pub data_flushes: u64,
     /// Page images carried in the log.
     pub carried_images: u64,
+    /// Of those, the images waiting now to be written to their blocks (a store that writes
+    /// behind, docs/format.md "Write-behind"; at most 1,024).
+    pub waiting_images: u64,
     pub checkpoints: u64,
 }
 
 impl JournalStats {
-    fn of(s: tundra_store::journal::JournalStats) -> JournalStats {
+    fn of(s: tundra_store::journal::JournalStats, waiting_images: usize) -> JournalStats {
         JournalStats {
             group_commits: s.group_commits,
             data_flushes: s.data_flushes,
             carried_images: s.carried_images,
+            waiting_images: waiting_images as u64,
             checkpoints: s.checkpoints,
         }
     }

@@ -362,6 +362,14 @@ fn a_wal_write_and_its_flush_cost_one_log_flush() {
         assert_eq!(after.group_commits, before.group_commits + 1, "{before:?} {after:?}");
         assert_eq!(after.data_flushes, before.data_flushes, "a WAL commit flushed the data device");
         assert_eq!(after.carried_images, before.carried_images + 1);
+        // The fast store writes behind: the image waits for the background pass, and the page
+        // reads back meanwhile.
+        assert_eq!(after.waiting_images, 1, "{after:?}");
+        let mut back = vec![0u8; 8192];
+        node.read_bytes(&wal, 8192, &mut back).unwrap();
+        assert!(back == page(1, 8192));
+        node.checkpoint_if_wanted().unwrap();
+        assert_eq!(node.stats().journals.fast.waiting_images, 0);
         node.write_bytes(&wal, 16 * 8192, &page(2, 64 * 8192)).unwrap();
         node.flush(Some(&wal)).unwrap();
         let batch = node.stats().journals.fast;
