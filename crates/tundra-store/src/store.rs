@@ -375,7 +375,11 @@ impl Store {
                 page.0, chunk.0, entry.run.count
             )));
         }
-        let waiting = self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned();
+        let waiting = if reads_skip_unwritten_images() {
+            None
+        } else {
+            self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
+        };
         if let Some(waiting) = waiting {
             // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
             let mut bytes = waiting.image.as_ref().clone();
@@ -567,6 +571,26 @@ thread_local! {
 #[cfg(test)]
 pub(crate) fn set_checkpoint_skips_unwritten_images(on: bool) {
     SKIP_CHECKPOINT_UNWRITTEN.with(|flag| flag.set(on));
+}
+
+/// The twin of reads served from waiting images (tests only): a read then takes the run's
+/// blocks even while the image waits for them, and the store's concurrent test must fail.
+fn reads_skip_unwritten_images() -> bool {
+    #[cfg(test)]
+    return SKIP_READ_UNWRITTEN.with(|flag| flag.get());
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static SKIP_READ_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's reads ignore waiting images (the twin above).
+#[cfg(test)]
+pub(crate) fn set_reads_skip_unwritten_images(on: bool) {
+    SKIP_READ_UNWRITTEN.with(|flag| flag.set(on));
 }
 
 /// The twin of the release's dropping of freed runs' unwritten images (tests only): a batch

@@ -240,6 +240,100 @@ fn carried_images_wait_unwritten_and_go_to_their_runs_in_batches() {
     assert_eq!(tags, [Some(3), Some(2), Some(4), Some(5), Some(6)]);
 }
 
+/// Write-behind under threads: writers rewrite their own pages and read each back at once,
+/// a reader reads every page, and a background thread writes the waiting images and takes
+/// checkpoints, all at the same time, with runs freed and reused throughout. Every read is of
+/// the page's own image, never older than one read before; after a reopen every page holds
+/// its last write. `skip_reads` is the twin: reads ignore the waiting images.
+fn write_behind_under_threads(skip_reads: bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const WRITERS: u32 = 3;
+    const PAGES_EACH: u32 = 6;
+    const WRITES_EACH: u64 = 240;
+    let chunk = ChunkId(0);
+    // Room for every page, the freed runs a release waits for (state.rs's RELEASE_BATCH) and a
+    // little more, so freed runs are reused after every release.
+    let data = Arc::new(MemDevice::new((u64::from(WRITERS * PAGES_EACH) + state::RELEASE_BATCH as u64 + 8) * 4));
+    let journal = JournalGeometry { checkpoint_blocks: 64, log_blocks: 1024 };
+    let fast = Arc::new(MemDevice::new(journal.total_blocks()));
+    Journal::format(fast.as_ref(), journal).unwrap();
+    let store = open_store(data.clone(), fast.clone()).with_write_behind(true).with_unwritten_batch(16);
+    let tag = |page: u32, seq: u64| u64::from(page) * 1_000_000 + seq;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let background = scope.spawn(|| {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                store.write_unwritten().unwrap();
+                if rounds % 8 == 7 {
+                    store.checkpoint().unwrap();
+                }
+                rounds += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        });
+        let reader = scope.spawn(|| {
+            let mut seen = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                for page in 0..WRITERS * PAGES_EACH {
+                    let Some(got) = tag_of(&store, chunk, PageNo(page)) else { continue };
+                    assert_eq!(got / 1_000_000, u64::from(page), "page {page} read another page's image");
+                    let before = seen.insert(page, got).unwrap_or(0);
+                    assert!(got >= before, "page {page} went back from {before} to {got}");
+                }
+            }
+        });
+        let store = &store;
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                scope.spawn(move || {
+                    set_reads_skip_unwritten_images(skip_reads);
+                    for seq in 1..=WRITES_EACH {
+                        let page = w * PAGES_EACH + (seq % u64::from(PAGES_EACH)) as u32;
+                        let want = tag(page, seq);
+                        store
+                            .apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), want), Lsn(want))
+                            .unwrap();
+                        assert_eq!(tag_of(store, chunk, PageNo(page)), Some(want), "page {page} just written");
+                    }
+                })
+            })
+            .collect();
+        let outcome: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        stop.store(true, Ordering::Relaxed);
+        for joined in outcome.into_iter().chain([reader.join(), background.join()]) {
+            if let Err(panic) = joined {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    store.check_invariants().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    let store = open_store(data, fast);
+    store.check_invariants().unwrap();
+    for w in 0..WRITERS {
+        for i in 0..PAGES_EACH {
+            let page = w * PAGES_EACH + i;
+            // The last write of the page: the highest seq with seq % PAGES_EACH == i.
+            let last = (1..=WRITES_EACH).rev().find(|seq| seq % u64::from(PAGES_EACH) == u64::from(i)).unwrap();
+            assert_eq!(tag_of(&store, chunk, PageNo(page)), Some(tag(page, last)), "page {page} after reopen");
+        }
+    }
+}
+
+#[test]
+fn write_behind_holds_under_threads() {
+    write_behind_under_threads(false);
+}
+
+/// Its twin: reads that ignore the waiting images see blocks not yet written, and fail.
+#[test]
+fn write_behind_under_threads_fails_when_reads_ignore_waiting_images() {
+    let verdict = std::panic::catch_unwind(|| write_behind_under_threads(true));
+    assert!(verdict.is_err(), "the concurrent test missed reads that ignore waiting images");
+}
+
 /// A small commit carries its page's image in the log and flushes the data device not at all:
 /// after a crash that loses every data write since the device's last flush, replay writes the
 /// images again and the pages read as written. With replay skipping them (the twin) the same
