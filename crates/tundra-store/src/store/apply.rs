@@ -386,7 +386,17 @@ impl Store {
 
     /// Takes a run of blocks for each page of a group (see [`StoreCore::allocate`]).
     pub(super) fn allocate_many(&self, chunk: ChunkId, counts: &[u8]) -> Result<Vec<BlockRun>> {
-        self.state.lock().allocate(chunk, counts)
+        let first = self.state.lock().allocate(chunk, counts);
+        match first {
+            // Runs that earlier writes freed wait for a batch of them before they are released
+            // (state.rs's RELEASE_BATCH): on a full device they are released now and the
+            // allocation tried once more, so a write that fits is not refused.
+            Err(error) if error.kind() == crate::ErrorKind::Full && !self.state.lock().pending_free.is_empty() => {
+                self.release_freed()?;
+                self.state.lock().allocate(chunk, counts)
+            }
+            other => other,
+        }
     }
 
     /// Journals new entries (or removals) of pages of `chunk` as one group, then installs them

@@ -240,6 +240,35 @@ fn carried_images_wait_unwritten_and_go_to_their_runs_in_batches() {
     assert_eq!(tags, [Some(3), Some(2), Some(4), Some(5), Some(6)]);
 }
 
+/// A full data device with runs freed but not yet released (they wait for a batch of them)
+/// releases them for a write that then fits, instead of refusing it.
+#[test]
+fn a_full_device_releases_freed_runs_before_it_refuses_a_write() {
+    let run_blocks = (PAGE / BLOCK_SIZE) as u64;
+    // Two extents: room for 16 pages.
+    let (_, _, store) = new_store(2 * u64::from(crate::ids::EXTENT_BLOCKS));
+    let runs = 2 * u64::from(crate::ids::EXTENT_BLOCKS) / run_blocks;
+    let chunk = ChunkId(0);
+    let write =
+        |page: u32, tag: u64| store.apply_write(chunk, PageNo(page), &raw_image(chunk, PageNo(page), tag), Lsn(tag));
+    for page in 0..runs as u32 - 2 {
+        write(page, u64::from(page) + 1).unwrap();
+    }
+    // Two rewrites take the last free runs and leave two freed ones waiting; the third
+    // rewrite fits only once they are released.
+    write(0, 100).unwrap();
+    write(1, 101).unwrap();
+    write(2, 102).unwrap();
+    // Two new pages fill the device; a third is refused as full, with nothing left to release.
+    write(20, 120).unwrap();
+    write(21, 121).unwrap();
+    let error = write(22, 122).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Full, "{error}");
+    let tags: Vec<Option<u64>> = [0, 1, 2, 3, 20, 21, 22].iter().map(|&p| tag_of(&store, chunk, PageNo(p))).collect();
+    assert_eq!(tags, [Some(100), Some(101), Some(102), Some(4), Some(120), Some(121), None]);
+    store.check_invariants().unwrap();
+}
+
 /// Write-behind under threads: writers rewrite their own pages and read each back at once,
 /// a reader reads every page, and a background thread writes the waiting images and takes
 /// checkpoints, all at the same time, with runs freed and reused throughout. Every read is of
