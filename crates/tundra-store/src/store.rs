@@ -301,11 +301,9 @@ impl Store {
         // to another page as soon as it is released below.
         if !release_keeps_unwritten_images() {
             let mut unwritten = self.unwritten.lock();
-            if !unwritten.is_empty() {
-                for &(_, run) in &freed {
-                    if unwritten.get(&run.first_lba().0).is_some_and(|u| u.run == run) {
-                        unwritten.remove(&run.first_lba().0);
-                    }
+            for &(_, run) in &freed {
+                if unwritten.get(&run.first_lba().0).is_some_and(|u| u.run == run) {
+                    unwritten.remove(&run.first_lba().0);
                 }
             }
         }
@@ -532,87 +530,63 @@ fn check_image(volume: &Volume, image: &PageImage) -> Result<u8> {
     Ok(len.div_ceil(BLOCK_SIZE) as u8)
 }
 
-/// The twin of the checkpoint's data flush (tests only): a checkpoint then ends the replay of
-/// images the data device may not hold yet, and the store's crash test must fail.
-fn checkpoint_skips_data_flush() -> bool {
-    #[cfg(test)]
-    return SKIP_CHECKPOINT_DATA_FLUSH.with(|flag| flag.get());
-    #[cfg(not(test))]
-    false
+/// Declares a twin (tests only): `$get()` says whether this thread injects the bug it names,
+/// and is always false outside tests; `$set(on)` turns it on or off for this thread.
+macro_rules! twin {
+    ($(#[$doc:meta])* $get:ident, $set:ident, $flag:ident) => {
+        $(#[$doc])*
+        fn $get() -> bool {
+            #[cfg(test)]
+            return $flag.with(|flag| flag.get());
+            #[cfg(not(test))]
+            false
+        }
+
+        #[cfg(test)]
+        thread_local! {
+            static $flag: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+
+        /// Turns the twin on or off for this thread.
+        #[cfg(test)]
+        pub(crate) fn $set(on: bool) {
+            $flag.with(|flag| flag.set(on));
+        }
+    };
 }
 
-#[cfg(test)]
-thread_local! {
-    static SKIP_CHECKPOINT_DATA_FLUSH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
+twin!(
+    /// The twin of the checkpoint's data flush: a checkpoint then ends the replay of images the
+    /// data device may not hold yet, and the store's crash test must fail.
+    checkpoint_skips_data_flush,
+    set_checkpoint_skips_data_flush,
+    SKIP_CHECKPOINT_DATA_FLUSH
+);
 
-/// Makes this thread's checkpoints skip the data flush (the twin above).
-#[cfg(test)]
-pub(crate) fn set_checkpoint_skips_data_flush(on: bool) {
-    SKIP_CHECKPOINT_DATA_FLUSH.with(|flag| flag.set(on));
-}
+twin!(
+    /// The twin of the checkpoint's writing of unwritten images: a checkpoint then ends the
+    /// replay of images whose runs were never written, and the store's crash test must fail.
+    checkpoint_skips_unwritten_images,
+    set_checkpoint_skips_unwritten_images,
+    SKIP_CHECKPOINT_UNWRITTEN
+);
 
-/// The twin of the checkpoint's writing of unwritten images (tests only): a checkpoint then
-/// ends the replay of images whose runs were never written, and the store's crash test must
-/// fail.
-fn checkpoint_skips_unwritten_images() -> bool {
-    #[cfg(test)]
-    return SKIP_CHECKPOINT_UNWRITTEN.with(|flag| flag.get());
-    #[cfg(not(test))]
-    false
-}
+twin!(
+    /// The twin of reads served from waiting images: a read then takes the run's blocks even
+    /// while the image waits for them, and the store's concurrent test must fail.
+    reads_skip_unwritten_images,
+    set_reads_skip_unwritten_images,
+    SKIP_READ_UNWRITTEN
+);
 
-#[cfg(test)]
-thread_local! {
-    static SKIP_CHECKPOINT_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Makes this thread's checkpoints leave unwritten images unwritten (the twin above).
-#[cfg(test)]
-pub(crate) fn set_checkpoint_skips_unwritten_images(on: bool) {
-    SKIP_CHECKPOINT_UNWRITTEN.with(|flag| flag.set(on));
-}
-
-/// The twin of reads served from waiting images (tests only): a read then takes the run's
-/// blocks even while the image waits for them, and the store's concurrent test must fail.
-fn reads_skip_unwritten_images() -> bool {
-    #[cfg(test)]
-    return SKIP_READ_UNWRITTEN.with(|flag| flag.get());
-    #[cfg(not(test))]
-    false
-}
-
-#[cfg(test)]
-thread_local! {
-    static SKIP_READ_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Makes this thread's reads ignore waiting images (the twin above).
-#[cfg(test)]
-pub(crate) fn set_reads_skip_unwritten_images(on: bool) {
-    SKIP_READ_UNWRITTEN.with(|flag| flag.set(on));
-}
-
-/// The twin of the release's dropping of freed runs' unwritten images (tests only): a batch
-/// then writes a page's old image over the run after it went to another page, and the store's
-/// crash test must fail.
-fn release_keeps_unwritten_images() -> bool {
-    #[cfg(test)]
-    return KEEP_FREED_UNWRITTEN.with(|flag| flag.get());
-    #[cfg(not(test))]
-    false
-}
-
-#[cfg(test)]
-thread_local! {
-    static KEEP_FREED_UNWRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Makes this thread's releases keep the unwritten images of freed runs (the twin above).
-#[cfg(test)]
-pub(crate) fn set_release_keeps_unwritten_images(on: bool) {
-    KEEP_FREED_UNWRITTEN.with(|flag| flag.set(on));
-}
+twin!(
+    /// The twin of the release's dropping of freed runs' unwritten images: a batch then writes
+    /// a page's old image over the run after it went to another page, and the store's crash
+    /// test must fail.
+    release_keeps_unwritten_images,
+    set_release_keeps_unwritten_images,
+    KEEP_FREED_UNWRITTEN
+);
 
 #[cfg(test)]
 mod replace_tests;
