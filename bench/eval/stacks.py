@@ -142,8 +142,19 @@ LOOP_FILESYSTEMS = {
 # worth `page_bytes` per device (the node counts its cache in pages per page size and device,
 # so the count follows the page size: 2,048 pages of 8 KiB, 1,024 of 16 KiB) and `write_back`
 # bytes, 48 MiB in all with both devices, taken out of the database's budget (bench/eval/run.py;
-# the node's defaults, 4,096 pages and 64 MiB, take 128 MiB at 8 KiB pages).
-NODE_CACHE = {"page_bytes": 16 << 20, "write_back": "16MiB"}
+# the node's defaults, 4,096 pages and 64 MiB, take 128 MiB at 8 KiB pages). The environment
+# variable TUNDRA_BENCH_NODE_PAGE_BYTES sets the pages' bytes per device for a run (an A/B of the
+# cache's size: bench/results/2026-12-02-node-cache/).
+def _node_page_bytes() -> int:
+    text = os.environ.get("TUNDRA_BENCH_NODE_PAGE_BYTES")
+    if text is None:
+        return 16 << 20
+    if not text.isdigit() or int(text) == 0:
+        raise SystemExit(f"TUNDRA_BENCH_NODE_PAGE_BYTES={text!r}: give a positive number of bytes")
+    return int(text)
+
+
+NODE_CACHE = {"page_bytes": _node_page_bytes(), "write_back": "16MiB"}
 
 
 def node_cache_bytes() -> int:
