@@ -12,4 +12,4 @@ sleep 12
 timeout -s INT 2 perf trace -a -e fdatasync,pwrite64,pread64 -o "$out/trace.txt" 2>/dev/null || true
 wait $bp || true
 grep tps "$out/bench.log" | tail -1
-python3 bench/results/2026-12-02-block-path-ceiling/trace/timeline_summary.py" "$out/trace.txt"
+python3 bench/results/2026-12-02-block-path-ceiling/trace/timeline_summary.py "$out/trace.txt"
