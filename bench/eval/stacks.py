@@ -138,14 +138,9 @@ LOOP_FILESYSTEMS = {
     "btrfs-zstd": (["mkfs.btrfs", "-q", "-f"], "compress=zstd"),
 }
 
-# The node's caches on a stack measured under a database's memory budget: decompressed pages
-# worth `page_bytes` per device (the node counts its cache in pages per page size and device,
-# so the count follows the page size: 2,048 pages of 8 KiB, 1,024 of 16 KiB) and `write_back`
-# bytes, 48 MiB in all with both devices, taken out of the database's budget (bench/eval/run.py;
-# the node's defaults, 4,096 pages and 64 MiB, take 128 MiB at 8 KiB pages). The environment
-# variable TUNDRA_BENCH_NODE_PAGE_BYTES sets the pages' bytes per device for a run (an A/B of the
-# cache's size: bench/results/2026-12-02-node-cache/).
+
 def _node_page_bytes() -> int:
+    """The node's page cache per device under the budget: TUNDRA_BENCH_NODE_PAGE_BYTES, else 16 MiB."""
     text = os.environ.get("TUNDRA_BENCH_NODE_PAGE_BYTES")
     if text is None:
         return 16 << 20
@@ -154,6 +149,13 @@ def _node_page_bytes() -> int:
     return int(text)
 
 
+# The node's caches on a stack measured under a database's memory budget: decompressed pages
+# worth `page_bytes` per device (the node counts its cache in pages per page size and device,
+# so the count follows the page size: 2,048 pages of 8 KiB, 1,024 of 16 KiB) and `write_back`
+# bytes, 48 MiB in all with both devices, taken out of the database's budget (bench/eval/run.py;
+# the node's defaults, 4,096 pages and 64 MiB, take 128 MiB at 8 KiB pages). The environment
+# variable TUNDRA_BENCH_NODE_PAGE_BYTES sets the pages' bytes per device for a run (an A/B of the
+# cache's size: bench/results/2026-12-02-node-cache/).
 NODE_CACHE = {"page_bytes": _node_page_bytes(), "write_back": "16MiB"}
 
 
