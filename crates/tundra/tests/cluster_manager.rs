@@ -214,7 +214,9 @@ fn the_manager_survives_its_leaders_death_and_a_restart_of_every_node() {
     assert_eq!(after["chunks"], before["chunks"]);
     assert!(after["applied_index"].as_u64() >= before["applied_index"].as_u64(), "{before:#} then {after:#}");
     verify(&cluster, volume, &pages);
-    agreement_catches_a_diverged_manager(&cluster.status(3));
+    // Node 3's catalog catches up with the groups' membership after its restart (dead_nodes.rs)
+    // and may lag the manager until then: the twin takes its status once it agrees.
+    agreement_catches_a_diverged_manager(&agrees(&cluster, 3));
 }
 
 /// The twin of the agreement oracle: the same live status, altered as a manager whose state
