@@ -15,7 +15,8 @@ Steps (each a stack of bench/eval/stacks.py, compression off unless said):
 Each stack is built fresh for each repetition, in an order rotated between repetitions, and
 measured with fio on one file written whole first (FIO_JOBS: random 8 KiB writes each followed
 by fdatasync, by two writers and by one, its sync latency the write path's; random direct reads
-and writes of 4 and 8 KiB at queue depth 1 and 16), the serving processes' CPU per fio I/O, then
+and writes of 4 and 8 KiB at queue depth 1 and 16, sequential reads of 128 KiB and random ones
+of 64 KiB, each of many pages), the serving processes' CPU per fio I/O, then
 PostgreSQL 15 in a 256 MiB memory cgroup: `pgbench -i` and a `pgbench` run. Every figure is the
 median of the repetitions with its min and max; /proc/loadavg is recorded before each
 measurement. For Tundra stacks, `tundra stats --json` after the run gives the drive's CPU apart
@@ -107,6 +108,9 @@ FIO_JOBS = [
     ("write-8k-qd16", "8k", ["--rw=randwrite", *AIO, "--iodepth=16"]),
     ("write-4k-qd1", "4k", ["--rw=randwrite", *AIO, "--iodepth=1"]),
     ("write-4k-qd16", "4k", ["--rw=randwrite", *AIO, "--iodepth=16"]),
+    # Reads of many pages at once: a table scan's sequential reads, and random ones of 64 KiB.
+    ("read-128k-seq", "128k", ["--rw=read", *AIO, "--iodepth=1"]),
+    ("read-64k-qd1", "64k", ["--rw=randread", *AIO, "--iodepth=1"]),
 ]
 # The jobs `--perf` profiles the serving processes during.
 PERF_JOBS = ("write-sync-qd1", "read-8k-qd1", "write-8k-qd16")
@@ -172,7 +176,7 @@ def fio_workloads(mount: pathlib.Path, size: dict, pids: list[int], perf_dir: pa
         after = cpu_ticks(pids) if pids else None
         if profiler is not None:
             profiler.finish()
-        direction = "read" if "randread" in " ".join(args) else "write"
+        direction = "read" if {"--rw=randread", "--rw=read"} & set(args) else "write"
         section = j[direction]
         ios = section.get("total_ios") or 0
         r = {"iops": section["iops"], f"{direction}_p99_ms": p99_ms(section), "command": j["command"],

@@ -39,6 +39,8 @@ pub enum Fault {
 /// Counters a test can read to aim a crash or check that faults fired.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultStats {
+    /// Read calls, however many blocks each asked for.
+    pub reads: u64,
     pub block_writes: u64,
     pub flushes: u64,
     pub crashes: u64,
@@ -209,6 +211,7 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         let mut state = self.state.lock();
         Self::check_power(&state)?;
         Self::fail_if_faulty(&mut state, false, lba.0, count)?;
+        state.stats.reads += 1;
         self.inner.read(lba, buf)
     }
 

@@ -386,3 +386,78 @@ fn a_wal_write_and_its_flush_cost_one_log_flush() {
     node.read_bytes(&wal, 16 * 8192, &mut back).unwrap();
     assert_eq!(back, page(2, 64 * 8192));
 }
+
+/// Byte reads of many pages at once against a model of the volume's bytes: pages stored, pages
+/// still in the write-back cache, pages zeroed, pages never written, across the boundary of two
+/// chunks, unaligned at both ends; before a flush, after it and after a restart.
+#[test]
+fn reads_of_many_pages_match_a_model_across_chunks_and_the_write_back_cache() {
+    const PAGE: u64 = 8192;
+    const CHUNK: u64 = 1 << 30;
+    // A window of 48 pages around the first chunk boundary.
+    const BASE: u64 = CHUNK - 24 * PAGE;
+    const WINDOW: usize = 48 * PAGE as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    // A volume of two chunks (1 GiB and 4 MiB) needs a drive logically that big.
+    config.drive.logical = Some("2GiB".into());
+    let seed = seed_from_env(11);
+    let mut rng = Rng::new(seed);
+    let mut model = vec![0u8; WINDOW];
+    let check = |node: &Node, db: &tundra_node::VolumeRef, model: &[u8], rng: &mut Rng| {
+        for _ in 0..40 {
+            let start = rng.below(WINDOW as u64 - 1) as usize;
+            let len = 1 + rng.below((WINDOW - start) as u64) as usize;
+            let mut out = vec![0xA5u8; len];
+            node.read_bytes(db, BASE + start as u64, &mut out).unwrap();
+            assert!(out == model[start..start + len], "seed {seed}: bytes {start}..{} of the window", start + len);
+        }
+        let mut all = vec![0u8; WINDOW];
+        node.read_bytes(db, BASE, &mut all).unwrap();
+        assert!(all == model, "seed {seed}: the whole window");
+    };
+    {
+        let node = Node::open(&config, &mut |_| {}).unwrap();
+        let db = node.volume_create("pg", CHUNK + (4 << 20), PAGE as u32, VolumeMode::Normal).unwrap();
+        for round in 0..6u64 {
+            for op in 0..24u64 {
+                let tag = round * 100 + op;
+                let index = rng.below(48);
+                match rng.below(4) {
+                    // A whole page stored at once (the page protocol).
+                    0 => {
+                        let content = page(tag, PAGE as usize);
+                        node.write_page(&db, BASE / PAGE + index, WriteMode::Auto { update_fraction: None }, &content)
+                            .unwrap();
+                        model[(index * PAGE) as usize..][..PAGE as usize].copy_from_slice(&content);
+                    }
+                    // Bytes into the write-back cache, often over several pages.
+                    1 | 2 => {
+                        let at = rng.below(WINDOW as u64 - 1);
+                        let len = 1 + rng.below((WINDOW as u64 - at).min(5 * PAGE));
+                        let content = page(tag, len as usize);
+                        node.write_bytes(&db, BASE + at, &content).unwrap();
+                        model[at as usize..(at + len) as usize].copy_from_slice(&content);
+                    }
+                    // Zeros over whole pages and pieces.
+                    _ => {
+                        let at = rng.below(WINDOW as u64 - 1);
+                        let len = 1 + rng.below((WINDOW as u64 - at).min(3 * PAGE));
+                        node.zero_bytes(&db, BASE + at, len).unwrap();
+                        model[at as usize..(at + len) as usize].fill(0);
+                    }
+                }
+            }
+            check(&node, &db, &model, &mut rng);
+            if round % 2 == 1 {
+                node.flush(None).unwrap();
+                check(&node, &db, &model, &mut rng);
+            }
+        }
+        node.flush(None).unwrap();
+        node.close().unwrap();
+    }
+    let node = Node::open(&config, &mut |_| {}).unwrap();
+    let db = node.volume_by_name("pg").unwrap();
+    check(&node, &db, &model, &mut rng);
+}

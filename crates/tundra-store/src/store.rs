@@ -361,33 +361,69 @@ impl Store {
     /// The stored image of a page, verified against its entry's length; `None` if the page does
     /// not exist.
     pub fn read_image(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(PageEntry, Vec<u8>)>> {
+        Ok(self.read_images(chunk, &[page])?.pop().flatten())
+    }
+
+    /// The stored images of `pages` of one chunk, in their order, each as [`Store::read_image`]
+    /// reads it. Images whose runs follow one another on the data device are read with one
+    /// device read of at most [`READ_SPAN_BLOCKS`] blocks: a block device's read-ahead asks
+    /// for several pages at once, and pages written together take consecutive runs, so a read
+    /// of N such pages costs one device read, not N in a row.
+    pub fn read_images(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<Vec<Option<StoredImage>>> {
         let _reading = self.reuse_gate.read();
-        let entry = self.state.lock().readable_entry(chunk, page)?;
-        let Some(entry) = entry else { return Ok(None) };
-        let blocks = usize::from(entry.run.count) * BLOCK_SIZE;
-        // A heavy page's image is its whole segment; its stored length is its place in it.
-        let len = if entry.encoding == Encoding::Heavy { blocks } else { usize::from(entry.stored_len) };
-        if len > blocks {
-            return Err(Error::corrupted(format!(
-                "page {} of chunk {}: a stored length of {len} bytes in {} block(s)",
-                page.0, chunk.0, entry.run.count
-            )));
-        }
-        let waiting = if reads_skip_unwritten_images() {
-            None
-        } else {
-            self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
+        let entries: Vec<Option<PageEntry>> = {
+            let state = self.state.lock();
+            pages.iter().map(|&page| state.readable_entry(chunk, page)).collect::<Result<_>>()?
         };
-        if let Some(waiting) = waiting {
-            // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
-            let mut bytes = waiting.image.as_ref().clone();
-            bytes.resize(len, 0);
-            return Ok(Some((entry, bytes)));
+        let mut images: Vec<Option<StoredImage>> = (0..pages.len()).map(|_| None).collect();
+        // (index in `pages`, entry, image length) of the images to read from the device.
+        let mut from_device: Vec<(usize, PageEntry, usize)> = Vec::with_capacity(pages.len());
+        for (i, (entry, &page)) in entries.into_iter().zip(pages).enumerate() {
+            let Some(entry) = entry else { continue };
+            let len = image_len(chunk, page, &entry)?;
+            let waiting = if reads_skip_unwritten_images() {
+                None
+            } else {
+                self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
+            };
+            match waiting {
+                // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
+                Some(waiting) => {
+                    let mut bytes = waiting.image.as_ref().clone();
+                    bytes.resize(len, 0);
+                    images[i] = Some((entry, bytes));
+                }
+                None => from_device.push((i, entry, len)),
+            }
         }
-        let bytes = with_scratch(blocks, |buffer| {
-            self.data.read(entry.run.first_lba(), buffer).map(|()| buffer[..len].to_vec())
-        })?;
-        Ok(Some((entry, bytes)))
+        from_device.sort_unstable_by_key(|&(_, entry, _)| entry.run.first_lba().0);
+        let mut at = 0;
+        while at < from_device.len() {
+            // The longest span of runs from here that follow one another, within the limit.
+            let first = from_device[at].1.run.first_lba().0;
+            let mut end = first + u64::from(from_device[at].1.run.count);
+            let mut next = at + 1;
+            while let Some(&(_, entry, _)) = from_device.get(next) {
+                let start = entry.run.first_lba().0;
+                let run_end = start + u64::from(entry.run.count);
+                if start != end || run_end - first > READ_SPAN_BLOCKS {
+                    break;
+                }
+                end = run_end;
+                next += 1;
+            }
+            let span = &from_device[at..next];
+            with_scratch((end - first) as usize * BLOCK_SIZE, |buffer| -> Result<()> {
+                self.data.read(Lba(first), buffer)?;
+                for &(i, entry, len) in span {
+                    let offset = (entry.run.first_lba().0 - first) as usize * BLOCK_SIZE;
+                    images[i] = Some((entry, buffer[offset..offset + len].to_vec()));
+                }
+                Ok(())
+            })?;
+            at = next;
+        }
+        Ok(images)
     }
 
     /// Writes a checkpoint of the whole index, so that recovery replays only what follows.
@@ -509,6 +545,26 @@ impl Store {
         self.data.read(lba, &mut bytes)?;
         Ok(bytes)
     }
+}
+
+/// A page's entry and its stored image, as [`Store::read_image`] returns them.
+pub type StoredImage = (PageEntry, Vec<u8>);
+
+/// The most blocks [`Store::read_images`] reads with one device read: 1 MiB.
+pub const READ_SPAN_BLOCKS: u64 = 256;
+
+/// The length of a page's stored image, checked against the blocks its entry names: a heavy
+/// page's image is its whole segment (its stored length is its place in it).
+fn image_len(chunk: ChunkId, page: PageNo, entry: &PageEntry) -> Result<usize> {
+    let blocks = usize::from(entry.run.count) * BLOCK_SIZE;
+    let len = if entry.encoding == Encoding::Heavy { blocks } else { usize::from(entry.stored_len) };
+    if len > blocks {
+        return Err(Error::corrupted(format!(
+            "page {} of chunk {}: a stored length of {len} bytes in {} block(s)",
+            page.0, chunk.0, entry.run.count
+        )));
+    }
+    Ok(len)
 }
 
 /// Checks that an image fits its volume: the page size, and no compression in a volume of mode

@@ -29,6 +29,38 @@ impl Pages {
         Ok(Some(content))
     }
 
+    /// [`Pages::read_page_shared`] for several pages of one chunk: the pages not in the cache
+    /// are read from the store together ([`crate::store::Store::read_images`]: one device
+    /// read for images whose runs follow one another), each verified as a page read alone is.
+    pub fn read_pages_shared(&self, chunk: ChunkId, pages: &[PageNo]) -> Result<Vec<Option<Arc<[u8]>>>> {
+        let mut out: Vec<Option<Arc<[u8]>>> = Vec::with_capacity(pages.len());
+        let mut missing: Vec<usize> = Vec::new();
+        {
+            let mut cache = self.cache.lock();
+            for (i, &page) in pages.iter().enumerate() {
+                let cached = cache.get((chunk, page));
+                if cached.is_some() {
+                    self.reads.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    missing.push(i);
+                }
+                out.push(cached);
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let wanted: Vec<PageNo> = missing.iter().map(|&i| pages[i]).collect();
+        let images = self.store.read_images(chunk, &wanted)?;
+        for (&i, image) in missing.iter().zip(images) {
+            let Some((entry, stored)) = image else { continue };
+            let content: Arc<[u8]> = Arc::from(self.expand(chunk, pages[i], &entry, stored)?);
+            self.remember(chunk, pages[i], entry, || content.clone());
+            out[i] = Some(content);
+        }
+        Ok(out)
+    }
+
     /// Reads a page's stored image from the device, past the cache, and verifies it: the
     /// page's entry when it is sound, `None` when the page does not exist, a corruption error
     /// when its bytes fail. What a scrub asks of every page.
@@ -73,6 +105,18 @@ impl Pages {
     /// Reads a page from the store, decompresses and verifies it.
     fn load(&self, chunk: ChunkId, page: PageNo) -> Result<Option<(crate::index::PageEntry, Vec<u8>)>> {
         let Some((entry, stored)) = self.store.read_image(chunk, page)? else { return Ok(None) };
+        let content = self.expand(chunk, page, &entry, stored)?;
+        Ok(Some((entry, content)))
+    }
+
+    /// A page's content from its stored image: decompressed and verified against its checksum.
+    fn expand(
+        &self,
+        chunk: ChunkId,
+        page: PageNo,
+        entry: &crate::index::PageEntry,
+        stored: Vec<u8>,
+    ) -> Result<Vec<u8>> {
         let encoding = match entry.encoding {
             Encoding::Heavy => None,
             Encoding::Raw => Some(tundra_codec::Encoding::Raw),
@@ -80,7 +124,7 @@ impl Pages {
             Encoding::Zstd => Some(tundra_codec::Encoding::Compressed(Algorithm::Zstd)),
         };
         let content = match encoding {
-            None => self.heavy_page(&entry, &stored)?,
+            None => self.heavy_page(entry, &stored)?,
             // A raw page is its stored bytes: no copy.
             Some(tundra_codec::Encoding::Raw) if stored.len() == self.page_size.bytes() => stored,
             Some(encoding) => self.codec.decode(encoding, &stored, self.page_size).map_err(codec_error)?,
@@ -89,7 +133,7 @@ impl Pages {
             return Err(Error::corrupted(format!("page {} of chunk {} fails its checksum", page.0, chunk.0)));
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
-        Ok(Some((entry, content)))
+        Ok(content)
     }
 
     /// Caches a page just read, if what was read is still the page's current version (see

@@ -302,10 +302,27 @@ fn write_behind_under_threads(skip_reads: bool) {
             }
         });
         let reader = scope.spawn(|| {
+            set_reads_skip_unwritten_images(skip_reads);
             let mut seen = BTreeMap::new();
+            let every: Vec<PageNo> = (0..WRITERS * PAGES_EACH).map(PageNo).collect();
+            let mut sweeps = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                // Every other sweep reads all the pages together (`read_images`).
+                sweeps += 1;
+                let together = sweeps.is_multiple_of(2).then(|| store.read_images(chunk, &every).unwrap());
                 for page in 0..WRITERS * PAGES_EACH {
-                    let Some(got) = tag_of(&store, chunk, PageNo(page)) else { continue };
+                    let got = match &together {
+                        None => tag_of(&store, chunk, PageNo(page)),
+                        Some(images) => images[page as usize].as_ref().map(|(entry, bytes)| {
+                            assert_eq!(
+                                page_checksum(chunk, PageNo(page), bytes),
+                                entry.checksum,
+                                "page {page} read together"
+                            );
+                            u64::from_le_bytes(bytes[..8].try_into().unwrap())
+                        }),
+                    };
+                    let Some(got) = got else { continue };
                     assert_eq!(got / 1_000_000, u64::from(page), "page {page} read another page's image");
                     let before = seen.insert(page, got).unwrap_or(0);
                     assert!(got >= before, "page {page} went back from {before} to {got}");
@@ -796,4 +813,57 @@ fn volume_ids_are_never_reused_across_deletes_checkpoints_and_reopens() {
     drop(store);
     let store = open_store(data, fast);
     assert_eq!(store.next_volume_id(), VolumeId(10));
+}
+
+/// Pages read together: each gets its own image, in the order asked, whatever the order and
+/// the gaps; images whose runs follow one another take one device read; a page never written
+/// reads as none; an image still waiting for its run is read from memory.
+#[test]
+fn pages_read_together_get_their_own_images_in_few_device_reads() {
+    let chunk = ChunkId(0);
+    let data = Arc::new(FaultyDevice::new(MemDevice::new(1024), 1));
+    let fast = Arc::new(MemDevice::new(JOURNAL.total_blocks()));
+    Journal::format(fast.as_ref(), JOURNAL).unwrap();
+    // Written to their runs at once, so that the device holds every image.
+    let store = open_store(data.clone(), fast.clone()).with_write_behind(false);
+    // Pages 0 to 7 in one command: consecutive runs. Page 20 alone, later.
+    let pages: Vec<PagePut> = (0..8)
+        .map(|p| PagePut { page: PageNo(p), image: raw_image(chunk, PageNo(p), 100 + u64::from(p)), lsn: Lsn(1) })
+        .collect();
+    store.apply(&StoreCommand::PutPages { chunk, pages }).unwrap();
+    store.apply_write(chunk, PageNo(20), &raw_image(chunk, PageNo(20), 120), Lsn(2)).unwrap();
+    let runs: Vec<u64> = (0..8).map(|p| store.entry(chunk, PageNo(p)).unwrap().run.first_lba().0).collect();
+    assert!(runs.windows(2).all(|w| w[1] == w[0] + 4), "pages written together take consecutive runs: {runs:?}");
+    let tags = |store: &Store, asked: &[u32]| -> Vec<Option<u64>> {
+        let wanted: Vec<PageNo> = asked.iter().map(|&p| PageNo(p)).collect();
+        store
+            .read_images(chunk, &wanted)
+            .unwrap()
+            .into_iter()
+            .zip(&wanted)
+            .map(|(image, &page)| {
+                image.map(|(entry, bytes)| {
+                    assert_eq!(page_checksum(chunk, page, &bytes), entry.checksum, "page {page:?} fails its checksum");
+                    u64::from_le_bytes(bytes[..8].try_into().unwrap())
+                })
+            })
+            .collect()
+    };
+    let before = data.stats().reads;
+    assert_eq!(tags(&store, &[0, 1, 2, 3, 4, 5, 6, 7]), (100..108).map(Some).collect::<Vec<_>>());
+    assert_eq!(data.stats().reads - before, 1, "eight consecutive runs in one device read");
+    let before = data.stats().reads;
+    assert_eq!(tags(&store, &[7, 3, 20, 9, 2, 6]), vec![Some(107), Some(103), Some(120), None, Some(102), Some(106)]);
+    // Runs 2 and 3 touch, 6 and 7 touch, and page 20's run follows page 7's when the
+    // allocator gave it the next blocks: two reads, or three.
+    let page_20 = store.entry(chunk, PageNo(20)).unwrap().run.first_lba().0;
+    let expected = if page_20 == runs[7] + 4 { 2 } else { 3 };
+    assert_eq!(data.stats().reads - before, expected);
+    // A page rewritten with write-behind: its image waits in memory, and the batch reads it.
+    let store = store.with_write_behind(true);
+    store.apply_write(chunk, PageNo(4), &raw_image(chunk, PageNo(4), 204), Lsn(3)).unwrap();
+    assert!(store.unwritten_images() > 0, "the rewrite's image waits for its run");
+    assert_eq!(tags(&store, &[3, 4, 5]), vec![Some(103), Some(204), Some(105)]);
+    store.write_unwritten().unwrap();
+    assert_eq!(tags(&store, &[5, 4, 3]), vec![Some(105), Some(204), Some(103)]);
 }

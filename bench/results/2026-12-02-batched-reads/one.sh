@@ -1,0 +1,41 @@
+#!/bin/bash
+# Usage: one.sh BIN OUT — a tundra-off node with one mounted volume; 256 MiB written sequentially
+# through the FUSE file; fio random 64 KiB and sequential 128 KiB direct reads on it; preads counted.
+set -euo pipefail
+bin=$1; out=$2; rm -rf "$out"; mkdir -p "$out/files"
+cat > "$out/tundra.toml" <<T
+[listen]
+native = "127.0.0.1:29561"
+nbd = "127.0.0.1:29560"
+metrics = "127.0.0.1:29562"
+[drive]
+physical = "4294967296"
+compression = "off"
+[fast]
+volumes = "1073741824"
+[compression]
+software = "off"
+[[mount]]
+volume = "data"
+file = "$out/files/data"
+size = "1073741824"
+page_size = "8KiB"
+mode = "normal"
+T
+"$bin" serve --data-dir "$out/data" --config "$out/tundra.toml" > "$out/serve.log" 2>&1 &
+pid=$!
+for i in $(seq 100); do [ -e "$out/files/data" ] && [ "$(stat -c %s "$out/files/data" 2>/dev/null)" = 1073741824 ] && break; sleep 0.2; done
+sleep 1
+dd if=/dev/urandom of="$out/files/data" bs=1M count=256 oflag=direct conv=notrunc status=none
+sync "$out/files/data"
+for job in "randread 64k" "read 128k" "randread 8k"; do
+  set -- $job
+  perf stat -e 'syscalls:sys_enter_pread64' -p $pid -o "$out/perf-$1-$2.txt" -- \
+    fio --name=$1-$2 --filename="$out/files/data" --size=256M --bs=$2 --rw=$1 --ioengine=psync --direct=1 \
+      --time_based --runtime=6 --output-format=json > "$out/fio-$1-$2.json" 2>/dev/null
+  iops=$(python3 -c "import json;print(round(json.load(open('$out/fio-$1-$2.json'))['jobs'][0]['read']['iops']))")
+  preads=$(grep pread64 "$out/perf-$1-$2.txt" | awk '{gsub(",","",$1); print $1}')
+  ios=$(python3 -c "import json;print(json.load(open('$out/fio-$1-$2.json'))['jobs'][0]['read']['total_ios'])")
+  echo "$1 $2 iops=$iops preads_per_io=$(python3 -c "print(round($preads/$ios,2))")"
+done
+kill $pid; wait $pid || true
