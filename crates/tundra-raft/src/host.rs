@@ -611,6 +611,12 @@ impl Host {
             other => Error::Unavailable(other.to_string()),
         })?;
         let path = self.pages_of(chunk);
+        // The pages together first (one device read for images in consecutive runs); a bad page
+        // among them, or any other failure, and they are read one by one, which repairs a bad
+        // page from a peer.
+        if let Ok(read) = path.read_pages_shared(chunk, pages) {
+            return Ok(read.into_iter().map(|page| page.map(|content| content.to_vec())).collect());
+        }
         let mut read = Vec::with_capacity(pages.len());
         for &page in pages {
             read.push(self.read_or_repair(&path, chunk, page).await?);

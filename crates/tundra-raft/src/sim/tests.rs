@@ -183,6 +183,40 @@ fn a_page_bad_on_every_replica_reads_as_an_error() {
     });
 }
 
+/// Several pages read at once through a leader whose copy of one of them went bad: the read
+/// together fails on that page, the pages are then read one by one, the bad one repaired from a
+/// peer, and every page reads as written.
+#[test]
+fn a_bad_page_among_pages_read_together_is_repaired_from_a_peer() {
+    paused_runtime(8).block_on(async {
+        let mut rng = Rng::new(8);
+        let mut cluster = quiet_cluster(&mut rng, 1).await;
+        let chunk = cluster.chunks[0];
+        assert!(settled(&cluster, chunk).await, "no leader");
+        let leader = cluster.leader(chunk).expect("a leader");
+        let pages: Vec<PageNo> = (0..6).map(PageNo).collect();
+        let batch: Vec<_> = pages.iter().map(|&p| (p, content(u64::from(p.0) + 1), Lsn(u64::from(p.0) + 1))).collect();
+        leader.write_pages(chunk, &batch).await.expect("write");
+        assert!(settled(&cluster, chunk).await, "the write did not reach every replica");
+        let at = (0..cluster.nodes.len())
+            .find(|&i| cluster.nodes[i].host.as_ref().is_some_and(|h| h.id() == leader.id()))
+            .expect("the leader's node");
+        let corrupted = (0..10).any(|_| cluster.corrupt(at, chunk, PageNo(3), &mut rng).is_some());
+        assert!(corrupted, "the leader's copy of page 3 stayed good");
+        let together = leader.pages_of(chunk).read_pages_shared(chunk, &pages);
+        assert!(together.is_err(), "the pages read together past the bad one");
+        let read = leader.read_pages(chunk, &pages).await.expect("read");
+        for (page, got) in pages.iter().zip(&read) {
+            let got = got.as_ref().map(|p| value_of(p));
+            assert_eq!(got, Some(value_of(&content(u64::from(page.0) + 1))), "page {}", page.0);
+        }
+        let stats = leader.repair_stats();
+        assert_eq!(stats.bad_found_by_reads, 1, "{stats:?}");
+        assert!(stats.pages_repaired >= 1, "{stats:?}");
+        cluster.shutdown().await;
+    });
+}
+
 /// A follower that meets a bad page while it starts, before its group has published the
 /// chunk's voters, puts the repair off (the peers it would ask are not known yet): the page is
 /// never called unrepairable, and the scrub's next pass repairs it from a peer.
