@@ -43,12 +43,71 @@ pub fn run_all(make: &dyn Fn(u64) -> Box<dyn BlockDevice>) {
     usage_follows_writes_and_trims(make(64).as_ref());
     concurrent_writers(Arc::from(make(256)));
     random_ops_match_model(make(128).as_ref(), 7, 600);
+    read_many_matches_reads(make(128).as_ref(), 11);
 }
 
 fn read_blocks(dev: &dyn BlockDevice, lba: u64, count: usize) -> Vec<u8> {
     let mut buf = vec![0xA5u8; count * BLOCK_SIZE];
     dev.read(Lba(lba), &mut buf).expect("read");
     buf
+}
+
+/// [`BlockDevice::read_many`] of ranges in any order, of blocks written in any order, in
+/// memory aligned to blocks and not, some never written, more of them than a device keeps in
+/// flight at once: each range reads exactly what `read` reads; a range past the end is
+/// refused.
+pub fn read_many_matches_reads(dev: &dyn BlockDevice, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let blocks = dev.block_count();
+    // Every other block written, in a shuffled order.
+    let mut order: Vec<u64> = (0..blocks).filter(|b| b % 2 == 0).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    for &lba in &order {
+        dev.write(Lba(lba), &block_content(1000 + lba, lba % 3)).unwrap();
+    }
+    for round in 0..20u64 {
+        let count = 1 + rng.below(if round % 4 == 3 { 70 } else { 8 }) as usize;
+        let ranges: Vec<(u64, usize)> = (0..count)
+            .map(|_| {
+                let len = 1 + rng.below(4) as usize;
+                (rng.below(blocks - len as u64 + 1), len)
+            })
+            .collect();
+        // Aligned buffers for some ranges, unaligned ones (one byte into a vector) for others.
+        let mut aligned: Vec<crate::buf::BlockBuf> = Vec::new();
+        let mut unaligned: Vec<Vec<u8>> = Vec::new();
+        for (k, &(_, len)) in ranges.iter().enumerate() {
+            if k % 3 == 2 {
+                unaligned.push(vec![0xA5; len * BLOCK_SIZE + 1]);
+            } else {
+                aligned.push(crate::buf::BlockBuf::zeroed(len * BLOCK_SIZE));
+            }
+        }
+        let (mut a, mut u) = (aligned.iter_mut(), unaligned.iter_mut());
+        let mut reads: Vec<(Lba, &mut [u8])> = ranges
+            .iter()
+            .enumerate()
+            .map(|(k, &(lba, _))| {
+                let buf: &mut [u8] = if k % 3 == 2 { &mut u.next().unwrap()[1..] } else { a.next().unwrap() };
+                (Lba(lba), buf)
+            })
+            .collect();
+        dev.read_many(&mut reads).unwrap();
+        for ((lba, got), &(_, len)) in reads.iter().zip(&ranges) {
+            assert!(
+                **got == read_blocks(dev, lba.0, len)[..],
+                "round {round}: blocks {}..{} read together",
+                lba.0,
+                lba.0 + len as u64
+            );
+        }
+    }
+    let mut past = vec![0u8; 2 * BLOCK_SIZE];
+    let mut first = vec![0u8; BLOCK_SIZE];
+    let mut reads: Vec<(Lba, &mut [u8])> = vec![(Lba(0), &mut first), (Lba(blocks - 1), &mut past)];
+    assert!(dev.read_many(&mut reads).is_err(), "a range past the end was read");
 }
 
 pub fn fresh_device_reads_zeros(dev: &dyn BlockDevice) {

@@ -15,6 +15,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -282,6 +283,35 @@ impl BlockDevice for FileDevice {
             self.read_bounced(lba.byte_offset(), buf)
         } else {
             self.read_at(lba.byte_offset(), buf)
+        }
+    }
+
+    /// The ranges in memory aligned as `O_DIRECT` needs go to the kernel together through
+    /// io_uring (file_ring.rs); the others, or all of them where io_uring cannot be used, are
+    /// read one after another.
+    fn read_many(&self, reads: &mut [(Lba, &mut [u8])]) -> Result<()> {
+        for (lba, buf) in reads.iter() {
+            check_io(self.block_count, *lba, buf.len())?;
+        }
+        if reads.len() < 2 {
+            return reads.iter_mut().try_for_each(|(lba, buf)| self.read(*lba, buf));
+        }
+        let mut together: Vec<(u64, &mut [u8])> = Vec::with_capacity(reads.len());
+        for (lba, buf) in reads.iter_mut() {
+            if self.needs_bounce(buf) || buf.is_empty() {
+                self.read(*lba, buf)?;
+            } else {
+                together.push((lba.byte_offset(), &mut **buf));
+            }
+        }
+        let count = together.len();
+        let finish = |offset: u64, rest: &mut [u8]| self.file.read_exact_at(rest, offset);
+        match crate::file_ring::read_all(self.file.as_raw_fd(), &mut together, finish) {
+            Ok(crate::file_ring::Outcome::Read) => Ok(()),
+            Ok(crate::file_ring::Outcome::Unavailable) => {
+                together.iter_mut().try_for_each(|(offset, buf)| self.read_at(*offset, buf))
+            }
+            Err(e) => Err(self.io_error(&format!("reading {count} ranges through io_uring"), e)),
         }
     }
 

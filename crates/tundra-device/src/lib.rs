@@ -18,6 +18,7 @@ mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod file;
+mod file_ring;
 pub mod mem;
 pub mod size;
 pub mod slice;
@@ -82,6 +83,17 @@ pub trait BlockDevice: Send + Sync {
 
     /// Reads `buf.len() / 4096` blocks starting at `lba` into `buf`.
     fn read(&self, lba: Lba, buf: &mut [u8]) -> Result<()>;
+
+    /// Reads several ranges, each as [`BlockDevice::read`] reads it. A device that can have
+    /// them in flight at once does ([`file::FileDevice`] submits them together); the default
+    /// reads them one after another. On an error some of the buffers may be filled, none
+    /// with wrong bytes.
+    fn read_many(&self, reads: &mut [(Lba, &mut [u8])]) -> Result<()> {
+        for (lba, buf) in reads.iter_mut() {
+            self.read(*lba, buf)?;
+        }
+        Ok(())
+    }
 
     /// Writes `data.len() / 4096` blocks starting at `lba`.
     fn write(&self, lba: Lba, data: &[u8]) -> Result<()>;

@@ -33,6 +33,15 @@ impl BlockDevice for SliceDevice {
         self.inner.read(Lba(self.first + lba.0), buf)
     }
 
+    fn read_many(&self, reads: &mut [(Lba, &mut [u8])]) -> Result<()> {
+        for (lba, buf) in reads.iter() {
+            check_io(self.count, *lba, buf.len())?;
+        }
+        let mut inner: Vec<(Lba, &mut [u8])> =
+            reads.iter_mut().map(|(lba, buf)| (Lba(self.first + lba.0), &mut **buf)).collect();
+        self.inner.read_many(&mut inner)
+    }
+
     fn write(&self, lba: Lba, data: &[u8]) -> Result<()> {
         check_io(self.count, lba, data.len())?;
         self.inner.write(Lba(self.first + lba.0), data)

@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use tundra_device::buf::BlockBuf;
 use tundra_device::{BLOCK_SIZE, BlockDevice, Lba};
 
 use crate::buf::with_scratch;
@@ -386,6 +387,11 @@ impl Store {
             } else {
                 self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
             };
+            if entry.run.count == 0 {
+                // No block to read (an image of no bytes: `image_len` allows nothing more).
+                images[i] = Some((entry, Vec::new()));
+                continue;
+            }
             match waiting {
                 // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
                 Some(waiting) => {
@@ -397,9 +403,11 @@ impl Store {
             }
         }
         from_device.sort_unstable_by_key(|&(_, entry, _)| entry.run.first_lba().0);
+        // Spans of runs that follow one another: (first block, blocks, entries as a range of
+        // `from_device`).
+        let mut spans: Vec<(u64, usize, std::ops::Range<usize>)> = Vec::new();
         let mut at = 0;
         while at < from_device.len() {
-            // The longest span of runs from here that follow one another, within the limit.
             let first = from_device[at].1.run.first_lba().0;
             let mut end = first + u64::from(from_device[at].1.run.count);
             let mut next = at + 1;
@@ -412,16 +420,37 @@ impl Store {
                 end = run_end;
                 next += 1;
             }
-            let span = &from_device[at..next];
-            with_scratch((end - first) as usize * BLOCK_SIZE, |buffer| -> Result<()> {
-                self.data.read(Lba(first), buffer)?;
-                for &(i, entry, len) in span {
-                    let offset = (entry.run.first_lba().0 - first) as usize * BLOCK_SIZE;
-                    images[i] = Some((entry, buffer[offset..offset + len].to_vec()));
-                }
-                Ok(())
-            })?;
+            spans.push((first, (end - first) as usize, at..next));
             at = next;
+        }
+        let mut fill = |first: u64, entries: &std::ops::Range<usize>, buffer: &[u8]| {
+            for &(i, entry, len) in &from_device[entries.clone()] {
+                let offset = (entry.run.first_lba().0 - first) as usize * BLOCK_SIZE;
+                images[i] = Some((entry, buffer[offset..offset + len].to_vec()));
+            }
+        };
+        match spans.as_slice() {
+            [] => {}
+            // One span (a page alone, the usual read): this thread's scratch buffer.
+            [(first, blocks, entries)] => with_scratch(blocks * BLOCK_SIZE, |buffer| -> Result<()> {
+                self.data.read(Lba(*first), buffer)?;
+                fill(*first, entries, buffer);
+                Ok(())
+            })?,
+            // Several: their reads go to the device together.
+            spans => {
+                let mut buffers: Vec<BlockBuf> =
+                    spans.iter().map(|&(_, blocks, _)| BlockBuf::zeroed(blocks * BLOCK_SIZE)).collect();
+                let mut reads: Vec<(Lba, &mut [u8])> = spans
+                    .iter()
+                    .zip(buffers.iter_mut())
+                    .map(|(&(first, _, _), buffer)| (Lba(first), &mut **buffer))
+                    .collect();
+                self.data.read_many(&mut reads)?;
+                for ((first, _, entries), buffer) in spans.iter().zip(&buffers) {
+                    fill(*first, entries, buffer);
+                }
+            }
         }
         Ok(images)
     }

@@ -173,6 +173,22 @@ impl BlockDevice for CsdDevice {
         Ok(())
     }
 
+    fn read_many(&self, reads: &mut [(Lba, &mut [u8])]) -> Result<()> {
+        let mut blocks = 0;
+        for (lba, buf) in reads.iter() {
+            check_io(self.block_count(), *lba, buf.len())?;
+            blocks += buf.len() / BLOCK_SIZE;
+        }
+        if blocks > READ_BATCH_BLOCKS {
+            // Bounded memory, as `read`.
+            return reads.iter_mut().try_for_each(|(lba, buf)| self.read(*lba, buf));
+        }
+        // One map lookup under the lock for every range, then the records of all of them
+        // from the media together.
+        let mut ranges: Vec<(u64, &mut [u8])> = reads.iter_mut().map(|(lba, buf)| (lba.0, &mut **buf)).collect();
+        self.shared.read_ranges(&mut ranges)
+    }
+
     fn write(&self, lba: Lba, data: &[u8]) -> Result<()> {
         check_io(self.block_count(), lba, data.len())?;
         let mode = self.shared.config.compression;

@@ -213,7 +213,7 @@ impl Shared {
                     continue;
                 };
                 let bytes = state.record_in_head(entry.location, entry.record_bytes() as usize).map(|(_, b)| b);
-                wanted.push(Wanted { index, entry, open_seq: block.open_seq, bytes });
+                wanted.push(Wanted { range: 0, index, entry, open_seq: block.open_seq, bytes });
             }
         }
         self.read_runs(&mut wanted)?;

@@ -4,6 +4,7 @@
 //! kind, length) and expanded. A reader holds the reuse gate, so the segments it reads cannot be
 //! freed and rewritten under it.
 
+use crate::buf::BlockBuf;
 use crate::{BLOCK_SIZE, BLOCK_SIZE_BYTES, Error, Lba, Result};
 
 use super::Shared;
@@ -19,36 +20,50 @@ impl Shared {
     /// from the media, one read per run of records that lie in adjacent media blocks (blocks
     /// written together usually do), then verification and decompression of each.
     pub(super) fn read_blocks(&self, first_lba: u64, out: &mut [u8]) -> Result<()> {
+        self.read_ranges(&mut [(first_lba, out)])
+    }
+
+    /// [`Shared::read_blocks`] of several ranges at once, each `(first LBA, buffer)`: their
+    /// map entries under one lock acquisition, and the records of all of them read together,
+    /// so that records adjacent on the media take one read whichever range they belong to.
+    pub(super) fn read_ranges(&self, ranges: &mut [(u64, &mut [u8])]) -> Result<()> {
         let _gate = self.reuse_gate.read();
-        let mut wanted: Vec<Wanted> = Vec::with_capacity(out.len() / BLOCK_SIZE);
+        let blocks: usize = ranges.iter().map(|(_, out)| out.len() / BLOCK_SIZE).sum();
+        let mut wanted: Vec<Wanted> = Vec::with_capacity(blocks);
         {
             let state = self.state.lock();
-            for i in 0..(out.len() / BLOCK_SIZE) as u64 {
-                let Some(entry) = state.map.get(first_lba + i) else { continue };
-                let (segment, _) = self.geometry.split_location(entry.location);
-                let in_head = state.record_in_head(entry.location, entry.record_bytes() as usize);
-                let (open_seq, bytes) = match in_head {
-                    Some((open_seq, bytes)) => (open_seq, Some(bytes)),
-                    None => (state.segments[segment as usize].open_seq, None),
-                };
-                wanted.push(Wanted { index: i as usize, entry, open_seq, bytes });
+            for (range, (first_lba, out)) in ranges.iter().enumerate() {
+                for i in 0..(out.len() / BLOCK_SIZE) as u64 {
+                    let Some(entry) = state.map.get(first_lba + i) else { continue };
+                    let (segment, _) = self.geometry.split_location(entry.location);
+                    let in_head = state.record_in_head(entry.location, entry.record_bytes() as usize);
+                    let (open_seq, bytes) = match in_head {
+                        Some((open_seq, bytes)) => (open_seq, Some(bytes)),
+                        None => (state.segments[segment as usize].open_seq, None),
+                    };
+                    wanted.push(Wanted { range, index: i as usize, entry, open_seq, bytes });
+                }
             }
         }
-        out.fill(0);
+        for (_, out) in ranges.iter_mut() {
+            out.fill(0);
+        }
         self.read_runs(&mut wanted)?;
         let compressed = wanted.iter().filter(|w| !w.entry.raw).count();
         self.cpu.measure(super::cpu::Work::Inflate, compressed, || {
             for w in wanted {
                 let bytes = w.bytes.as_deref().expect("every record was read");
+                let (first_lba, out) = &mut ranges[w.range];
                 let block = &mut out[w.index * BLOCK_SIZE..][..BLOCK_SIZE];
-                decode_block(first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
+                decode_block(*first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
             }
             Ok(())
         })
     }
 
     /// Fills in the bytes of every wanted record that is not in memory, merging records whose
-    /// media blocks touch into one read.
+    /// media blocks touch into one read; the reads of all the runs go to the media together
+    /// ([`crate::BlockDevice::read_many`]), into block-aligned memory.
     pub(super) fn read_runs(&self, wanted: &mut [Wanted]) -> Result<()> {
         let span = |w: &Wanted| {
             let (segment, offset) = self.geometry.split_location(w.entry.location);
@@ -57,6 +72,8 @@ impl Shared {
         };
         let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i].bytes.is_none()).collect();
         order.sort_unstable_by_key(|&i| span(&wanted[i]).0);
+        // (first media block, the run's records as a range of `order`) of each run.
+        let mut runs: Vec<(u64, std::ops::Range<usize>, BlockBuf)> = Vec::new();
         let mut at = 0;
         while at < order.len() {
             let first_block = span(&wanted[order[at]]).0 / BLOCK_SIZE_BYTES;
@@ -66,14 +83,20 @@ impl Shared {
                 end_block = end_block.max(span(&wanted[order[next]]).1.div_ceil(BLOCK_SIZE_BYTES));
                 next += 1;
             }
-            let mut run = vec![0u8; ((end_block - first_block) * BLOCK_SIZE_BYTES) as usize];
-            self.media.read(Lba(first_block), &mut run)?;
-            for &i in &order[at..next] {
+            let buffer = BlockBuf::zeroed(((end_block - first_block) * BLOCK_SIZE_BYTES) as usize);
+            runs.push((first_block, at..next, buffer));
+            at = next;
+        }
+        let mut reads: Vec<(Lba, &mut [u8])> =
+            runs.iter_mut().map(|(first_block, _, buffer)| (Lba(*first_block), &mut **buffer)).collect();
+        self.media.read_many(&mut reads)?;
+        drop(reads);
+        for (first_block, records, buffer) in &runs {
+            for &i in &order[records.clone()] {
                 let (start, end) = span(&wanted[i]);
                 let from = (start - first_block * BLOCK_SIZE_BYTES) as usize;
-                wanted[i].bytes = Some(run[from..from + (end - start) as usize].to_vec());
+                wanted[i].bytes = Some(buffer[from..from + (end - start) as usize].to_vec());
             }
-            at = next;
         }
         Ok(())
     }
@@ -81,6 +104,8 @@ impl Shared {
 
 /// A record a read needs: where it is, and its bytes once read.
 pub(super) struct Wanted {
+    /// The range of a [`Shared::read_ranges`] the block belongs to (0 for other readers).
+    pub(super) range: usize,
     pub(super) index: usize,
     pub(super) entry: MapEntry,
     pub(super) open_seq: u64,
