@@ -382,16 +382,16 @@ impl Store {
         for (i, (entry, &page)) in entries.into_iter().zip(pages).enumerate() {
             let Some(entry) = entry else { continue };
             let len = image_len(chunk, page, &entry)?;
-            let waiting = if reads_skip_unwritten_images() {
-                None
-            } else {
-                self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
-            };
             if entry.run.count == 0 {
                 // No block to read (an image of no bytes: `image_len` allows nothing more).
                 images[i] = Some((entry, Vec::new()));
                 continue;
             }
+            let waiting = if reads_skip_unwritten_images() {
+                None
+            } else {
+                self.unwritten.lock().get(&entry.run.first_lba().0).filter(|u| u.run == entry.run).cloned()
+            };
             match waiting {
                 // The image's run is not written yet (see `Unwritten`); its bytes are the run's.
                 Some(waiting) => {

@@ -185,8 +185,7 @@ impl BlockDevice for CsdDevice {
         }
         // One map lookup under the lock for every range, then the records of all of them
         // from the media together.
-        let mut ranges: Vec<(u64, &mut [u8])> = reads.iter_mut().map(|(lba, buf)| (lba.0, &mut **buf)).collect();
-        self.shared.read_ranges(&mut ranges)
+        self.shared.read_ranges(reads)
     }
 
     fn write(&self, lba: Lba, data: &[u8]) -> Result<()> {

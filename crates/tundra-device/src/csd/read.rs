@@ -20,13 +20,13 @@ impl Shared {
     /// from the media, one read per run of records that lie in adjacent media blocks (blocks
     /// written together usually do), then verification and decompression of each.
     pub(super) fn read_blocks(&self, first_lba: u64, out: &mut [u8]) -> Result<()> {
-        self.read_ranges(&mut [(first_lba, out)])
+        self.read_ranges(&mut [(Lba(first_lba), out)])
     }
 
     /// [`Shared::read_blocks`] of several ranges at once, each `(first LBA, buffer)`: their
     /// map entries under one lock acquisition, and the records of all of them read together,
     /// so that records adjacent on the media take one read whichever range they belong to.
-    pub(super) fn read_ranges(&self, ranges: &mut [(u64, &mut [u8])]) -> Result<()> {
+    pub(super) fn read_ranges(&self, ranges: &mut [(Lba, &mut [u8])]) -> Result<()> {
         let _gate = self.reuse_gate.read();
         let blocks: usize = ranges.iter().map(|(_, out)| out.len() / BLOCK_SIZE).sum();
         let mut wanted: Vec<Wanted> = Vec::with_capacity(blocks);
@@ -34,7 +34,7 @@ impl Shared {
             let state = self.state.lock();
             for (range, (first_lba, out)) in ranges.iter().enumerate() {
                 for i in 0..(out.len() / BLOCK_SIZE) as u64 {
-                    let Some(entry) = state.map.get(first_lba + i) else { continue };
+                    let Some(entry) = state.map.get(first_lba.0 + i) else { continue };
                     let (segment, _) = self.geometry.split_location(entry.location);
                     let in_head = state.record_in_head(entry.location, entry.record_bytes() as usize);
                     let (open_seq, bytes) = match in_head {
@@ -55,7 +55,7 @@ impl Shared {
                 let bytes = w.bytes.as_deref().expect("every record was read");
                 let (first_lba, out) = &mut ranges[w.range];
                 let block = &mut out[w.index * BLOCK_SIZE..][..BLOCK_SIZE];
-                decode_block(*first_lba + w.index as u64, w.entry, w.open_seq, bytes, block)?;
+                decode_block(first_lba.0 + w.index as u64, w.entry, w.open_seq, bytes, block)?;
             }
             Ok(())
         })

@@ -19,14 +19,7 @@ impl Pages {
     /// [`Pages::read_page`] without copying the page out of the cache: a reader that wants
     /// part of a page, or copies it somewhere anyway, saves a copy and an allocation.
     pub fn read_page_shared(&self, chunk: ChunkId, page: PageNo) -> Result<Option<Arc<[u8]>>> {
-        if let Some(cached) = self.cache.lock().get((chunk, page)) {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some(cached));
-        }
-        let Some((entry, content)) = self.load(chunk, page)? else { return Ok(None) };
-        let content: Arc<[u8]> = Arc::from(content);
-        self.remember(chunk, page, entry, || content.clone());
-        Ok(Some(content))
+        Ok(self.read_pages_shared(chunk, &[page])?.pop().flatten())
     }
 
     /// [`Pages::read_page_shared`] for several pages of one chunk: the pages not in the cache
